@@ -1,0 +1,58 @@
+// swift-tools-version:6.1
+import PackageDescription
+
+let package = Package(
+    name: "obsd",
+    platforms: [.macOS(.v15)],
+    products: [
+        .executable(name: "obsd", targets: ["obsd"]),
+        .executable(name: "obsctl", targets: ["obsctl"]),
+        .library(name: "ObservableKit", targets: ["ObservableKit"]),
+        .library(name: "ObsProtocol", targets: ["ObsProtocol"]),
+        .library(name: "ObsClient", targets: ["ObsClient"]),
+    ],
+    dependencies: [
+        .package(url: "https://github.com/apple/swift-nio.git", from: "2.101.2"),
+        .package(url: "https://github.com/apple/swift-log.git", from: "1.16.2"),
+        .package(url: "https://github.com/apple/swift-argument-parser.git", from: "1.8.2"),
+        .package(url: "https://github.com/swift-server/swift-service-lifecycle.git", from: "2.13.0"),
+    ],
+    targets: [
+        // Core observation types: keys, changes, keyed state, observer sets, repository. No I/O.
+        .target(name: "ObservableKit"),
+        // The wire protocol: JSON, framing, requests, replies, events. No networking.
+        .target(name: "ObsProtocol", dependencies: ["ObservableKit"]),
+        // The daemon: SwiftNIO server, subscriptions, fan-out, history, storage.
+        .target(
+            name: "ObsServer",
+            dependencies: [
+                "ObservableKit", "ObsProtocol",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ]),
+        // The async client library. Never depends on the daemon.
+        .target(
+            name: "ObsClient",
+            dependencies: [
+                "ObservableKit", "ObsProtocol",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+            ]),
+        .executableTarget(
+            name: "obsd",
+            dependencies: [
+                "ObsServer",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ]),
+        .executableTarget(
+            name: "obsctl",
+            dependencies: [
+                "ObsClient",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+            ]),
+    ]
+)

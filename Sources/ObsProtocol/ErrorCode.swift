@@ -1,0 +1,73 @@
+// ObsProtocol — error codes and protocol constants of the contract.
+
+/// The contract's error codes.
+public enum ErrorCode: String, Sendable, CaseIterable, Hashable {
+    /// The line is not valid JSON, or not an object.
+    case badJSON = "bad_json"
+    /// A field is missing or ill-typed, or a name is invalid.
+    case badRequest = "bad_request"
+    /// `op` names no operation the daemon knows.
+    case unknownOp = "unknown_op"
+    /// The key or subscription does not exist.
+    case notFound = "not_found"
+    /// A compare-and-set condition (`ifRev`) failed.
+    case conflict
+    /// The peer may not do this.
+    case forbidden
+    /// The line or value exceeds a limit.
+    case tooLarge = "too_large"
+    /// `since` reaches before the retained history (or beyond the current revision).
+    case compacted
+    /// A server-side resource limit was reached.
+    case overloaded
+    /// The daemon failed.
+    case `internal`
+}
+
+/// An error the daemon reports in a reply: a code and a message for a person.
+public struct ProtocolError: Error, Sendable, Equatable, CustomStringConvertible {
+    public let code: ErrorCode
+    public let message: String
+
+    public init(_ code: ErrorCode, _ message: String) {
+        self.code = code
+        self.message = message
+    }
+
+    public var description: String { "\(code.rawValue): \(message)" }
+}
+
+/// Constants fixed by the protocol.
+public enum ObsProtocolVersion {
+    /// The protocol version this module speaks.
+    public static let current: Int64 = 1
+}
+
+/// Limits fixed by the contract.
+public enum ProtocolRules {
+    /// The longest key, in UTF-8 bytes.
+    public static let maxKeyBytes = 1024
+    /// The longest repository name, in characters.
+    public static let maxRepoNameLength = 128
+    /// The default maximum line length, in bytes before the `\n`.
+    public static let defaultMaxLine = 1 << 20
+
+    /// Whether `name` is a valid repository name: 1–128 characters of `[A-Za-z0-9._-]`.
+    public static func isValidRepoName(_ name: String) -> Bool {
+        let utf8 = name.utf8
+        guard !utf8.isEmpty, utf8.count <= maxRepoNameLength else { return false }
+        return utf8.allSatisfy { b in
+            (b >= UInt8(ascii: "a") && b <= UInt8(ascii: "z")) || (b >= UInt8(ascii: "A") && b <= UInt8(ascii: "Z"))
+                || (b >= UInt8(ascii: "0") && b <= UInt8(ascii: "9"))
+                || b == UInt8(ascii: ".") || b == UInt8(ascii: "_") || b == UInt8(ascii: "-")
+        }
+    }
+
+    /// Why `key` is not a valid key, or `nil` if it is.
+    public static func keyProblem(_ key: String) -> String? {
+        let n = key.utf8.count
+        if n == 0 { return "key must not be empty" }
+        if n > maxKeyBytes { return "key is \(n) bytes long; the limit is \(maxKeyBytes) bytes of UTF-8" }
+        return nil
+    }
+}

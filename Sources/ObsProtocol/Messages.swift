@@ -1,0 +1,316 @@
+// ObsProtocol — replies and events: encoding (daemon side) and decoding (client side).
+//
+// Encoders write straight into a `JSONSink`, each message ending with `\n`. A reply is
+// `{"id":…,"ok":true` + members + `}`; an error reply is
+// `{"id":…,"ok":false,"error":{"code":…,"message":…}}`. Events carry `"event"` and no id.
+
+import ObservableKit
+
+// MARK: - Encoding
+
+/// Writes replies.
+public enum ReplyEncoder {
+    /// Writes `{"id":<id>,"ok":true`. Follow with members, each starting with a comma,
+    /// then `end(_:)`.
+    @inlinable
+    public static func begin<S: JSONSink>(_ sink: inout S, id: JSONValue) {
+        sink.writeRaw("{\"id\":")
+        sink.writeJSON(id)
+        sink.writeRaw(",\"ok\":true")
+    }
+
+    /// Closes a reply begun with `begin(_:id:)`.
+    @inlinable
+    public static func end<S: JSONSink>(_ sink: inout S) {
+        sink.writeRaw("}\n")
+    }
+
+    /// Writes a success reply with no members.
+    @inlinable
+    public static func ok<S: JSONSink>(_ sink: inout S, id: JSONValue) {
+        begin(&sink, id: id)
+        end(&sink)
+    }
+
+    /// Writes an error reply.
+    public static func error<S: JSONSink>(_ sink: inout S, id: JSONValue, _ error: ProtocolError) {
+        sink.writeRaw("{\"id\":")
+        sink.writeJSON(id)
+        sink.writeRaw(",\"ok\":false,\"error\":{\"code\":")
+        sink.writeJSONString(error.code.rawValue)
+        sink.writeMember(",\"message\":", error.message)
+        sink.writeRaw("}}\n")
+    }
+}
+
+/// Writes events.
+public enum EventEncoder {
+    /// Writes one change object: `{"key":…[,"old":…][,"new":…]}`.
+    public static func writeChange<S: JSONSink>(_ sink: inout S, _ change: Change<JSONValue>) {
+        writeChange(&sink, change) { sink, value in sink.writeJSON(value) }
+    }
+
+    /// Writes one change object of any value type, each value written by `writeValue`.
+    @inlinable
+    public static func writeChange<S: JSONSink, V>(
+        _ sink: inout S, _ change: Change<V>, writeValue: (inout S, V) -> Void
+    ) {
+        sink.writeRaw("{\"key\":")
+        sink.writeJSONString(change.key)
+        if let old = change.old {
+            sink.writeRaw(",\"old\":")
+            writeValue(&sink, old)
+        }
+        if let new = change.new {
+            sink.writeRaw(",\"new\":")
+            writeValue(&sink, new)
+        }
+        sink.writeByte(UInt8(ascii: "}"))
+    }
+
+    /// Writes `{"event":"change","sub":<sub>` — the part of a change event that differs
+    /// between subscriptions. Follow with `writeChangeBody`.
+    @inlinable
+    public static func writeChangeHead<S: JSONSink>(_ sink: inout S, sub: UInt64) {
+        sink.writeMember("{\"event\":\"change\",\"sub\":", sub)
+    }
+
+    /// Writes `,"repo":…,"rev":…,"changes":[…]}\n` from pre-encoded change objects.
+    public static func writeChangeBody<S: JSONSink>(
+        _ sink: inout S, repo: String, rev: UInt64, encodedChanges: some Sequence<[UInt8]>
+    ) {
+        sink.writeMember(",\"repo\":", repo)
+        sink.writeMember(",\"rev\":", rev)
+        sink.writeRaw(",\"changes\":[")
+        var first = true
+        for change in encodedChanges {
+            if !first { sink.writeByte(UInt8(ascii: ",")) }
+            first = false
+            sink.writeRaw(change)
+        }
+        sink.writeRaw("]}\n")
+    }
+
+    /// Writes a whole `snapshot` event.
+    public static func writeSnapshot<S: JSONSink>(
+        _ sink: inout S, sub: UInt64, repo: String, rev: UInt64, values: some Sequence<(Key, JSONValue)>
+    ) {
+        sink.writeMember("{\"event\":\"snapshot\",\"sub\":", sub)
+        sink.writeMember(",\"repo\":", repo)
+        sink.writeMember(",\"rev\":", rev)
+        sink.writeRaw(",\"values\":{")
+        var first = true
+        for (key, value) in values {
+            if !first { sink.writeByte(UInt8(ascii: ",")) }
+            first = false
+            sink.writeJSONString(key)
+            sink.writeByte(UInt8(ascii: ":"))
+            sink.writeJSON(value)
+        }
+        sink.writeRaw("}}\n")
+    }
+
+    /// Writes a whole `synced` event.
+    public static func writeSynced<S: JSONSink>(_ sink: inout S, sub: UInt64, repo: String, rev: UInt64) {
+        sink.writeMember("{\"event\":\"synced\",\"sub\":", sub)
+        sink.writeMember(",\"repo\":", repo)
+        sink.writeMember(",\"rev\":", rev)
+        sink.writeRaw("}\n")
+    }
+
+    /// Writes a whole `overflow` event.
+    public static func writeOverflow<S: JSONSink>(_ sink: inout S, revs: some Sequence<(sub: UInt64, rev: UInt64)>) {
+        sink.writeRaw("{\"event\":\"overflow\",\"revs\":{")
+        var first = true
+        for (sub, rev) in revs {
+            if !first { sink.writeByte(UInt8(ascii: ",")) }
+            first = false
+            sink.writeByte(UInt8(ascii: "\""))
+            sink.writeDecimal(sub)
+            sink.writeRaw("\":")
+            sink.writeDecimal(rev)
+        }
+        sink.writeRaw("}}\n")
+    }
+}
+
+extension Command {
+    /// The request as a JSON object with `id` and `op` (client side).
+    public func requestObject(id: JSONValue) -> JSONObject {
+        var o = JSONObject()
+        o["id"] = id
+        o["op"] = .string(op)
+        switch self {
+        case .hello(let proto, let client):
+            if let proto { o["protocol"] = .int(proto) }
+            if let client { o["client"] = .string(client) }
+        case .ping, .repos, .stats:
+            break
+        case .get(let repo, let key):
+            o["repo"] = .string(repo)
+            o["key"] = .string(key.string)
+        case .set(let repo, let key, let value, let ifRev, let force):
+            o["repo"] = .string(repo)
+            o["key"] = .string(key.string)
+            o["value"] = value
+            if let ifRev { o["ifRev"] = .number(ifRev) }
+            if force { o["force"] = true }
+        case .delete(let repo, let key, let ifRev):
+            o["repo"] = .string(repo)
+            o["key"] = .string(key.string)
+            if let ifRev { o["ifRev"] = .number(ifRev) }
+        case .batch(let repo, let ops):
+            o["repo"] = .string(repo)
+            o["ops"] = .array(ops.map(Self.batchOpObject))
+        case .list(let repo, let prefix, let values):
+            o["repo"] = .string(repo)
+            if let prefix { o["prefix"] = .string(prefix) }
+            if values { o["values"] = true }
+        case .subscribe(let s):
+            o["repo"] = .string(s.repo)
+            switch s.selection {
+            case .all: break
+            case .keys(let keys): o["keys"] = .array(keys.sorted().map { .string($0.string) })
+            case .prefix(let p): o["prefix"] = .string(p)
+            }
+            if s.initial { o["initial"] = true }
+            if let since = s.since { o["since"] = .number(since) }
+            if s.once { o["once"] = true }
+        case .unsubscribe(let sub):
+            o["sub"] = .number(sub)
+        }
+        return o
+    }
+
+    private static func batchOpObject(_ op: WriteOp<JSONValue>) -> JSONValue {
+        var o = JSONObject()
+        switch op {
+        case .set(let key, let value, let ifRev, let force):
+            o["op"] = "set"
+            o["key"] = .string(key.string)
+            o["value"] = value
+            if let ifRev { o["ifRev"] = .number(ifRev) }
+            if force { o["force"] = true }
+        case .delete(let key, let ifRev):
+            o["op"] = "delete"
+            o["key"] = .string(key.string)
+            if let ifRev { o["ifRev"] = .number(ifRev) }
+        }
+        return .object(o)
+    }
+}
+
+// MARK: - Decoding
+
+/// A reply as a client receives it.
+public struct Reply: Sendable {
+    /// The echoed request id.
+    public let id: JSONValue
+    /// The reply's members (without `id` and `ok`) on success, or the error.
+    public let result: Result<JSONObject, ProtocolError>
+}
+
+/// An event as a client receives it.
+public enum Event: Sendable {
+    case change(sub: UInt64, repo: String, rev: UInt64, changes: [Change<JSONValue>])
+    case snapshot(sub: UInt64, repo: String, rev: UInt64, values: [(key: Key, value: JSONValue)])
+    case synced(sub: UInt64, repo: String, rev: UInt64)
+    /// The connection is being closed: for each subscription, the revision it is complete up to.
+    case overflow(revs: [UInt64: UInt64])
+    /// An event this client does not know (a newer daemon); ignored.
+    case unknown(name: String)
+
+    /// The subscription the event belongs to, if it belongs to one.
+    public var sub: UInt64? {
+        switch self {
+        case .change(let sub, _, _, _), .snapshot(let sub, _, _, _), .synced(let sub, _, _): return sub
+        case .overflow, .unknown: return nil
+        }
+    }
+}
+
+/// A message from the daemon.
+public enum ServerMessage: Sendable {
+    case reply(Reply)
+    case event(Event)
+}
+
+/// A message from the daemon that breaks the protocol.
+public struct ProtocolViolation: Error, Sendable, CustomStringConvertible {
+    public let description: String
+    public init(_ description: String) { self.description = description }
+}
+
+extension ServerMessage {
+    /// Decodes one line from the daemon.
+    public static func decode(line: UnsafeRawBufferPointer) throws(ProtocolViolation) -> ServerMessage {
+        let value: JSONValue
+        do {
+            value = try JSONParser.parse(line, maxDepth: 4096)
+        } catch {
+            throw ProtocolViolation("daemon sent invalid JSON: \(error)")
+        }
+        guard case .object(var o) = value else { throw ProtocolViolation("daemon sent a non-object message") }
+        if let name = o["event"] {
+            guard case .string(let name) = name else { throw ProtocolViolation("\"event\" is not a string") }
+            return .event(try decodeEvent(name, o))
+        }
+        guard let ok = o["ok"]?.boolValue else { throw ProtocolViolation("message has neither \"event\" nor \"ok\"") }
+        let id = o["id"] ?? .null
+        if ok {
+            o["id"] = nil
+            o["ok"] = nil
+            return .reply(Reply(id: id, result: .success(o)))
+        }
+        guard let error = o["error"]?.objectValue,
+            let codeText = error["code"]?.stringValue
+        else { throw ProtocolViolation("error reply without error.code") }
+        let message = error["message"]?.stringValue ?? ""
+        // A code this client does not know is reported as internal, keeping its text.
+        let code = ErrorCode(rawValue: codeText) ?? .internal
+        let text = ErrorCode(rawValue: codeText) == nil ? "\(codeText): \(message)" : message
+        return .reply(Reply(id: id, result: .failure(ProtocolError(code, text))))
+    }
+
+    private static func decodeEvent(_ name: String, _ o: JSONObject) throws(ProtocolViolation) -> Event {
+        func uint(_ field: String) throws(ProtocolViolation) -> UInt64 {
+            guard let v = o[field]?.uint64Value else { throw ProtocolViolation("\(name) event without a valid \"\(field)\"") }
+            return v
+        }
+        func string(_ field: String) throws(ProtocolViolation) -> String {
+            guard let v = o[field]?.stringValue else { throw ProtocolViolation("\(name) event without a valid \"\(field)\"") }
+            return v
+        }
+        switch name {
+        case "change":
+            guard let items = o["changes"]?.arrayValue else { throw ProtocolViolation("change event without \"changes\"") }
+            var changes: [Change<JSONValue>] = []
+            changes.reserveCapacity(items.count)
+            for item in items {
+                guard let c = item.objectValue, let key = c["key"]?.stringValue else {
+                    throw ProtocolViolation("change without a key")
+                }
+                changes.append(Change(key: Key(key), old: c["old"], new: c["new"]))
+            }
+            return .change(sub: try uint("sub"), repo: try string("repo"), rev: try uint("rev"), changes: changes)
+        case "snapshot":
+            guard let values = o["values"]?.objectValue else { throw ProtocolViolation("snapshot event without \"values\"") }
+            return .snapshot(
+                sub: try uint("sub"), repo: try string("repo"), rev: try uint("rev"),
+                values: values.members.map { (Key($0.name), $0.value) })
+        case "synced":
+            return .synced(sub: try uint("sub"), repo: try string("repo"), rev: try uint("rev"))
+        case "overflow":
+            var revs: [UInt64: UInt64] = [:]
+            for m in o["revs"]?.objectValue?.members ?? [] {
+                guard let sub = UInt64(m.name), let rev = m.value.uint64Value else {
+                    throw ProtocolViolation("overflow event with an invalid revs entry")
+                }
+                revs[sub] = rev
+            }
+            return .overflow(revs: revs)
+        default:
+            return .unknown(name: name)
+        }
+    }
+}

@@ -1,0 +1,289 @@
+// ObsProtocol — requests: their typed form, and decoding from a line with the precise
+// error code for every way a request can be wrong.
+//
+// Order of checks: not JSON or not an object → `bad_json` (id null); an `id` that is not
+// a number or string → `bad_request`; missing or non-string `op` → `bad_request`; an op
+// the daemon does not know → `unknown_op`; a missing, ill-typed or invalid field →
+// `bad_request` naming the field. Unknown fields are ignored; `null` in an optional field
+// means "absent".
+
+import ObservableKit
+
+/// A decoded request: its echoed `id` and what it asks.
+public struct Request: Sendable {
+    /// The request's `id`, echoed verbatim in the reply; `.null` when it had none.
+    public var id: JSONValue
+    public var command: Command
+
+    public init(id: JSONValue = .null, command: Command) {
+        self.id = id
+        self.command = command
+    }
+}
+
+/// What a request asks the daemon to do.
+public enum Command: Sendable {
+    case hello(protocol: Int64?, client: String?)
+    case ping
+    case get(repo: String, key: Key)
+    case set(repo: String, key: Key, value: JSONValue, ifRev: UInt64?, force: Bool)
+    case delete(repo: String, key: Key, ifRev: UInt64?)
+    case batch(repo: String, ops: [WriteOp<JSONValue>])
+    case list(repo: String, prefix: String?, values: Bool)
+    case repos
+    case subscribe(SubscribeRequest)
+    case unsubscribe(sub: UInt64)
+    case stats
+
+    /// The operation's name on the wire.
+    public var op: String {
+        switch self {
+        case .hello: return "hello"
+        case .ping: return "ping"
+        case .get: return "get"
+        case .set: return "set"
+        case .delete: return "delete"
+        case .batch: return "batch"
+        case .list: return "list"
+        case .repos: return "repos"
+        case .subscribe: return "subscribe"
+        case .unsubscribe: return "unsubscribe"
+        case .stats: return "stats"
+        }
+    }
+
+    /// The repository the command addresses, if any.
+    public var repo: String? {
+        switch self {
+        case .get(let repo, _), .set(let repo, _, _, _, _), .delete(let repo, _, _), .batch(let repo, _),
+            .list(let repo, _, _):
+            return repo
+        case .subscribe(let s): return s.repo
+        case .hello, .ping, .repos, .unsubscribe, .stats: return nil
+        }
+    }
+}
+
+/// A `subscribe` request.
+public struct SubscribeRequest: Sendable, Equatable {
+    public var repo: String
+    public var selection: Selection
+    /// Send a `snapshot` of the selected keys first.
+    public var initial: Bool
+    /// Replay selected changes above this revision, then `synced`.
+    public var since: UInt64?
+    /// End after the first `change` event.
+    public var once: Bool
+
+    public init(repo: String, selection: Selection = .all, initial: Bool = false, since: UInt64? = nil, once: Bool = false) {
+        self.repo = repo
+        self.selection = selection
+        self.initial = initial
+        self.since = since
+        self.once = once
+    }
+}
+
+/// A request that could not be decoded: the error to reply with, and the id to echo.
+public struct RequestFailure: Error, Sendable, Equatable {
+    public let id: JSONValue
+    public let error: ProtocolError
+
+    public init(id: JSONValue, _ code: ErrorCode, _ message: String) {
+        self.id = id
+        self.error = ProtocolError(code, message)
+    }
+}
+
+extension Request {
+    /// Decodes one line (without its newline).
+    public static func decode(line: UnsafeRawBufferPointer, maxDepth: Int = JSONParser.defaultMaxDepth) throws(RequestFailure) -> Request {
+        let value: JSONValue
+        do {
+            value = try JSONParser.parse(line, maxDepth: maxDepth)
+        } catch {
+            throw RequestFailure(id: .null, .badJSON, "invalid JSON: \(error)")
+        }
+        return try decode(value)
+    }
+
+    /// Decodes a parsed request object.
+    public static func decode(_ value: JSONValue) throws(RequestFailure) -> Request {
+        guard case .object(let object) = value else {
+            throw RequestFailure(id: .null, .badJSON, "a request must be a JSON object, not \(value.typeName == "array" ? "an" : "a") \(value.typeName)")
+        }
+        let id = object["id"] ?? .null
+        switch id {
+        case .null, .int, .double, .string: break
+        default: throw RequestFailure(id: id, .badRequest, "field \"id\" must be a number or a string, not \(id.typeName)")
+        }
+        let fields = Fields(object: object, id: id)
+        guard let opValue = object["op"], !opValue.isNull else {
+            throw RequestFailure(id: id, .badRequest, "missing field \"op\"")
+        }
+        guard case .string(let op) = opValue else {
+            throw RequestFailure(id: id, .badRequest, "field \"op\" must be a string, not \(opValue.typeName)")
+        }
+        let command: Command
+        switch op {
+        case "hello":
+            command = .hello(protocol: try fields.optionalInt("protocol"), client: try fields.optionalString("client"))
+        case "ping":
+            command = .ping
+        case "get":
+            command = .get(repo: try fields.repo(), key: try fields.key())
+        case "set":
+            command = .set(
+                repo: try fields.repo(), key: try fields.key(), value: try fields.required("value"),
+                ifRev: try fields.optionalRevision("ifRev"), force: try fields.optionalBool("force") ?? false)
+        case "delete":
+            command = .delete(repo: try fields.repo(), key: try fields.key(), ifRev: try fields.optionalRevision("ifRev"))
+        case "batch":
+            command = .batch(repo: try fields.repo(), ops: try fields.batchOps())
+        case "list":
+            command = .list(
+                repo: try fields.repo(), prefix: try fields.optionalString("prefix"),
+                values: try fields.optionalBool("values") ?? false)
+        case "repos":
+            command = .repos
+        case "subscribe":
+            command = .subscribe(try fields.subscribe())
+        case "unsubscribe":
+            guard let sub = try fields.optionalRevision("sub") else { throw fields.fail("missing field \"sub\"") }
+            command = .unsubscribe(sub: sub)
+        case "stats":
+            command = .stats
+        default:
+            throw RequestFailure(id: id, .unknownOp, "unknown op \(JSONValue.string(op).jsonText)")
+        }
+        return Request(id: id, command: command)
+    }
+}
+
+/// Typed access to a request's fields, producing `bad_request` failures that name the field.
+private struct Fields {
+    let object: JSONObject
+    let id: JSONValue
+    /// Prepended to messages, e.g. `ops[2]: `.
+    var context = ""
+
+    func fail(_ message: String) -> RequestFailure {
+        RequestFailure(id: id, .badRequest, context + message)
+    }
+
+    func value(_ name: String) -> JSONValue? {
+        guard let v = object[name], !v.isNull else { return nil }
+        return v
+    }
+
+    func required(_ name: String) throws(RequestFailure) -> JSONValue {
+        guard let v = object[name] else { throw fail("missing field \"\(name)\"") }
+        return v
+    }
+
+    func optionalString(_ name: String) throws(RequestFailure) -> String? {
+        guard let v = value(name) else { return nil }
+        guard case .string(let s) = v else { throw fail("field \"\(name)\" must be a string, not \(v.typeName)") }
+        return s
+    }
+
+    func optionalBool(_ name: String) throws(RequestFailure) -> Bool? {
+        guard let v = value(name) else { return nil }
+        guard case .bool(let b) = v else { throw fail("field \"\(name)\" must be a boolean, not \(v.typeName)") }
+        return b
+    }
+
+    func optionalInt(_ name: String) throws(RequestFailure) -> Int64? {
+        guard let v = value(name) else { return nil }
+        guard let i = v.int64Value else { throw fail("field \"\(name)\" must be an integer, not \(v.jsonText.prefix(40))") }
+        return i
+    }
+
+    /// A revision or subscription number: a non-negative integer below 2^64.
+    func optionalRevision(_ name: String) throws(RequestFailure) -> UInt64? {
+        guard let v = value(name) else { return nil }
+        guard let u = v.uint64Value else {
+            throw fail("field \"\(name)\" must be a non-negative integer, not \(v.jsonText.prefix(40))")
+        }
+        return u
+    }
+
+    func repo() throws(RequestFailure) -> String {
+        guard let v = value("repo") else { throw fail("missing field \"repo\"") }
+        guard case .string(let name) = v else { throw fail("field \"repo\" must be a string, not \(v.typeName)") }
+        guard ProtocolRules.isValidRepoName(name) else {
+            throw fail(
+                "invalid repository name \(JSONValue.string(String(name.prefix(140))).jsonText): use 1–\(ProtocolRules.maxRepoNameLength) characters of A-Z a-z 0-9 . _ -")
+        }
+        return name
+    }
+
+    func key(_ name: String = "key") throws(RequestFailure) -> Key {
+        guard let v = value(name) else { throw fail("missing field \"\(name)\"") }
+        return try Self.key(v, field: name, fail: fail)
+    }
+
+    static func key(_ v: JSONValue, field: String, fail: (String) -> RequestFailure) throws(RequestFailure) -> Key {
+        guard case .string(let s) = v else { throw fail("field \"\(field)\" must be a string, not \(v.typeName)") }
+        if let problem = ProtocolRules.keyProblem(s) { throw fail(problem) }
+        return Key(s)
+    }
+
+    func batchOps() throws(RequestFailure) -> [WriteOp<JSONValue>] {
+        guard let v = value("ops") else { throw fail("missing field \"ops\"") }
+        guard case .array(let elements) = v else { throw fail("field \"ops\" must be an array, not \(v.typeName)") }
+        var ops: [WriteOp<JSONValue>] = []
+        ops.reserveCapacity(elements.count)
+        var seen = Set<Key>(minimumCapacity: elements.count)
+        for (i, element) in elements.enumerated() {
+            guard case .object(let o) = element else {
+                throw fail("ops[\(i)] must be an object, not \(element.typeName)")
+            }
+            let f = Fields(object: o, id: id, context: "ops[\(i)]: ")
+            guard let opValue = f.value("op") else { throw f.fail("missing field \"op\"") }
+            guard case .string(let op) = opValue else { throw f.fail("field \"op\" must be a string, not \(opValue.typeName)") }
+            let key = try f.key()
+            guard seen.insert(key).inserted else {
+                throw f.fail("key \(key.debugDescription) appears more than once in the batch")
+            }
+            switch op {
+            case "set":
+                ops.append(
+                    .set(key, try f.required("value"), ifRevision: try f.optionalRevision("ifRev"),
+                         force: try f.optionalBool("force") ?? false))
+            case "delete":
+                ops.append(.delete(key, ifRevision: try f.optionalRevision("ifRev")))
+            default:
+                throw f.fail("op must be \"set\" or \"delete\" inside a batch, not \(JSONValue.string(op).jsonText)")
+            }
+        }
+        return ops
+    }
+
+    func subscribe() throws(RequestFailure) -> SubscribeRequest {
+        let repo = try repo()
+        let keysValue = value("keys")
+        let prefix = try optionalString("prefix")
+        var selection = Selection.all
+        if let keysValue {
+            if prefix != nil { throw fail("use at most one of \"keys\" and \"prefix\"") }
+            guard case .array(let elements) = keysValue else {
+                throw fail("field \"keys\" must be an array of strings, not \(keysValue.typeName)")
+            }
+            var keys = Set<Key>(minimumCapacity: elements.count)
+            for (i, e) in elements.enumerated() {
+                keys.insert(try Self.key(e, field: "keys[\(i)]", fail: fail))
+            }
+            selection = .keys(keys)
+        } else if let prefix {
+            selection = prefix.isEmpty ? .all : .prefix(prefix)
+        }
+        let initial = try optionalBool("initial") ?? false
+        let since = try optionalRevision("since")
+        if initial && since != nil {
+            throw fail("\"since\" and \"initial\" cannot be used together: resume with since, or start over with initial")
+        }
+        return SubscribeRequest(
+            repo: repo, selection: selection, initial: initial, since: since, once: try optionalBool("once") ?? false)
+    }
+}

@@ -1,0 +1,112 @@
+// ObsServer — the daemon's shared state: repositories by name, and counters.
+//
+// A repository exists (is listed by `repos`) once a write changed it (revision > 0).
+// Reading a repository that does not exist creates nothing. Subscribing to one creates an
+// empty, unlisted placeholder so the subscription sees the first write; placeholders are
+// dropped again when nobody uses them. Repositories with revision > 0 are never dropped,
+// so the common path — a write or subscribe to an existing repository — takes the hub
+// lock once, for a dictionary lookup.
+
+import ObsProtocol
+import ObservableKit
+import Synchronization
+
+/// The daemon's counters, shown by `stats`.
+final class ServerStats: Sendable {
+    let connections = Atomic<Int>(0)
+    let connectionsTotal = Atomic<Int>(0)
+    let subscriptions = Atomic<Int>(0)
+    let requests = Atomic<Int>(0)
+    let writes = Atomic<Int>(0)
+    let eventsOut = Atomic<Int>(0)
+    let bytesOut = Atomic<Int>(0)
+    let overflows = Atomic<Int>(0)
+    let errors = Atomic<Int>(0)
+}
+
+final class Hub: Sendable {
+    let stats = ServerStats()
+    let historyLimit: Int
+    let storage: any Storage
+
+    private struct Slot {
+        let repository: Repository
+        /// Operations in progress that may create or register into this repository.
+        var users = 0
+    }
+
+    private let repositories = Mutex<[String: Slot]>([:])
+
+    init(historyLimit: Int, storage: any Storage) throws {
+        self.historyLimit = historyLimit
+        self.storage = storage
+        let loaded = try storage.load()
+        repositories.withLock { map in
+            for repo in loaded {
+                map[repo.name] = Slot(
+                    repository: Repository(name: repo.name, loaded: repo, historyLimit: historyLimit, storage: storage, hub: self))
+            }
+        }
+    }
+
+    /// The repository if it exists or has subscribers; never creates one.
+    func existing(_ name: String) -> Repository? {
+        repositories.withLock { $0[name]?.repository }
+    }
+
+    /// Runs `body` with the repository `name`, created (unlisted, empty) if needed and kept
+    /// alive for the duration of `body`.
+    func using<R, E: Error>(_ name: String, _ body: (Repository) throws(E) -> R) throws(E) -> R {
+        if let repo = existing(name), repo.revision > 0 {
+            return try body(repo)
+        }
+        let repo = repositories.withLock { map -> Repository in
+            if map[name] == nil {
+                map[name] = Slot(
+                    repository: Repository(name: name, historyLimit: historyLimit, storage: storage, hub: self))
+            }
+            map[name]!.users += 1
+            return map[name]!.repository
+        }
+        defer { release(name) }
+        return try body(repo)
+    }
+
+    private func release(_ name: String) {
+        repositories.withLock { map in
+            guard var slot = map[name] else { return }
+            slot.users -= 1
+            if Self.isDisposable(slot) {
+                map[name] = nil
+            } else {
+                map[name] = slot
+            }
+        }
+    }
+
+    /// Called once for every subscription that ends, whatever ended it.
+    func subscriptionEnded(_ subscription: Subscription) {
+        let repo = subscription.repository
+        repo.removeSubscriber(subscription)
+        if repo.revision == 0 {
+            repositories.withLock { map in
+                if let slot = map[repo.name], slot.repository === repo, Self.isDisposable(slot) {
+                    map[repo.name] = nil
+                }
+            }
+        }
+    }
+
+    private static func isDisposable(_ slot: Slot) -> Bool {
+        slot.users == 0 && slot.repository.revision == 0 && slot.repository.subscriberCount == 0
+    }
+
+    /// The repositories that exist (revision > 0), sorted by name.
+    func listed() -> [Repository] {
+        let all = repositories.withLock { $0.values.map(\.repository) }
+        return all.filter { $0.revision > 0 }.sorted { $0.name.utf8.lexicographicallyPrecedes($1.name.utf8) }
+    }
+
+    /// The number of repositories that exist.
+    var repositoryCount: Int { listed().count }
+}
