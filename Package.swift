@@ -54,5 +54,11 @@ let package = Package(
                 "ObsClient",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]),
+
+        .testTarget(name: "ObservableKitTests", dependencies: ["ObservableKit"]),
+        .testTarget(name: "ObsProtocolTests", dependencies: ["ObsProtocol", "ObservableKit"]),
+        // Starts the real obsd binary on a temporary socket; drives it over raw sockets,
+        // through ObsClient and through obsctl.
+        .testTarget(name: "EndToEndTests", dependencies: ["ObsClient", "ObsProtocol", "ObservableKit", "obsd", "obsctl"]),
     ]
 )

@@ -35,7 +35,7 @@ final class Hub: Sendable {
         var users = 0
     }
 
-    private let repositories = Mutex<[String: Slot]>([:])
+    private let repositories = Locked<[String: Slot]>([:])
 
     init(historyLimit: Int, storage: any Storage) throws {
         self.historyLimit = historyLimit

@@ -9,8 +9,8 @@ import Logging
 import NIOCore
 import NIOPosix
 import ObsProtocol
+import ObservableKit
 import ServiceLifecycle
-import Synchronization
 
 /// Everything the daemon can be configured with, with its defaults.
 public struct ServerConfiguration: Sendable {
@@ -113,7 +113,7 @@ public final class ObsServer: Service, Sendable {
 
 /// The open client connections, so shutdown can close them.
 final class ConnectionRegistry: Sendable {
-    private let channels = Mutex<[ObjectIdentifier: any Channel]>([:])
+    private let channels = Locked<[ObjectIdentifier: any Channel]>([:])
 
     func add(_ channel: any Channel) {
         let id = ObjectIdentifier(channel)

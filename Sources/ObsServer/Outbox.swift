@@ -17,7 +17,6 @@
 import NIOCore
 import ObsProtocol
 import ObservableKit
-import Synchronization
 
 /// Limits of one connection's outgoing queue.
 struct OutboxLimits: Sendable {
@@ -70,7 +69,7 @@ final class Outbox: Sendable {
     let channel: any Channel
     let limits: OutboxLimits
     private let stats: ServerStats
-    private let state = Mutex(State())
+    private let state = Locked(State())
     private let allocator = ByteBufferAllocator()
     /// Called on the event loop when the queue drains below half its byte limit.
     private let onDrained: NIOLoopBound<(() -> Void)?>

@@ -9,7 +9,6 @@
 import NIOCore
 import ObsProtocol
 import ObservableKit
-import Synchronization
 
 /// A subscription as the index holds it: revisions at or below `after` were covered by
 /// its subscribe reply (snapshot or replay), so delivery skips them.
@@ -52,7 +51,7 @@ final class Repository: Sendable {
         var history: History
     }
 
-    private let state: Mutex<State>
+    private let state: Locked<State>
     private let index = KeyedObserverIndex<Subscriber>()
     private let delivery: SerialDeliveryQueue<RevisionRecord>
     private let storage: any Storage
@@ -62,7 +61,7 @@ final class Repository: Sendable {
         self.storage = storage
         var history = History(capacity: historyLimit)
         for record in loaded?.history ?? [] { history.append(record) }
-        self.state = Mutex(State(data: loaded?.state ?? KeyedState(), history: history))
+        self.state = Locked(State(data: loaded?.state ?? KeyedState(), history: history))
         let index = self.index
         self.delivery = SerialDeliveryQueue { [weak hub] record in
             guard let hub else { return }

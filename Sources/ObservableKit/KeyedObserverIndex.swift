@@ -6,7 +6,6 @@
 // prefix, whatever the number of keys or observers. Routing snapshots the matches under a
 // short lock; callbacks then run with no lock held (see `ObserverSet`).
 
-import Synchronization
 
 /// Which changes of a routed revision an observer selects.
 public enum SelectedChanges: Sendable, Equatable {
@@ -43,7 +42,7 @@ public final class KeyedObserverIndex<Element: Sendable>: Sendable {
         var selections: [ObserverID: Selection] = [:]
     }
 
-    private let storage = Mutex(Storage())
+    private let storage = Locked(Storage())
 
     public init() {}
 

@@ -6,7 +6,6 @@
 // several observer protocols; an observer that is deallocated simply stops receiving
 // and is pruned. `ObservationToken` ends a closure observation, explicitly or on deinit.
 
-import Synchronization
 
 /// A weak reference to an observer object.
 public struct WeakObserver: Sendable {
@@ -29,7 +28,7 @@ public struct WeakObserver: Sendable {
 /// ```
 public final class ObjectObservers: Sendable {
     private let set = ObserverSet<WeakObserver>()
-    private let ids = Mutex<[ObjectIdentifier: ObserverID]>([:])
+    private let ids = Locked<[ObjectIdentifier: ObserverID]>([:])
 
     public init() {}
 
@@ -90,7 +89,7 @@ public final class ObjectObservers: Sendable {
 /// ```
 public final class KeyedObjectObservers: Sendable {
     private let index = KeyedObserverIndex<WeakObserver>()
-    private let ids = Mutex<[ObjectIdentifier: [ObserverID]]>([:])
+    private let ids = Locked<[ObjectIdentifier: [ObserverID]]>([:])
 
     public init() {}
 
@@ -139,11 +138,11 @@ public final class KeyedObjectObservers: Sendable {
 
 /// Ends an observation when cancelled or deallocated — keep it as long as you observe.
 public final class ObservationToken: Sendable, Hashable {
-    private let onCancel: Mutex<(@Sendable () -> Void)?>
+    private let onCancel: Locked<(@Sendable () -> Void)?>
 
     /// A token that runs `onCancel` once, on the first `cancel()` or on deinit.
     public init(onCancel: @escaping @Sendable () -> Void) {
-        self.onCancel = Mutex(onCancel)
+        self.onCancel = Locked(onCancel)
     }
 
     /// Ends the observation. Idempotent.

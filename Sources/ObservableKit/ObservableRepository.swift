@@ -26,7 +26,7 @@ public final class ObservableRepository<Value: Equatable & Sendable>: Sendable {
     /// The repository's name (informational).
     public let name: String
 
-    private let state = Mutex(KeyedState<Value>())
+    private let state = Locked(KeyedState<Value>())
     private let registry = Registry()
     private let delivery: SerialDeliveryQueue<ChangeSet<Value>>
     private var index: KeyedObserverIndex<Observation> { registry.index }
@@ -205,7 +205,7 @@ public final class ObservableRepository<Value: Equatable & Sendable>: Sendable {
     /// The observer index and the identities of observer objects: everything delivery needs.
     private final class Registry: Sendable {
         let index = KeyedObserverIndex<Observation>()
-        let objectIDs = Mutex<[ObjectIdentifier: [ObserverID]]>([:])
+        let objectIDs = Locked<[ObjectIdentifier: [ObserverID]]>([:])
 
         func deliver(_ changeSet: ChangeSet<Value>) {
             for match in index.route(changeSet.changes.map(\.key)) where changeSet.revision > match.observer.after {

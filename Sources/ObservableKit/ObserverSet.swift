@@ -81,7 +81,7 @@ struct SlotList<Element: Sendable>: Sendable {
 /// held. An observer added during a notification is first called by the next one; an
 /// observer removed during a notification may still receive that notification.
 public final class ObserverSet<Element: Sendable>: Sendable {
-    private let storage = Mutex(SlotList<Element>())
+    private let storage = Locked(SlotList<Element>())
 
     public init() {}
 

@@ -7,7 +7,6 @@
 // inside an observer) enqueues it and returns; the running drainer delivers it next. So
 // delivery is ordered, never recursive, and never happens under the producer's lock.
 
-import Synchronization
 
 /// Delivers items in the order they were enqueued, one deliverer at a time.
 public final class SerialDeliveryQueue<Item: Sendable>: Sendable {
@@ -16,7 +15,7 @@ public final class SerialDeliveryQueue<Item: Sendable>: Sendable {
         var draining = false
     }
 
-    private let state = Mutex(State())
+    private let state = Locked(State())
     private let deliver: @Sendable (Item) -> Void
 
     /// Creates a queue that hands each item to `deliver`, in order.

@@ -1,0 +1,244 @@
+// ObsClient — the channel handler of a client connection.
+//
+// Matches replies to requests (the daemon replies in request order), routes events to
+// their subscription's stream, and ends streams exactly as the contract says: after the
+// `unsubscribe` reply, after a `once` subscription's change, on `overflow` (with the
+// revision to resume from), or when the connection closes. Applies backpressure: when
+// the application leaves too many events unconsumed, it stops reading the socket, so a
+// slow consumer is handled by the daemon's overflow rule rather than unbounded memory.
+
+import NIOCore
+import ObsProtocol
+import ObservableKit
+import Synchronization
+
+/// A request on its way to the daemon, with what to do with its reply.
+struct OutboundRequest: Sendable {
+    enum Purpose: Sendable {
+        case plain
+        /// On success, route the new subscription's events to this stream.
+        case subscribe(SubscriptionStream)
+        /// On success, end this subscription's stream.
+        case unsubscribe(UInt64)
+    }
+
+    let bytes: ByteBuffer
+    let reply: EventLoopPromise<JSONObject>
+    let purpose: Purpose
+}
+
+/// One subscription's event stream, as the handler feeds it.
+///
+/// Keeps its own count of events yielded but not yet consumed, so that when the stream
+/// ends with events left unread (the consumer stopped iterating), they stop counting
+/// against the connection's backpressure.
+final class SubscriptionStream: Sendable {
+    let continuation: AsyncThrowingStream<SubscriptionEvent, any Error>.Continuation
+    let once: Bool
+    private let flow: FlowControl
+    private let unconsumed = Atomic<Int>(0)
+    /// Sends `unsubscribe` when the consumer cancels; set once the daemon assigned the number.
+    private let onCancel = Locked<(@Sendable () -> Void)?>(nil)
+
+    init(continuation: AsyncThrowingStream<SubscriptionEvent, any Error>.Continuation, once: Bool, flow: FlowControl) {
+        self.continuation = continuation
+        self.once = once
+        self.flow = flow
+        continuation.onTermination = { [weak self] termination in
+            self?.terminated(termination)
+        }
+    }
+
+    func yield(_ event: SubscriptionEvent) {
+        unconsumed.add(1, ordering: .relaxed)
+        flow.produced()
+        if case .terminated = continuation.yield(event) { consumed() }
+    }
+
+    /// Called by the iterator for every event it hands out.
+    func consumed() {
+        var current = unconsumed.load(ordering: .relaxed)
+        while current > 0 {
+            let (exchanged, original) = unconsumed.compareExchange(
+                expected: current, desired: current - 1, ordering: .relaxed)
+            if exchanged {
+                flow.consumed(1)
+                return
+            }
+            current = original
+        }
+    }
+
+    func setOnCancel(_ action: @escaping @Sendable () -> Void) {
+        onCancel.withLock { $0 = action }
+    }
+
+    private func terminated(_ termination: AsyncThrowingStream<SubscriptionEvent, any Error>.Continuation.Termination) {
+        let left = unconsumed.exchange(0, ordering: .relaxed)
+        if left > 0 { flow.consumed(left) }
+        if case .cancelled = termination, let action = onCancel.withLock({ $0 }) { action() }
+    }
+}
+
+/// Counts events delivered to streams but not yet consumed, for backpressure.
+final class FlowControl: Sendable {
+    static let highWater = 8192
+    static let lowWater = 1024
+
+    private let buffered = Atomic<Int>(0)
+    private let paused = Atomic<Bool>(false)
+    private let channel: Locked<(any Channel)?> = Locked(nil)
+
+    func attach(_ channel: any Channel) { self.channel.withLock { $0 = channel } }
+
+    func produced() { buffered.add(1, ordering: .relaxed) }
+
+    /// Called when `count` events were consumed (or dropped unread); resumes reading when drained.
+    func consumed(_ count: Int) {
+        let left = buffered.subtract(count, ordering: .relaxed).newValue
+        if left <= Self.lowWater, paused.exchange(false, ordering: .acquiringAndReleasing) {
+            channel.withLock { $0 }?.read()
+        }
+    }
+
+    /// Whether the handler should hold back its next read.
+    func shouldPause() -> Bool {
+        guard buffered.load(ordering: .relaxed) >= Self.highWater else { return false }
+        paused.store(true, ordering: .releasing)
+        // Re-check: the consumer may have drained in between and missed the flag.
+        if buffered.load(ordering: .relaxed) <= Self.lowWater, paused.exchange(false, ordering: .acquiringAndReleasing) {
+            return false
+        }
+        return true
+    }
+}
+
+final class ClientHandler: ChannelDuplexHandler {
+    typealias InboundIn = ByteBuffer
+    typealias OutboundIn = OutboundRequest
+    typealias OutboundOut = ByteBuffer
+
+    private let path: String
+    private let flow: FlowControl
+    private var framer = LineFramer(maxLine: 1 << 30)
+    private var pending = CircularBuffer<OutboundRequest>()
+    private var streams: [UInt64: SubscriptionStream] = [:]
+    private var failure: ObsClientError?
+
+    init(path: String, flow: FlowControl) {
+        self.path = path
+        self.flow = flow
+    }
+
+    func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
+        let request = unwrapOutboundIn(data)
+        if let failure {
+            request.reply.fail(failure)
+            promise?.fail(failure)
+            return
+        }
+        pending.append(request)
+        context.write(wrapOutboundOut(request.bytes), promise: promise)
+    }
+
+    func read(context: ChannelHandlerContext) {
+        if !flow.shouldPause() { context.read() }
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        let buffer = unwrapInboundIn(data)
+        do {
+            try buffer.withUnsafeReadableBytes { bytes in
+                try framer.feed(bytes) { frame in
+                    guard case .line(let line) = frame else {
+                        throw ObsClientError.protocolViolation("a message longer than 1 GiB")
+                    }
+                    try handle(try ServerMessage.decode(line: line))
+                }
+            }
+        } catch {
+            let failure = (error as? ObsClientError) ?? .protocolViolation("\(error)")
+            shutDown(failure)
+            context.close(promise: nil)
+        }
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        shutDown(failure ?? .connectionClosed(path: path))
+        context.fireChannelInactive()
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        shutDown(.connectionClosed(path: path))
+        context.close(promise: nil)
+    }
+
+    private func handle(_ message: ServerMessage) throws {
+        switch message {
+        case .reply(let reply):
+            guard let request = pending.popFirst() else {
+                throw ObsClientError.protocolViolation("a reply to no request")
+            }
+            switch reply.result {
+            case .success(let members):
+                switch request.purpose {
+                case .plain: break
+                case .subscribe(let stream):
+                    guard let sub = members["sub"]?.uint64Value else {
+                        throw ObsClientError.protocolViolation("subscribe reply without \"sub\"")
+                    }
+                    streams[sub] = stream
+                case .unsubscribe(let sub):
+                    streams.removeValue(forKey: sub)?.continuation.finish()
+                }
+                request.reply.succeed(members)
+            case .failure(let error):
+                if case .subscribe(let stream) = request.purpose { stream.continuation.finish(throwing: ObsClientError.server(error)) }
+                request.reply.fail(ObsClientError.server(error))
+            }
+        case .event(let event):
+            route(event)
+        }
+    }
+
+    private func route(_ event: Event) {
+        switch event {
+        case .change(let sub, _, let rev, let changes):
+            guard let stream = streams[sub] else { return }
+            stream.yield(.change(ChangeSet(revision: rev, changes: changes)))
+            if stream.once {
+                streams[sub] = nil
+                stream.continuation.finish()
+            }
+        case .snapshot(let sub, _, let rev, let values):
+            streams[sub]?.yield(.snapshot(revision: rev, values: Dictionary(values, uniquingKeysWith: { $1 })))
+        case .synced(let sub, _, let rev):
+            streams[sub]?.yield(.synced(revision: rev))
+        case .overflow(let revs):
+            failure = .connectionClosed(path: path)
+            for (sub, stream) in streams {
+                if let rev = revs[sub] {
+                    stream.continuation.finish(throwing: ObsClientError.overflowed(resumeAfter: rev))
+                } else {
+                    stream.continuation.finish(throwing: ObsClientError.connectionClosed(path: path))
+                }
+            }
+            streams.removeAll()
+        case .unknown:
+            break
+        }
+    }
+
+    private func shutDown(_ error: ObsClientError) {
+        if failure == nil { failure = error }
+        while let request = pending.popFirst() {
+            if case .subscribe(let stream) = request.purpose { stream.continuation.finish(throwing: error) }
+            request.reply.fail(error)
+        }
+        for stream in streams.values { stream.continuation.finish(throwing: error) }
+        streams.removeAll()
+    }
+}
+
+@available(*, unavailable)
+extension ClientHandler: Sendable {}

@@ -1,0 +1,285 @@
+// ObsClient — the client: one connection to obsd, every operation as an async call.
+//
+// Calls may be made concurrently from any task; they are pipelined on the one
+// connection and each gets its own reply.
+
+import NIOCore
+import NIOPosix
+import ObsProtocol
+import ObservableKit
+import Synchronization
+
+/// A connection to obsd.
+///
+/// ```swift
+/// let client = try await ObsClient.connect()            // flag > OBSD_SOCKET > default path
+/// try await client.set("ui", "theme", "dark")
+/// let sub = try await client.subscribe("ui", .keys(["theme"]), initial: true)
+/// for try await event in sub { print(event) }
+/// ```
+public final class ObsClient: Sendable {
+    /// The socket this client is connected to.
+    public let socketPath: String
+    private let channel: any Channel
+    private let flow: FlowControl
+    private let nextID = Atomic<Int64>(0)
+
+    private init(socketPath: String, channel: any Channel, flow: FlowControl) {
+        self.socketPath = socketPath
+        self.channel = channel
+        self.flow = flow
+    }
+
+    /// Connects to the daemon.
+    ///
+    /// - Parameter socketPath: the socket; `nil` resolves it as the contract says
+    ///   (`OBSD_SOCKET`, then `$XDG_RUNTIME_DIR/obsd.sock`, then `/run/obsd/obsd.sock`).
+    public static func connect(
+        socketPath: String? = nil,
+        eventLoopGroup: any EventLoopGroup = MultiThreadedEventLoopGroup.singleton
+    ) async throws(ObsClientError) -> ObsClient {
+        let path = SocketPath.resolve(explicit: socketPath, environment: ProcessEnvironment.current)
+        let flow = FlowControl()
+        do {
+            let channel = try await ClientBootstrap(group: eventLoopGroup)
+                .channelInitializer { channel in
+                    channel.eventLoop.makeCompletedFuture {
+                        try channel.pipeline.syncOperations.addHandler(ClientHandler(path: path, flow: flow))
+                    }
+                }
+                .connect(unixDomainSocketPath: path).get()
+            flow.attach(channel)
+            return ObsClient(socketPath: path, channel: channel, flow: flow)
+        } catch {
+            throw .cannotConnect(path: path, reason: Self.explain(error))
+        }
+    }
+
+    /// Connects, runs `body`, and closes the connection, whatever `body` does.
+    public static func withConnection<R: Sendable>(
+        socketPath: String? = nil, _ body: (ObsClient) async throws -> R
+    ) async throws -> R {
+        let client = try await connect(socketPath: socketPath)
+        do {
+            let result = try await body(client)
+            await client.close()
+            return result
+        } catch {
+            await client.close()
+            throw error
+        }
+    }
+
+    /// Closes the connection. Live subscriptions end with `connectionClosed`.
+    public func close() async {
+        try? await channel.close()
+    }
+
+    // MARK: Operations
+
+    /// Greets the daemon; returns its protocol version, name and maximum line length.
+    public func hello(client name: String? = nil) async throws(ObsClientError) -> ServerInfo {
+        let o = try await call(.hello(protocol: ObsProtocolVersion.current, client: name))
+        return ServerInfo(
+            protocolVersion: o["protocol"]?.int64Value ?? 0, server: o["server"]?.stringValue ?? "",
+            maxLine: Int(o["maxLine"]?.int64Value ?? 0))
+    }
+
+    /// Checks the connection.
+    public func ping() async throws(ObsClientError) {
+        _ = try await call(.ping)
+    }
+
+    /// The value and revision of a key, or `nil` if it does not exist.
+    public func get(_ repo: String, _ key: Key) async throws(ObsClientError) -> Entry<JSONValue>? {
+        do throws(ObsClientError) {
+            let o = try await call(.get(repo: repo, key: key))
+            guard let value = o["value"], let rev = o["rev"]?.uint64Value else {
+                throw ObsClientError.protocolViolation("get reply without value or rev")
+            }
+            return Entry(value: value, revision: rev)
+        } catch .server(let e) where e.code == .notFound {
+            return nil
+        }
+    }
+
+    /// Sets a key. An equal value is not a change unless `force`; `ifRev` makes it a
+    /// compare-and-set (0: the key must not exist), failing with `conflict`.
+    @discardableResult
+    public func set(
+        _ repo: String, _ key: Key, _ value: JSONValue, ifRev: UInt64? = nil, force: Bool = false
+    ) async throws(ObsClientError) -> WriteReply {
+        try Self.writeReply(try await call(.set(repo: repo, key: key, value: value, ifRev: ifRev, force: force)))
+    }
+
+    /// Deletes a key; deleting an absent key is not an error (`changed: false`).
+    @discardableResult
+    public func delete(_ repo: String, _ key: Key, ifRev: UInt64? = nil) async throws(ObsClientError) -> WriteReply {
+        try Self.writeReply(try await call(.delete(repo: repo, key: key, ifRev: ifRev)))
+    }
+
+    /// Applies writes atomically, as one revision.
+    @discardableResult
+    public func batch(_ repo: String, _ ops: [WriteOp<JSONValue>]) async throws(ObsClientError) -> BatchReply {
+        let o = try await call(.batch(repo: repo, ops: ops))
+        guard let rev = o["rev"]?.uint64Value, let changed = o["changed"]?.boolValue else {
+            throw .protocolViolation("batch reply without rev or changed")
+        }
+        return BatchReply(revision: rev, changed: changed)
+    }
+
+    /// The keys of a repository (optionally with a prefix), in byte order, and optionally their values.
+    public func list(_ repo: String, prefix: String? = nil, values: Bool = false) async throws(ObsClientError) -> Listing {
+        let o = try await call(.list(repo: repo, prefix: prefix, values: values))
+        guard let rev = o["rev"]?.uint64Value, let keys = o["keys"]?.arrayValue else {
+            throw .protocolViolation("list reply without rev or keys")
+        }
+        var valueMap: [Key: JSONValue]? = nil
+        if values, let object = o["values"]?.objectValue {
+            valueMap = Dictionary(object.members.map { (Key($0.name), $0.value) }, uniquingKeysWith: { $1 })
+        }
+        return Listing(revision: rev, keys: keys.compactMap { $0.stringValue.map { Key($0) } }, values: valueMap)
+    }
+
+    /// The repositories that exist, sorted by name.
+    public func repos() async throws(ObsClientError) -> [RepositoryInfo] {
+        let o = try await call(.repos)
+        guard let items = o["repos"]?.arrayValue else { throw .protocolViolation("repos reply without repos") }
+        return items.compactMap { item in
+            guard let r = item.objectValue, let name = r["name"]?.stringValue, let rev = r["rev"]?.uint64Value,
+                let keys = r["keys"]?.int64Value
+            else { return nil }
+            return RepositoryInfo(name: name, revision: rev, keys: Int(keys))
+        }
+    }
+
+    /// The daemon's counters.
+    public func stats() async throws(ObsClientError) -> JSONObject {
+        try await call(.stats)
+    }
+
+    /// Subscribes to the keys `selection` includes.
+    ///
+    /// - Parameters:
+    ///   - initial: first deliver a `snapshot` of the selected keys.
+    ///   - since: first replay every selected change above this revision, then `synced`.
+    ///     Fails with `compacted` if the daemon's history no longer reaches back that far.
+    ///   - once: end after the first `change`.
+    /// - Returns: the subscription, an async sequence of its events. Iterating it ends
+    ///   after `cancel()`, after a `once` change, or throws when the connection ends.
+    public func subscribe(
+        _ repo: String, _ selection: Selection = .all, initial: Bool = false, since: UInt64? = nil, once: Bool = false
+    ) async throws(ObsClientError) -> Subscription {
+        let (events, continuation) = AsyncThrowingStream.makeStream(of: SubscriptionEvent.self, throwing: (any Error).self)
+        let stream = SubscriptionStream(continuation: continuation, once: once, flow: flow)
+        let request = SubscribeRequest(repo: repo, selection: selection, initial: initial, since: since, once: once)
+        let o = try await call(.subscribe(request), purpose: .subscribe(stream))
+        guard let sub = o["sub"]?.uint64Value, let rev = o["rev"]?.uint64Value else {
+            throw .protocolViolation("subscribe reply without sub or rev")
+        }
+        stream.setOnCancel { [weak self] in self?.sendUnsubscribe(sub) }
+        return Subscription(id: sub, repository: repo, revision: rev, events: events, stream: stream, client: self)
+    }
+
+    /// Ends a subscription. Its sequence finishes; no event follows.
+    public func unsubscribe(_ sub: UInt64) async throws(ObsClientError) {
+        _ = try await call(.unsubscribe(sub: sub), purpose: .unsubscribe(sub))
+    }
+
+    // MARK: Plumbing
+
+    private func sendUnsubscribe(_ sub: UInt64) {
+        let promise = channel.eventLoop.makePromise(of: JSONObject.self)
+        promise.futureResult.whenComplete { _ in }
+        send(.unsubscribe(sub: sub), promise: promise, purpose: .unsubscribe(sub))
+    }
+
+    private func call(_ command: Command, purpose: OutboundRequest.Purpose = .plain) async throws(ObsClientError) -> JSONObject {
+        let promise = channel.eventLoop.makePromise(of: JSONObject.self)
+        send(command, promise: promise, purpose: purpose)
+        do {
+            return try await promise.futureResult.get()
+        } catch let error as ObsClientError {
+            throw error
+        } catch {
+            throw .connectionClosed(path: socketPath)
+        }
+    }
+
+    private func send(_ command: Command, promise: EventLoopPromise<JSONObject>, purpose: OutboundRequest.Purpose) {
+        let id = nextID.add(1, ordering: .relaxed).newValue
+        var encoded = JSONValue.object(command.requestObject(id: .int(id))).jsonBytes()
+        encoded.append(UInt8(ascii: "\n"))
+        let bytes = channel.allocator.buffer(bytes: encoded)
+        let path = socketPath
+        channel.writeAndFlush(OutboundRequest(bytes: bytes, reply: promise, purpose: purpose)).whenFailure { _ in
+            promise.fail(ObsClientError.connectionClosed(path: path))
+        }
+    }
+
+    private static func writeReply(_ o: JSONObject) throws(ObsClientError) -> WriteReply {
+        guard let rev = o["rev"]?.uint64Value, let changed = o["changed"]?.boolValue else {
+            throw .protocolViolation("write reply without rev or changed")
+        }
+        return WriteReply(revision: rev, changed: changed, old: o["old"])
+    }
+
+    private static func explain(_ error: any Error) -> String {
+        if let io = error as? IOError {
+            switch io.errnoCode {
+            case ENOENT: return "no such file — is obsd running?"
+            case ECONNREFUSED: return "connection refused — is obsd running?"
+            case EACCES, EPERM: return "permission denied — check the socket's owner and mode"
+            case ENOTSOCK: return "not a socket"
+            default: return io.description
+            }
+        }
+        return "\(error)"
+    }
+}
+
+/// A live subscription: an async sequence of its events.
+public struct Subscription: AsyncSequence, Sendable {
+    public typealias Element = SubscriptionEvent
+
+    /// The subscription number on its connection.
+    public let id: UInt64
+    public let repository: String
+    /// The repository revision when the subscription began.
+    public let revision: UInt64
+    private let events: AsyncThrowingStream<SubscriptionEvent, any Error>
+    private let stream: SubscriptionStream
+    private let client: ObsClient
+
+    init(
+        id: UInt64, repository: String, revision: UInt64, events: AsyncThrowingStream<SubscriptionEvent, any Error>,
+        stream: SubscriptionStream, client: ObsClient
+    ) {
+        self.id = id
+        self.repository = repository
+        self.revision = revision
+        self.events = events
+        self.stream = stream
+        self.client = client
+    }
+
+    /// Unsubscribes. The sequence finishes after the events that preceded the reply.
+    public func cancel() async throws(ObsClientError) {
+        try await client.unsubscribe(id)
+    }
+
+    public func makeAsyncIterator() -> AsyncIterator {
+        AsyncIterator(base: events.makeAsyncIterator(), stream: stream)
+    }
+
+    public struct AsyncIterator: AsyncIteratorProtocol {
+        var base: AsyncThrowingStream<SubscriptionEvent, any Error>.AsyncIterator
+        let stream: SubscriptionStream
+
+        public mutating func next() async throws -> SubscriptionEvent? {
+            let event = try await base.next()
+            if event != nil { stream.consumed() }
+            return event
+        }
+    }
+}

@@ -1,0 +1,42 @@
+// ObsClient — the async/await client of obsd (depends on the protocol, never on the daemon).
+//
+// This file owns the client's errors: every failure is one of a few cases, each with a
+// message a person understands.
+
+import ObsProtocol
+
+/// Why a client call failed.
+public enum ObsClientError: Error, Sendable, CustomStringConvertible {
+    /// The daemon's socket could not be reached.
+    case cannotConnect(path: String, reason: String)
+    /// The daemon refused the request (`not_found`, `conflict`, `forbidden`, …).
+    case server(ProtocolError)
+    /// The connection closed before the reply or while a subscription was live.
+    case connectionClosed(path: String)
+    /// The client read too slowly: the daemon closed the connection. Resubscribe with
+    /// `since: resumeAfter` to continue without a gap.
+    case overflowed(resumeAfter: UInt64)
+    /// The daemon sent something the protocol does not allow.
+    case protocolViolation(String)
+
+    /// The protocol error code, for `.server` errors.
+    public var code: ErrorCode? {
+        if case .server(let e) = self { return e.code }
+        return nil
+    }
+
+    public var description: String {
+        switch self {
+        case .cannotConnect(let path, let reason):
+            return "cannot connect to obsd at \(path): \(reason)"
+        case .server(let error):
+            return "\(error.message) (\(error.code.rawValue))"
+        case .connectionClosed(let path):
+            return "the connection to obsd at \(path) was closed"
+        case .overflowed(let rev):
+            return "obsd closed the connection because events were read too slowly (complete through revision \(rev))"
+        case .protocolViolation(let text):
+            return "protocol violation: \(text)"
+        }
+    }
+}

@@ -1,0 +1,165 @@
+// obsctl — the key and repository commands: set, get, del, list, repos, stats.
+
+import ArgumentParser
+import ObsClient
+import ObsProtocol
+import ObservableKit
+
+extension Obsctl {
+    struct Set: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Set a key.",
+            discussion: """
+                VALUE is parsed as JSON when it is valid JSON (42, true, {"a":1}, "quoted"), else taken as a string.
+                An equal value changes nothing unless --force.
+                """)
+
+        @OptionGroup var global: GlobalOptions
+        @Argument(help: "Repository name.") var repo: String
+        @Argument(help: "Key.") var key: String
+        @Argument(help: "Value.") var value: String
+        @Flag(help: "Take VALUE as a string, even if it is valid JSON.") var string = false
+        @Flag(help: "Require VALUE to be valid JSON.") var json = false
+        @Option(help: ArgumentHelp("Write only if the key is at this revision (0: only if absent).", valueName: "rev"))
+        var ifRev: UInt64?
+        @Flag(help: "Count an equal value as a change (revision raised, event sent).") var force = false
+        @Flag(name: .shortAndLong, help: "Print nothing on success.") var quiet = false
+
+        func validate() throws {
+            if string && json { throw ValidationError("use at most one of --string and --json") }
+            if json, (try? JSONParser.parse(value)) == nil {
+                throw ValidationError("VALUE is not valid JSON: \(value)")
+            }
+        }
+
+        func run() async throws {
+            let parsed: JSONValue = string ? .string(value) : ((try? JSONParser.parse(value)) ?? .string(value))
+            try await global.withClient { client in
+                let reply = try await client.set(repo, Key(key), parsed, ifRev: ifRev, force: force)
+                if !quiet { emit(reply.changed ? "rev \(reply.revision)" : "rev \(reply.revision) (unchanged)") }
+            }
+        }
+    }
+
+    struct Get: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Print a key's value as JSON (exit 1 if the key does not exist).")
+
+        @OptionGroup var global: GlobalOptions
+        @Argument(help: "Repository name.") var repo: String
+        @Argument(help: "Key.") var key: String
+        @Flag(help: "Print a string value without JSON quotes.") var raw = false
+        @Flag(help: "Print {\"value\":…,\"rev\":…}.") var json = false
+
+        func run() async throws {
+            try await global.withClient { client in
+                guard let entry = try await client.get(repo, Key(key)) else {
+                    printError("key \(JSONValue.string(key).jsonText) does not exist in repository \(repo)")
+                    throw Exit.notFound
+                }
+                if json {
+                    emit(JSONValue.object(JSONObject(uniqueMembers: [("value", entry.value), ("rev", .number(entry.revision))])).jsonText)
+                } else if raw, case .string(let s) = entry.value {
+                    emit(s)
+                } else {
+                    emit(entry.value.jsonText)
+                }
+            }
+        }
+    }
+
+    struct Del: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Delete a key (deleting an absent key is not an error).")
+
+        @OptionGroup var global: GlobalOptions
+        @Argument(help: "Repository name.") var repo: String
+        @Argument(help: "Key.") var key: String
+        @Option(help: ArgumentHelp("Delete only if the key is at this revision.", valueName: "rev")) var ifRev: UInt64?
+        @Flag(name: .shortAndLong, help: "Print nothing on success.") var quiet = false
+
+        func run() async throws {
+            try await global.withClient { client in
+                let reply = try await client.delete(repo, Key(key), ifRev: ifRev)
+                if !quiet { emit(reply.changed ? "rev \(reply.revision)" : "rev \(reply.revision) (absent)") }
+            }
+        }
+    }
+
+    struct List: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "List a repository's keys in byte order.")
+
+        @OptionGroup var global: GlobalOptions
+        @Argument(help: "Repository name.") var repo: String
+        @Option(help: ArgumentHelp("Only keys starting with this prefix.", valueName: "prefix")) var prefix: String?
+        @Flag(help: "Print each key's value after a tab.") var values = false
+        @Flag(help: "Print the reply as one JSON object.") var json = false
+
+        func run() async throws {
+            try await global.withClient { client in
+                let listing = try await client.list(repo, prefix: prefix, values: values || json)
+                if json {
+                    var o = JSONObject()
+                    o["rev"] = .number(listing.revision)
+                    o["keys"] = .array(listing.keys.map { .string($0.string) })
+                    if values {
+                        o["values"] = .object(JSONObject(uniqueMembers: listing.keys.map { ($0.string, listing.values?[$0] ?? .null) }))
+                    }
+                    emit(JSONValue.object(o).jsonText)
+                    return
+                }
+                for key in listing.keys {
+                    if values, let value = listing.values?[key] {
+                        emit("\(key.string)\t\(value.jsonText)")
+                    } else {
+                        emit(key.string)
+                    }
+                }
+            }
+        }
+    }
+
+    struct Repos: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "List repositories with their revision and number of keys.")
+
+        @OptionGroup var global: GlobalOptions
+        @Flag(help: "Print a JSON array.") var json = false
+
+        func run() async throws {
+            try await global.withClient { client in
+                let repos = try await client.repos()
+                if json {
+                    emit(JSONValue.array(repos.map {
+                        .object(JSONObject(uniqueMembers: [("name", .string($0.name)), ("rev", .number($0.revision)), ("keys", .int(Int64($0.keys)))]))
+                    }).jsonText)
+                    return
+                }
+                let width = max(4, repos.map(\.name.count).max() ?? 0)
+                emit(pad("NAME", width) + "  " + pad("REV", 10) + "  KEYS")
+                for r in repos { emit(pad(r.name, width) + "  " + pad(String(r.revision), 10) + "  \(r.keys)") }
+            }
+        }
+
+        private func pad(_ s: String, _ width: Int) -> String {
+            s.count >= width ? s : s + String(repeating: " ", count: width - s.count)
+        }
+    }
+
+    struct Stats: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "Print the daemon's counters.")
+
+        @OptionGroup var global: GlobalOptions
+        @Flag(help: "Print one JSON object.") var json = false
+
+        func run() async throws {
+            try await global.withClient { client in
+                let stats = try await client.stats()
+                if json {
+                    emit(JSONValue.object(stats).jsonText)
+                } else {
+                    for m in stats.members { emit("\(m.name): \(m.value.jsonText)") }
+                }
+            }
+        }
+    }
+}

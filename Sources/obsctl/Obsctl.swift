@@ -1,0 +1,119 @@
+// obsctl — the command-line client of obsd: root command, shared options, exit codes,
+// and error reporting. Subcommands are in the other files of this target.
+
+import ArgumentParser
+import ObsClient
+import ObsProtocol
+
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Musl)
+import Musl
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+@main
+struct Obsctl: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "obsctl",
+        abstract: "Read, write and watch keys of obsd repositories.",
+        discussion: """
+            The socket is, in order: --socket, $OBSD_SOCKET, $XDG_RUNTIME_DIR/obsd.sock, /run/obsd/obsd.sock.
+
+            Exit status:
+              0   success
+              1   not found (get of an absent key)
+              2   conflict (an --if-rev condition failed)
+              3   forbidden
+              4   the daemon refused the request (bad request, too large, compacted, overloaded, internal)
+              64  usage error
+              69  cannot connect to obsd, or the connection was lost
+              70  the daemon broke the protocol
+              75  watch was cut off because it read too slowly (resume with --since)
+            """,
+        version: "0.1.0",
+        subcommands: [Set.self, Get.self, Del.self, Watch.self, List.self, Repos.self, Stats.self])
+
+    /// Accepts the global options before the subcommand, too (`obsctl --socket P get …`).
+    @OptionGroup var global: GlobalOptions
+}
+
+/// Options every subcommand takes.
+struct GlobalOptions: ParsableArguments {
+    @Option(help: ArgumentHelp("The daemon's socket.", valueName: "path"))
+    var socket: String?
+
+    /// Connects, runs `body`, closes; turns every failure into a message and an exit code.
+    func withClient(_ body: (ObsClient) async throws -> Void) async throws {
+        let client: ObsClient
+        do {
+            client = try await ObsClient.connect(socketPath: socket)
+        } catch {
+            throw fail(error)
+        }
+        do {
+            try await body(client)
+        } catch let error as ObsClientError {
+            await client.close()
+            throw fail(error)
+        } catch {
+            await client.close()
+            throw error
+        }
+        await client.close()
+    }
+}
+
+/// obsctl's exit statuses.
+enum Exit {
+    static let notFound = ExitCode(1)
+    static let conflict = ExitCode(2)
+    static let forbidden = ExitCode(3)
+    static let refused = ExitCode(4)
+    static let usage = ExitCode(64)
+    static let unavailable = ExitCode(69)
+    static let software = ExitCode(70)
+    static let tempFail = ExitCode(75)
+}
+
+/// Prints the error for a person and returns the exit code it maps to.
+func fail(_ error: ObsClientError) -> ExitCode {
+    printError(error.description)
+    switch error {
+    case .cannotConnect, .connectionClosed: return Exit.unavailable
+    case .overflowed: return Exit.tempFail
+    case .protocolViolation: return Exit.software
+    case .server(let e):
+        switch e.code {
+        case .notFound: return Exit.notFound
+        case .conflict: return Exit.conflict
+        case .forbidden: return Exit.forbidden
+        default: return Exit.refused
+        }
+    }
+}
+
+func printError(_ message: String) {
+    writeLine("obsctl: \(message)", to: STDERR_FILENO)
+}
+
+/// Writes a line to standard output, unbuffered (watch output is streamed).
+func emit(_ line: String) {
+    writeLine(line, to: STDOUT_FILENO)
+}
+
+private func writeLine(_ line: String, to fd: Int32) {
+    var text = line + "\n"
+    text.withUTF8 { bytes in
+        var offset = 0
+        while offset < bytes.count {
+            let n = write(fd, bytes.baseAddress! + offset, bytes.count - offset)
+            if n < 0 {
+                if errno == EINTR { continue }
+                return  // stdout closed (e.g. piped into head): nothing more to say
+            }
+            offset += n
+        }
+    }
+}

@@ -1,0 +1,81 @@
+// obsctl — `watch`: follow changes of keys, a prefix, or a whole repository.
+
+import ArgumentParser
+import ObsClient
+import ObsProtocol
+import ObservableKit
+
+extension Obsctl {
+    struct Watch: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Print changes as they happen.",
+            discussion: """
+                Human output, one line per changed key:  REV  REPO/KEY  OLD → NEW
+                (OLD is (none) for a creation, NEW is (deleted) for a deletion; --initial lines read REV  REPO/KEY  = VALUE).
+                With --json, one object per changed key: {"repo","key","rev","old","new"}, with "old" and "new"
+                present exactly as in the protocol; --initial values come as {"repo","key","rev","new","snapshot":true},
+                and the end of a --since replay as {"repo","rev","synced":true}.
+                """)
+
+        @OptionGroup var global: GlobalOptions
+        @Argument(help: "Repository name.") var repo: String
+        @Argument(help: "Keys to watch (default: every key).") var keys: [String] = []
+        @Option(help: ArgumentHelp("Watch keys starting with this prefix.", valueName: "prefix")) var prefix: String?
+        @Flag(help: "First print the current values.") var initial = false
+        @Option(help: ArgumentHelp("First replay changes after this revision.", valueName: "rev")) var since: UInt64?
+        @Flag(help: "Exit after the first change.") var once = false
+        @Flag(help: "Print JSON objects, one per line.") var json = false
+
+        func validate() throws {
+            if !keys.isEmpty && prefix != nil { throw ValidationError("give keys or --prefix, not both") }
+            if initial && since != nil { throw ValidationError("use at most one of --initial and --since") }
+        }
+
+        func run() async throws {
+            let selection: Selection = !keys.isEmpty ? .keys(Swift.Set(keys.map { Key($0) })) : prefix.map { .prefix($0) } ?? .all
+            try await global.withClient { client in
+                let subscription = try await client.subscribe(repo, selection, initial: initial, since: since, once: once)
+                for try await event in subscription {
+                    print(event)
+                }
+            }
+        }
+
+        private func print(_ event: SubscriptionEvent) {
+            switch event {
+            case .snapshot(let rev, let values):
+                for key in values.keys.sorted() {
+                    let value = values[key]!
+                    if json {
+                        emit(line([("repo", .string(repo)), ("key", .string(key.string)), ("rev", .number(rev)), ("new", value), ("snapshot", true)]))
+                    } else {
+                        emit("\(rev)  \(repo)/\(key.string)  = \(value.jsonText)")
+                    }
+                }
+            case .change(let changeSet):
+                for change in changeSet.changes {
+                    if json {
+                        var members: [(String, JSONValue)] = [("repo", .string(repo)), ("key", .string(change.key.string)), ("rev", .number(changeSet.revision))]
+                        if let old = change.old { members.append(("old", old)) }
+                        if let new = change.new { members.append(("new", new)) }
+                        emit(line(members))
+                    } else {
+                        let old = change.old?.jsonText ?? "(none)"
+                        let new = change.new?.jsonText ?? "(deleted)"
+                        emit("\(changeSet.revision)  \(repo)/\(change.key.string)  \(old) → \(new)")
+                    }
+                }
+            case .synced(let rev):
+                if json {
+                    emit(line([("repo", .string(repo)), ("rev", .number(rev)), ("synced", true)]))
+                } else {
+                    printError("caught up at revision \(rev); watching live")
+                }
+            }
+        }
+
+        private func line(_ members: [(String, JSONValue)]) -> String {
+            JSONValue.object(JSONObject(uniqueMembers: members.map { (name: $0.0, value: $0.1) })).jsonText
+        }
+    }
+}

@@ -1,0 +1,202 @@
+// End-to-end tests of the daemon process and of obsctl: start-up, socket file handling,
+// graceful SIGTERM, and the CLI's output and exit codes.
+
+import Foundation
+import ObsProtocol
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+@Suite(.timeLimit(.minutes(3))) struct DaemonLifecycleTests {
+    @Test func sigtermShutsDownGracefullyWithExitZeroAndRemovesTheSocket() async throws {
+        let d = try await TestDaemon.start()
+        let c = try d.connect()
+        _ = try c.call(["op": "subscribe", "repo": "x"])
+        #expect(d.stop() == 0)
+        #expect(!FileManager.default.fileExists(atPath: d.socketPath))
+        #expect(try c.receiveLine() == nil, "clients see the connection close")
+        #expect(d.log.contains("obsd stopped"))
+    }
+
+    @Test func sigintAlsoExitsZero() async throws {
+        let d = try await TestDaemon.start()
+        d.signal(SIGINT)
+        d.process.waitUntilExit()
+        #expect(d.process.terminationStatus == 0)
+    }
+
+    @Test func staleSocketIsReplacedButALiveDaemonIsNot() async throws {
+        let dir = TestDaemon.makeTemporaryDirectory()
+        // A stale socket: bound, then abandoned.
+        let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
+        var address = sockaddr_un()
+        address.sun_family = sa_family_t(AF_UNIX)
+        withUnsafeMutableBytes(of: &address.sun_path) { raw in
+            let bytes = Array((dir + "/obsd.sock").utf8)
+            raw.copyBytes(from: bytes)
+            raw[bytes.count] = 0
+        }
+        _ = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+        }
+        close(fd)
+        let d = try await TestDaemon.start(directory: dir)
+        #expect(try d.connect().call(["op": "ping"]).ok)
+
+        let second = try run(BuildProducts.path("obsd"), ["--socket", d.socketPath])
+        #expect(second.status != 0)
+        #expect(second.stderr.contains("another obsd is already serving \(d.socketPath)"))
+        #expect(try d.connect().call(["op": "ping"]).ok, "the first daemon keeps its socket")
+    }
+
+    @Test func refusesToReplaceAFileThatIsNotASocket() throws {
+        let dir = TestDaemon.makeTemporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let path = dir + "/not-a-socket"
+        _ = FileManager.default.createFile(atPath: path, contents: Data("precious".utf8))
+        let result = try run(BuildProducts.path("obsd"), ["--socket", path])
+        #expect(result.status != 0)
+        #expect(result.stderr.contains("exists and is not a socket"))
+        #expect(try String(contentsOfFile: path, encoding: .utf8) == "precious")
+    }
+
+    @Test func createsTheSocketDirectoryAndSetsTheMode() async throws {
+        let dir = TestDaemon.makeTemporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let nested = dir + "/a/b/obsd.sock"
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: BuildProducts.path("obsd"))
+        process.arguments = ["--socket", nested]
+        process.standardError = FileHandle.nullDevice
+        try process.run()
+        defer { process.terminate(); process.waitUntilExit() }
+        let deadline = ContinuousClock.now + .seconds(20)
+        while !FileManager.default.fileExists(atPath: nested), ContinuousClock.now < deadline {
+            try await Task.sleep(for: .milliseconds(10))
+        }
+        var st = stat()
+        #expect(lstat(nested, &st) == 0)
+        #expect(st.st_mode & 0o777 == 0o660)
+    }
+
+    @Test func badFlagsAreUsageErrors() throws {
+        let result = try run(BuildProducts.path("obsd"), ["--log-level", "loud"])
+        #expect(result.status == 64)
+        #expect(result.stderr.contains("unknown log level"))
+    }
+}
+
+@Suite(.timeLimit(.minutes(3))) struct ObsctlTests {
+    @Test func setGetDelAndExitCodes() async throws {
+        let d = try await TestDaemon.start()
+        let s = d.socketPath
+        #expect(try obsctl(["set", "ui", "theme", "dark"], socket: s).stdout == "rev 1\n")
+        #expect(try obsctl(["set", "ui", "theme", "dark"], socket: s).stdout == "rev 1 (unchanged)\n")
+        #expect(try obsctl(["get", "ui", "theme"], socket: s).stdout == "\"dark\"\n")
+        #expect(try obsctl(["get", "ui", "theme", "--raw"], socket: s).stdout == "dark\n")
+        #expect(try obsctl(["get", "ui", "theme", "--json"], socket: s).stdout == "{\"value\":\"dark\",\"rev\":1}\n")
+        // VALUE is JSON when it parses, else a string; --string and --json force either.
+        _ = try obsctl(["set", "ui", "n", "42"], socket: s)
+        #expect(try obsctl(["get", "ui", "n"], socket: s).stdout == "42\n")
+        _ = try obsctl(["set", "ui", "n", "42", "--string"], socket: s)
+        #expect(try obsctl(["get", "ui", "n"], socket: s).stdout == "\"42\"\n")
+        _ = try obsctl(["set", "ui", "o", "{\"a\": [1, true]}"], socket: s)
+        #expect(try obsctl(["get", "ui", "o"], socket: s).stdout == "{\"a\":[1,true]}\n")
+        let badJSON = try obsctl(["set", "ui", "o", "{oops", "--json"], socket: s)
+        #expect(badJSON.status == 64 && badJSON.stderr.contains("not valid JSON"))
+
+        let absent = try obsctl(["get", "ui", "nope"], socket: s)
+        #expect(absent.status == 1 && absent.stdout.isEmpty && absent.stderr.contains("does not exist"))
+        let conflict = try obsctl(["set", "ui", "theme", "x", "--if-rev", "7"], socket: s)
+        #expect(conflict.status == 2 && conflict.stderr.contains("conflict"))
+        let badName = try obsctl(["set", "bad name", "k", "v"], socket: s)
+        #expect(badName.status == 4 && badName.stderr.contains("invalid repository name"))
+        #expect(try obsctl(["del", "ui", "theme"], socket: s).stdout.hasPrefix("rev "))
+        #expect(try obsctl(["del", "ui", "theme"], socket: s).stdout.hasSuffix("(absent)\n"))
+        let usage = try obsctl(["set", "ui"], socket: s)
+        #expect(usage.status == 64)
+        let down = try run(BuildProducts.path("obsctl"), ["--socket", "/tmp/obsd-test-none/obsd.sock", "get", "a", "b"])
+        #expect(down.status == 69)
+        #expect(down.stderr == "obsctl: cannot connect to obsd at /tmp/obsd-test-none/obsd.sock: no such file — is obsd running?\n")
+        // The socket also comes from OBSD_SOCKET.
+        var env = ProcessInfo.processInfo.environment
+        env["OBSD_SOCKET"] = s
+        #expect(try run(BuildProducts.path("obsctl"), ["get", "ui", "n"], environment: env).stdout == "\"42\"\n")
+    }
+
+    @Test func listReposStats() async throws {
+        let d = try await TestDaemon.start()
+        let s = d.socketPath
+        _ = try obsctl(["set", "ui", "b", "2"], socket: s)
+        _ = try obsctl(["set", "ui", "a", "\"x\""], socket: s)
+        _ = try obsctl(["set", "cfg", "k", "true"], socket: s)
+        #expect(try obsctl(["list", "ui"], socket: s).stdout == "a\nb\n")
+        #expect(try obsctl(["list", "ui", "--values"], socket: s).stdout == "a\t\"x\"\nb\t2\n")
+        #expect(try obsctl(["list", "ui", "--prefix", "b", "--json"], socket: s).stdout == "{\"rev\":2,\"keys\":[\"b\"]}\n")
+        #expect(try obsctl(["repos"], socket: s).stdout == "NAME  REV         KEYS\ncfg   1           1\nui    2           2\n")
+        #expect(try obsctl(["repos", "--json"], socket: s).stdout == "[{\"name\":\"cfg\",\"rev\":1,\"keys\":1},{\"name\":\"ui\",\"rev\":2,\"keys\":2}]\n")
+        let stats = try obsctl(["stats"], socket: s).stdout
+        #expect(stats.contains("connections: 1\n") && stats.contains("repos: 2\n"))
+    }
+
+    @Test func watchShowsOldAndNewValues() async throws {
+        let d = try await TestDaemon.start()
+        let s = d.socketPath
+        _ = try obsctl(["set", "ui", "theme", "light"], socket: s)
+        // A watch that stops after its first change; started before the write it reports.
+        let watch = Process()
+        watch.executableURL = URL(fileURLWithPath: BuildProducts.path("obsctl"))
+        watch.arguments = ["--socket", s, "watch", "ui", "theme", "--once"]
+        let out = Pipe()
+        watch.standardOutput = out
+        try watch.run()
+        // Wait until the watch's subscription is live (the daemon counts it), then write.
+        let probe = try d.connect()
+        let deadline = ContinuousClock.now + .seconds(20)
+        while try probe.call(["op": "stats"])["subscriptions"] != 1, ContinuousClock.now < deadline {
+            try await Task.sleep(for: .milliseconds(10))
+        }
+        _ = try obsctl(["set", "ui", "theme", "dark"], socket: s)
+        let text = String(decoding: out.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        watch.waitUntilExit()
+        #expect(watch.terminationStatus == 0)
+        #expect(text == "2  ui/theme  \"light\" → \"dark\"\n")
+
+        _ = try obsctl(["del", "ui", "theme"], socket: s)
+        let json = try obsctl(["watch", "ui", "--since", "0", "--json"], socket: s, stopAfterLines: 4)
+        #expect(json.stdout.split(separator: "\n") == [
+            #"{"repo":"ui","key":"theme","rev":1,"new":"light"}"#,
+            #"{"repo":"ui","key":"theme","rev":2,"old":"light","new":"dark"}"#,
+            #"{"repo":"ui","key":"theme","rev":3,"old":"dark"}"#,
+            #"{"repo":"ui","rev":3,"synced":true}"#,
+        ])
+        _ = try obsctl(["set", "ui", "theme", "blue"], socket: s)
+        let initial = try obsctl(["watch", "ui", "--initial"], socket: s, stopAfterLines: 1)
+        #expect(initial.stdout == "4  ui/theme  = \"blue\"\n")
+        let bad = try obsctl(["watch", "ui", "k", "--prefix", "p"], socket: s)
+        #expect(bad.status == 64)
+    }
+}
+
+/// Runs `obsctl` until it has printed `stopAfterLines` lines, then stops it.
+func obsctl(_ arguments: [String], socket: String, stopAfterLines: Int) throws -> CommandResult {
+    let process = Process()
+    process.executableURL = URL(fileURLWithPath: BuildProducts.path("obsctl"))
+    process.arguments = ["--socket", socket] + arguments
+    let out = Pipe()
+    process.standardOutput = out
+    process.standardError = FileHandle.nullDevice
+    try process.run()
+    var collected = Data()
+    let handle = out.fileHandleForReading
+    while collected.filter({ $0 == 10 }).count < stopAfterLines {
+        let chunk = handle.availableData
+        if chunk.isEmpty { break }
+        collected.append(chunk)
+    }
+    process.terminate()
+    process.waitUntilExit()
+    return CommandResult(status: process.terminationStatus, stdout: String(decoding: collected, as: UTF8.self), stderr: "")
+}

@@ -1,0 +1,162 @@
+// End-to-end delivery guarantees under load: concurrent writers with gap-free ordered
+// delivery to several subscribers, and a slow reader cut off with `overflow` while a fast
+// one keeps up and the writer is never held back.
+
+import ObsClient
+import ObsProtocol
+import ObservableKit
+import Testing
+
+/// Consumes a subscription, recording every change event's revision and changes.
+func collect(_ subscription: Subscription, until lastRevision: UInt64) async throws -> [ChangeSet<JSONValue>] {
+    var seen: [ChangeSet<JSONValue>] = []
+    for try await event in subscription {
+        guard case .change(let c) = event else { continue }
+        seen.append(c)
+        if c.revision >= lastRevision { break }
+    }
+    return seen
+}
+
+@Suite(.serialized, .timeLimit(.minutes(3))) struct DeliveryTests {
+    @Test func concurrentWritersDeliverGapFreeAndOrderedToEverySubscriber() async throws {
+        let d = try await TestDaemon.start()
+        let writers = 4
+        let writesEach = 400
+        let total = UInt64(writers * writesEach)
+        let readers = try await (0..<3).asyncMap { _ in try await ObsClient.connect(socketPath: d.socketPath) }
+        let allSubs = try await readers.asyncMap { try await $0.subscribe("c") }
+        let prefixSub = try await readers[0].subscribe("c", .prefix("w1/"))
+        let keysSub = try await readers[1].subscribe("c", .keys(["w2/k0", "w3/k1"]))
+
+        async let allLogs = withThrowingTaskGroup(of: [ChangeSet<JSONValue>].self) { group in
+            for sub in allSubs { group.addTask { try await collect(sub, until: total) } }
+            return try await group.reduce(into: []) { $0.append($1) }
+        }
+        // Filtered subscriptions end at sentinel writes made after every writer is done.
+        async let prefixLog = collect(prefixSub, until: total + 1)
+
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            for w in 0..<writers {
+                group.addTask {
+                    let client = try await ObsClient.connect(socketPath: d.socketPath)
+                    for i in 0..<writesEach {
+                        try await client.set("c", Key("w\(w)/k\(i % 5)"), .int(Int64(i)))
+                    }
+                    await client.close()
+                }
+            }
+            try await group.waitForAll()
+        }
+        let prefixSentinel = try await readers[2].set("c", "w1/end", "end")
+        let keysSentinel = try await readers[2].set("c", "w2/k0", "end")
+        #expect(prefixSentinel.revision == total + 1 && keysSentinel.revision == total + 2)
+
+        let logs = try await allLogs
+        #expect(logs.count == 3)
+        for log in logs {
+            #expect(log.map(\.revision) == Array(1...total), "every revision, once, in order")
+        }
+        #expect(logs[0] == logs[1] && logs[1] == logs[2], "every subscriber sees the same history")
+        // Every writer's changes appear in its own order with the right old values.
+        var lastValue: [Key: JSONValue] = [:]
+        for change in logs[0].flatMap(\.changes) {
+            #expect(change.old == lastValue[change.key])
+            lastValue[change.key] = change.new
+        }
+        let touching = { (keys: (Key) -> Bool) in logs[0].filter { $0.changes.contains { keys($0.key) } }.map(\.revision) }
+        let prefixRevisions = try await prefixLog.map(\.revision)
+        #expect(prefixRevisions == touching { $0.hasBytePrefix("w1/") } + [total + 1])
+        let keyed = try await collect(keysSub, until: total + 2).map(\.revision)
+        #expect(keyed == touching { $0 == "w2/k0" || $0 == "w3/k1" } + [total + 2])
+        for reader in readers { await reader.close() }
+    }
+
+    @Test func slowReaderIsCutOffWhileFastReaderAndWriterKeepGoing() async throws {
+        let d = try await TestDaemon.start(["--queue-bytes", "262144", "--overflow-grace", "20"])
+        let writes = 4000
+        let padding = String(repeating: "p", count: 200)
+
+        // The slow reader subscribes and then reads nothing (with a tiny receive buffer).
+        let slow = try WireConnection(path: d.socketPath, receiveBuffer: 4096)
+        let slowReply = try slow.call(["op": "subscribe", "repo": "o"])
+        let slowSub = slowReply["sub"]!
+
+        let fastClient = try await ObsClient.connect(socketPath: d.socketPath)
+        let fast = try await fastClient.subscribe("o")
+        async let fastLog = collect(fast, until: UInt64(writes))
+
+        let writer = try await ObsClient.connect(socketPath: d.socketPath)
+        for i in 0..<writes {
+            try await writer.set("o", Key("k\(i % 10)"), .string("\(i) \(padding)"))
+        }
+        let revisions = try await fastLog.map(\.revision)
+        #expect(revisions == Array(1...UInt64(writes)), "the fast reader got everything, in order")
+
+        // Now the slow reader drains its connection: events in order, then overflow, then EOF.
+        let messages = try slow.receiveUntilClosed()
+        guard let last = messages.last else { Issue.record("no messages"); return }
+        #expect(last["event"] == "overflow")
+        let changes = messages.dropLast()
+        #expect(changes.allSatisfy { $0["event"] == "change" && $0["sub"] == slowSub })
+        let delivered = changes.compactMap { $0["rev"]?.uint64Value }
+        #expect(delivered == Array(1...UInt64(delivered.count)), "gap-free up to the cut")
+        #expect(delivered.count < writes, "the slow reader was cut off before the end")
+        let resume = last["revs"]?.objectValue?["\(slowSub.uint64Value ?? 0)"]?.uint64Value
+        #expect(resume == UInt64(delivered.count), "overflow names the revision delivered through")
+
+        // Resuming with since: R replays exactly what was missed.
+        let again = try d.connect()
+        let resumed = try again.call(["op": "subscribe", "repo": "o", "since": .number(resume ?? 0)])
+        #expect(resumed["rev"] == .number(UInt64(writes)))
+        var replayed: [UInt64] = []
+        while true {
+            let m = try again.receive()
+            if m["event"] == "synced" { break }
+            replayed.append(m["rev"]?.uint64Value ?? 0)
+        }
+        #expect(replayed == Array(((resume ?? 0) + 1)...UInt64(writes)))
+        let stats = try again.call(["op": "stats"])
+        #expect(stats["overflows"] == 1)
+        await fastClient.close()
+        await writer.close()
+    }
+
+    @Test func clientLibrarySurfacesOverflowWithTheRevisionToResumeFrom() async throws {
+        let d = try await TestDaemon.start(["--queue-events", "100", "--queue-bytes", "65536"])
+        let lagging = try await ObsClient.connect(socketPath: d.socketPath)
+        let sub = try await lagging.subscribe("x")
+        let writer = try await ObsClient.connect(socketPath: d.socketPath)
+        // More than the client buffers (8192 events) plus the daemon's queue: the client
+        // stops reading, the daemon's queue fills, the connection overflows.
+        var lastWrite: UInt64 = 0
+        for i in 0..<20_000 {
+            lastWrite = try await writer.set("x", "k", .int(Int64(i))).revision
+        }
+        var received: [UInt64] = []
+        do {
+            for try await event in sub {
+                if case .change(let c) = event { received.append(c.revision) }
+            }
+            Issue.record("the stream should end with an overflow error")
+        } catch let error as ObsClientError {
+            guard case .overflowed(let resumeAfter) = error else {
+                Issue.record("unexpected error \(error)")
+                return
+            }
+            #expect(received == Array(1...UInt64(received.count)))
+            #expect(resumeAfter == UInt64(received.count))
+            #expect(resumeAfter < lastWrite)
+        }
+        await writer.close()
+        await lagging.close()
+    }
+}
+
+extension Sequence {
+    func asyncMap<T>(_ transform: (Element) async throws -> T) async rethrows -> [T] {
+        var result: [T] = []
+        for element in self { result.append(try await transform(element)) }
+        return result
+    }
+}

@@ -1,0 +1,155 @@
+// End-to-end test support: runs the real `obsd` binary on a temporary socket.
+
+import Foundation
+import ObsProtocol
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Where the package's executables were built (next to the test bundle).
+enum BuildProducts {
+    static var directory: URL {
+        if let dir = ProcessInfo.processInfo.environment["OBSD_BUILD_DIR"] {
+            return URL(fileURLWithPath: dir)
+        }
+        let exe = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath()
+        var dir = exe.deletingLastPathComponent()
+        // On some layouts the runner sits inside the .xctest bundle.
+        while !FileManager.default.fileExists(atPath: dir.appendingPathComponent("obsd").path), dir.path != "/" {
+            dir = dir.deletingLastPathComponent()
+        }
+        return dir
+    }
+
+    static func path(_ name: String) -> String { directory.appendingPathComponent(name).path }
+}
+
+struct TestFailure: Error, CustomStringConvertible {
+    let description: String
+    init(_ description: String) { self.description = description }
+}
+
+/// A running `obsd` process owned by a test.
+final class TestDaemon: @unchecked Sendable {
+    // @unchecked: `process` is only touched by the test that owns this daemon, one call at a time.
+    let directory: String
+    let socketPath: String
+    let logPath: String
+    let arguments: [String]
+    private(set) var process: Process
+
+    /// Starts obsd with `arguments` added to `--socket` (and `--data-dir`), and waits until it accepts connections.
+    static func start(_ arguments: [String] = [], directory: String? = nil) async throws -> TestDaemon {
+        let dir = directory ?? makeTemporaryDirectory()
+        let daemon = TestDaemon(directory: dir, arguments: arguments)
+        try await daemon.launch()
+        return daemon
+    }
+
+    private init(directory: String, arguments: [String]) {
+        self.directory = directory
+        self.socketPath = directory + "/obsd.sock"
+        self.logPath = directory + "/obsd.log"
+        self.arguments = arguments
+        self.process = Process()
+    }
+
+    /// Starts (or restarts) the process and waits until the socket answers.
+    func launch() async throws {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: BuildProducts.path("obsd"))
+        process.arguments = ["--socket", socketPath, "--data-dir", directory + "/data", "--log-level", "debug"] + arguments
+        _ = FileManager.default.createFile(atPath: logPath, contents: nil)
+        let log = try FileHandle(forWritingTo: URL(fileURLWithPath: logPath))
+        log.seekToEndOfFile()
+        process.standardError = log
+        process.standardOutput = log
+        try process.run()
+        self.process = process
+        try await waitUntilServing()
+    }
+
+    private func waitUntilServing() async throws {
+        let deadline = ContinuousClock.now + .seconds(20)
+        while ContinuousClock.now < deadline {
+            if !process.isRunning {
+                throw TestFailure("obsd exited with status \(process.terminationStatus) before serving:\n\(log)")
+            }
+            if let connection = try? WireConnection(path: socketPath) {
+                connection.close()
+                return
+            }
+            try await Task.sleep(for: .milliseconds(10))
+        }
+        throw TestFailure("obsd did not start serving \(socketPath) within 20 s:\n\(log)")
+    }
+
+    /// Sends SIGTERM and waits for the exit status.
+    @discardableResult
+    func stop() -> Int32 {
+        guard process.isRunning else { return process.terminationStatus }
+        process.terminate()
+        process.waitUntilExit()
+        return process.terminationStatus
+    }
+
+    /// Kills the process with SIGKILL.
+    func kill9() {
+        guard process.isRunning else { return }
+        kill(process.processIdentifier, SIGKILL)
+        process.waitUntilExit()
+    }
+
+    /// Sends a signal.
+    func signal(_ sig: Int32) { kill(process.processIdentifier, sig) }
+
+    var pid: Int32 { process.processIdentifier }
+
+    var log: String { (try? String(contentsOfFile: logPath, encoding: .utf8)) ?? "" }
+
+    func connect() throws -> WireConnection { try WireConnection(path: socketPath) }
+
+    deinit {
+        if process.isRunning {
+            kill(process.processIdentifier, SIGKILL)
+            process.waitUntilExit()
+        }
+        try? FileManager.default.removeItem(atPath: directory)
+    }
+
+    static func makeTemporaryDirectory() -> String {
+        var template = Array("/tmp/obsd-test-XXXXXX".utf8CString)
+        let path = template.withUnsafeMutableBufferPointer { String(cString: mkdtemp($0.baseAddress!)) }
+        return path
+    }
+}
+
+/// Runs `obsctl` and returns its exit status and output.
+struct CommandResult {
+    let status: Int32
+    let stdout: String
+    let stderr: String
+}
+
+func obsctl(_ arguments: [String], socket: String) throws -> CommandResult {
+    try run(BuildProducts.path("obsctl"), ["--socket", socket] + arguments)
+}
+
+func run(_ executable: String, _ arguments: [String], environment: [String: String]? = nil) throws -> CommandResult {
+    let process = Process()
+    process.executableURL = URL(fileURLWithPath: executable)
+    process.arguments = arguments
+    if let environment { process.environment = environment }
+    let out = Pipe()
+    let err = Pipe()
+    process.standardOutput = out
+    process.standardError = err
+    try process.run()
+    let stdout = out.fileHandleForReading.readDataToEndOfFile()
+    let stderr = err.fileHandleForReading.readDataToEndOfFile()
+    process.waitUntilExit()
+    return CommandResult(
+        status: process.terminationStatus, stdout: String(decoding: stdout, as: UTF8.self),
+        stderr: String(decoding: stderr, as: UTF8.self))
+}

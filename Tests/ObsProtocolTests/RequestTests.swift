@@ -1,0 +1,198 @@
+// Tests of request decoding: every op, and the precise error code for every way a
+// request can be wrong.
+
+import ObsProtocol
+import ObservableKit
+import Testing
+
+func decode(_ text: String) throws(RequestFailure) -> Request {
+    let bytes = Array(text.utf8)
+    let result = bytes.withUnsafeBytes { raw in Result { () throws(RequestFailure) in try Request.decode(line: raw) } }
+    return try result.get()
+}
+
+func failure(_ text: String) -> RequestFailure? {
+    do {
+        _ = try decode(text)
+        return nil
+    } catch {
+        return error
+    }
+}
+
+@Suite struct RequestDecodingTests {
+    @Test func decodesEveryOp() throws {
+        guard case .hello(let p, let c) = try decode(#"{"op":"hello","protocol":1,"client":"t"}"#).command, p == 1, c == "t" else {
+            Issue.record("hello"); return
+        }
+        guard case .ping = try decode(#"{"op":"ping"}"#).command else { Issue.record("ping"); return }
+        guard case .get("ui", "theme") = try decode(#"{"op":"get","repo":"ui","key":"theme"}"#).command else {
+            Issue.record("get"); return
+        }
+        guard case .set("ui", "k", .null, 3, true) = try decode(#"{"op":"set","repo":"ui","key":"k","value":null,"ifRev":3,"force":true}"#).command
+        else { Issue.record("set with null value"); return }
+        guard case .delete("ui", "k", 0) = try decode(#"{"op":"delete","repo":"ui","key":"k","ifRev":0}"#).command else {
+            Issue.record("delete"); return
+        }
+        guard case .batch("ui", let ops) = try decode(
+            #"{"op":"batch","repo":"ui","ops":[{"op":"set","key":"a","value":1},{"op":"delete","key":"b","ifRev":2}]}"#).command,
+            ops.count == 2
+        else { Issue.record("batch"); return }
+        guard case .list("ui", "p/", true) = try decode(#"{"op":"list","repo":"ui","prefix":"p/","values":true}"#).command else {
+            Issue.record("list"); return
+        }
+        guard case .repos = try decode(#"{"op":"repos"}"#).command else { Issue.record("repos"); return }
+        guard case .subscribe(let s) = try decode(#"{"op":"subscribe","repo":"ui","keys":["a","b","a"],"initial":true,"once":true}"#).command
+        else { Issue.record("subscribe"); return }
+        #expect(s == SubscribeRequest(repo: "ui", selection: .keys(["a", "b"]), initial: true, since: nil, once: true))
+        guard case .unsubscribe(7) = try decode(#"{"op":"unsubscribe","sub":7}"#).command else { Issue.record("unsubscribe"); return }
+        guard case .stats = try decode(#"{"op":"stats"}"#).command else { Issue.record("stats"); return }
+    }
+
+    @Test func echoesIdsVerbatimAndIgnoresUnknownFields() throws {
+        #expect(try decode(#"{"id":7,"op":"ping","extra":[1]}"#).id == 7)
+        #expect(try decode(#"{"id":"a-1","op":"ping"}"#).id == "a-1")
+        #expect(try decode(#"{"id":1.5,"op":"ping"}"#).id == 1.5)
+        #expect(try decode(#"{"op":"ping"}"#).id == .null)
+    }
+
+    @Test(arguments: ["nope", "[1,2]", "\"op\"", "42", "{\"op\":\"ping\"", "{\"op\":\"ping\"} x"])
+    func badJSON(_ text: String) {
+        let f = failure(text)
+        #expect(f?.error.code == .badJSON)
+        #expect(f?.id == .null)
+    }
+
+    @Test(arguments: [
+        #"{"id":1}"#, #"{"id":1,"op":null}"#, #"{"id":1,"op":5}"#, #"{"id":1,"op":["get"]}"#,
+        #"{"id":1,"op":"get","key":"k"}"#, #"{"id":1,"op":"get","repo":"ui"}"#,
+        #"{"id":1,"op":"get","repo":"","key":"k"}"#, #"{"id":1,"op":"get","repo":"a b","key":"k"}"#,
+        #"{"id":1,"op":"get","repo":"ü","key":"k"}"#, #"{"id":1,"op":"get","repo":5,"key":"k"}"#,
+        #"{"id":1,"op":"get","repo":"ui","key":""}"#, #"{"id":1,"op":"get","repo":"ui","key":7}"#,
+        #"{"id":1,"op":"set","repo":"ui","key":"k"}"#, #"{"id":1,"op":"set","repo":"ui","key":"k","value":1,"ifRev":-1}"#,
+        #"{"id":1,"op":"set","repo":"ui","key":"k","value":1,"ifRev":"3"}"#, #"{"id":1,"op":"set","repo":"ui","key":"k","value":1,"ifRev":1.5}"#,
+        #"{"id":1,"op":"set","repo":"ui","key":"k","value":1,"force":"yes"}"#,
+        #"{"id":1,"op":"batch","repo":"ui"}"#, #"{"id":1,"op":"batch","repo":"ui","ops":{}}"#,
+        #"{"id":1,"op":"batch","repo":"ui","ops":[1]}"#, #"{"id":1,"op":"batch","repo":"ui","ops":[{"op":"get","key":"a"}]}"#,
+        #"{"id":1,"op":"batch","repo":"ui","ops":[{"op":"set","key":"a"}]}"#,
+        #"{"id":1,"op":"batch","repo":"ui","ops":[{"op":"set","key":"a","value":1},{"op":"delete","key":"a"}]}"#,
+        #"{"id":1,"op":"list","repo":"ui","prefix":3}"#, #"{"id":1,"op":"list","repo":"ui","values":1}"#,
+        #"{"id":1,"op":"subscribe","repo":"ui","keys":["a"],"prefix":"p"}"#, #"{"id":1,"op":"subscribe","repo":"ui","keys":"a"}"#,
+        #"{"id":1,"op":"subscribe","repo":"ui","keys":[1]}"#, #"{"id":1,"op":"subscribe","repo":"ui","keys":[""]}"#,
+        #"{"id":1,"op":"subscribe","repo":"ui","since":1,"initial":true}"#, #"{"id":1,"op":"subscribe","repo":"ui","since":-1}"#,
+        #"{"id":1,"op":"subscribe","repo":"ui","once":1}"#, #"{"id":1,"op":"subscribe"}"#,
+        #"{"id":1,"op":"unsubscribe"}"#, #"{"id":1,"op":"unsubscribe","sub":"1"}"#,
+    ])
+    func badRequest(_ text: String) {
+        let f = failure(text)
+        #expect(f?.error.code == .badRequest, "\(text): \(String(describing: f))")
+        #expect(f?.id == 1)
+    }
+
+    @Test func invalidIdIsBadRequestAndEchoed() {
+        let f = failure(#"{"id":{"x":1},"op":"ping"}"#)
+        #expect(f?.error.code == .badRequest)
+        #expect(f?.id == ["x": 1])
+        #expect(failure(#"{"id":true,"op":"ping"}"#)?.error.code == .badRequest)
+    }
+
+    @Test func unknownOp() {
+        let f = failure(#"{"id":"q","op":"frobnicate"}"#)
+        #expect(f?.error.code == .unknownOp)
+        #expect(f?.id == "q")
+    }
+
+    @Test func keyAndRepoLimits() throws {
+        let key1024 = String(repeating: "k", count: 1024)
+        _ = try decode(#"{"op":"get","repo":"ui","key":"\#(key1024)"}"#)
+        #expect(failure(#"{"op":"get","repo":"ui","key":"\#(key1024)k"}"#)?.error.code == .badRequest)
+        let multibyte = String(repeating: "é", count: 513)  // 1026 bytes, 513 characters
+        #expect(failure(#"{"op":"get","repo":"ui","key":"\#(multibyte)"}"#)?.error.code == .badRequest)
+        let repo128 = String(repeating: "r", count: 128)
+        _ = try decode(#"{"op":"get","repo":"\#(repo128)","key":"k"}"#)
+        #expect(failure(#"{"op":"get","repo":"\#(repo128)r","key":"k"}"#)?.error.code == .badRequest)
+        _ = try decode(#"{"op":"get","repo":"A-z_0.9","key":"k"}"#)
+    }
+
+    @Test func nullOptionalFieldsMeanAbsent() throws {
+        guard case .set(_, _, _, nil, false) = try decode(#"{"op":"set","repo":"ui","key":"k","value":1,"ifRev":null,"force":null}"#).command
+        else { Issue.record("null optionals"); return }
+        guard case .subscribe(let s) = try decode(#"{"op":"subscribe","repo":"ui","keys":null,"prefix":"p"}"#).command else {
+            Issue.record("subscribe"); return
+        }
+        #expect(s.selection == .prefix("p"))
+    }
+
+    @Test func emptyKeysSelectNothingAndEmptyPrefixSelectsAll() throws {
+        guard case .subscribe(let a) = try decode(#"{"op":"subscribe","repo":"ui","keys":[]}"#).command,
+            case .subscribe(let b) = try decode(#"{"op":"subscribe","repo":"ui","prefix":""}"#).command
+        else { Issue.record("subscribe"); return }
+        #expect(a.selection == .keys([]))
+        #expect(b.selection == .all)
+    }
+
+    @Test func requestObjectRoundTrips() throws {
+        let commands: [Command] = [
+            .set(repo: "ui", key: "k", value: ["a": [1, 2.5]], ifRev: 4, force: true),
+            .batch(repo: "ui", ops: [.set("a", 1, ifRevision: 0, force: false), .delete("b", ifRevision: nil)]),
+            .subscribe(SubscribeRequest(repo: "ui", selection: .prefix("p"), initial: false, since: 9, once: true)),
+        ]
+        for command in commands {
+            let text = JSONValue.object(command.requestObject(id: 3)).jsonText
+            let back = try decode(text)
+            #expect(back.id == 3)
+            #expect(back.command.op == command.op)
+            #expect(JSONValue.object(back.command.requestObject(id: 3)) == .object(command.requestObject(id: 3)))
+        }
+    }
+}
+
+@Suite struct ServerMessageTests {
+    func decodeMessage(_ text: String) throws -> ServerMessage {
+        let bytes = Array(text.utf8)
+        return try bytes.withUnsafeBytes { raw in try ServerMessage.decode(line: raw) }
+    }
+
+    @Test func decodesRepliesAndEvents() throws {
+        guard case .reply(let ok) = try decodeMessage(#"{"id":1,"ok":true,"rev":3}"#), case .success(let o) = ok.result else {
+            Issue.record("ok reply"); return
+        }
+        #expect(o["rev"] == 3)
+        #expect(o["id"] == nil)
+        guard case .reply(let bad) = try decodeMessage(#"{"id":2,"ok":false,"error":{"code":"conflict","message":"m"}}"#),
+            case .failure(let e) = bad.result
+        else { Issue.record("error reply"); return }
+        #expect(e == ProtocolError(.conflict, "m"))
+        guard case .event(.change(3, "ui", 43, let changes)) = try decodeMessage(
+            #"{"event":"change","sub":3,"repo":"ui","rev":43,"changes":[{"key":"t","old":"a","new":"b"},{"key":"d","old":1},{"key":"n","new":null}]}"#)
+        else { Issue.record("change"); return }
+        #expect(changes == [Change(key: "t", old: "a", new: "b"), Change(key: "d", old: 1, new: nil), Change(key: "n", old: nil, new: .null)])
+        guard case .event(.overflow(let revs)) = try decodeMessage(#"{"event":"overflow","revs":{"3":43,"4":17}}"#) else {
+            Issue.record("overflow"); return
+        }
+        #expect(revs == [3: 43, 4: 17])
+    }
+
+    @Test func encodersProduceWhatDecodersRead() throws {
+        var out: [UInt8] = []
+        EventEncoder.writeSnapshot(&out, sub: 1, repo: "ui", rev: 42, values: [(Key("theme"), JSONValue.string("light"))])
+        EventEncoder.writeSynced(&out, sub: 1, repo: "ui", rev: 57)
+        ReplyEncoder.error(&out, id: "x", ProtocolError(.tooLarge, "big"))
+        let lines = String(decoding: out, as: UTF8.self).split(separator: "\n").map(String.init)
+        #expect(lines == [
+            #"{"event":"snapshot","sub":1,"repo":"ui","rev":42,"values":{"theme":"light"}}"#,
+            #"{"event":"synced","sub":1,"repo":"ui","rev":57}"#,
+            #"{"id":"x","ok":false,"error":{"code":"too_large","message":"big"}}"#,
+        ])
+        for line in lines { _ = try decodeMessage(line) }
+    }
+
+    @Test func socketPathResolution() {
+        #expect(SocketPath.resolve(explicit: "/a", environment: ["OBSD_SOCKET": "/b"]) == "/a")
+        #expect(SocketPath.resolve(explicit: nil, environment: ["OBSD_SOCKET": "/b", "XDG_RUNTIME_DIR": "/run/user/1"]) == "/b")
+        #expect(SocketPath.resolve(explicit: nil, configured: "/c", environment: ["XDG_RUNTIME_DIR": "/run/user/1"]) == "/c")
+        #expect(SocketPath.resolve(explicit: nil, environment: ["XDG_RUNTIME_DIR": "/run/user/1"]) == "/run/user/1/obsd.sock")
+        #expect(SocketPath.resolve(explicit: nil, environment: ["XDG_RUNTIME_DIR": ""]) == "/run/obsd/obsd.sock")
+        #expect(SocketPath.resolve(explicit: nil, environment: [:]) == "/run/obsd/obsd.sock")
+    }
+}
