@@ -54,6 +54,15 @@ let package = Package(
                 "ObsClient",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]),
+        // The benchmark load generator (see README, "Performance").
+        .executableTarget(
+            name: "obsbench",
+            dependencies: [
+                "ObsProtocol",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+            ]),
 
         .testTarget(name: "ObservableKitTests", dependencies: ["ObservableKit"]),
         .testTarget(name: "ObsProtocolTests", dependencies: ["ObsProtocol", "ObservableKit"]),
