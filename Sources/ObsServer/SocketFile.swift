@@ -69,12 +69,9 @@ enum SocketFile {
 
     private static func makeParentDirectory(of path: String) throws {
         guard let slash = path.lastIndex(of: "/"), slash != path.startIndex else { return }
-        let parent = String(path[..<slash])
-        var components: [Substring] = []
-        var current = ""
-        for part in parent.split(separator: "/", omittingEmptySubsequences: true) {
-            components.append(part)
-            current = (parent.hasPrefix("/") ? "/" : "") + components.joined(separator: "/")
+        var current = path.hasPrefix("/") ? "" : "."
+        for part in path[..<slash].split(separator: "/") {
+            current += "/" + part
             if mkdir(current, 0o755) != 0 && errno != EEXIST {
                 throw SocketPathError(description: "cannot create directory \(current) for the socket: \(errnoText())")
             }
