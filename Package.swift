@@ -22,11 +22,16 @@ let package = Package(
         .target(name: "ObservableKit"),
         // The wire protocol: JSON, framing, requests, replies, events. No networking.
         .target(name: "ObsProtocol", dependencies: ["ObservableKit"]),
-        // The daemon: SwiftNIO server, subscriptions, fan-out, history, storage.
+        // The system SQLite (libsqlite3-dev).
+        .systemLibrary(name: "CSQLite", pkgConfig: "sqlite3", providers: [.apt(["libsqlite3-dev"])]),
+        // What the daemon persists and how: stored values, revision records, the storage
+        // boundary, and the SQLite store with group commit.
+        .target(name: "ObsStore", dependencies: ["ObservableKit", "ObsProtocol", "CSQLite"]),
+        // The daemon: SwiftNIO server, subscriptions, fan-out, history.
         .target(
             name: "ObsServer",
             dependencies: [
-                "ObservableKit", "ObsProtocol",
+                "ObservableKit", "ObsProtocol", "ObsStore",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
@@ -43,7 +48,7 @@ let package = Package(
         .executableTarget(
             name: "obsd",
             dependencies: [
-                "ObsServer",
+                "ObsServer", "ObsStore",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),

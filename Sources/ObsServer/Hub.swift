@@ -7,7 +7,9 @@
 // so the common path — a write or subscribe to an existing repository — takes the hub
 // lock once, for a dictionary lookup.
 
+import NIOCore
 import ObsProtocol
+import ObsStore
 import ObservableKit
 import Synchronization
 
@@ -27,7 +29,10 @@ final class ServerStats: Sendable {
 final class Hub: Sendable {
     let stats = ServerStats()
     let historyLimit: Int
+    let historyMaxAge: Int64?
     let storage: any Storage
+    /// Event loops that deliver revisions made durable by the storage thread.
+    private let deliveryLoops: (any EventLoopGroup)?
 
     private struct Slot {
         let repository: Repository
@@ -37,16 +42,23 @@ final class Hub: Sendable {
 
     private let repositories = Locked<[String: Slot]>([:])
 
-    init(historyLimit: Int, storage: any Storage) throws {
+    init(historyLimit: Int, historyMaxAge: Int64?, storage: any Storage, deliveryLoops: (any EventLoopGroup)?) throws(StorageError) {
         self.historyLimit = historyLimit
+        self.historyMaxAge = historyMaxAge
         self.storage = storage
+        self.deliveryLoops = deliveryLoops
         let loaded = try storage.load()
         repositories.withLock { map in
             for repo in loaded {
-                map[repo.name] = Slot(
-                    repository: Repository(name: repo.name, loaded: repo, historyLimit: historyLimit, storage: storage, hub: self))
+                map[repo.name] = Slot(repository: makeRepository(repo.name, loaded: repo))
             }
         }
+    }
+
+    private func makeRepository(_ name: String, loaded: LoadedRepository? = nil) -> Repository {
+        Repository(
+            name: name, loaded: loaded, historyLimit: historyLimit, historyMaxAge: historyMaxAge, storage: storage,
+            deliveryLoop: deliveryLoops?.next(), hub: self)
     }
 
     /// The repository if it exists or has subscribers; never creates one.
@@ -62,8 +74,7 @@ final class Hub: Sendable {
         }
         let repo = repositories.withLock { map -> Repository in
             if map[name] == nil {
-                map[name] = Slot(
-                    repository: Repository(name: name, historyLimit: historyLimit, storage: storage, hub: self))
+                map[name] = Slot(repository: makeRepository(name))
             }
             map[name]!.users += 1
             return map[name]!.repository

@@ -9,6 +9,7 @@ import Logging
 import NIOCore
 import NIOPosix
 import ObsProtocol
+import ObsStore
 import ObservableKit
 import ServiceLifecycle
 
@@ -22,8 +23,12 @@ public struct ServerConfiguration: Sendable {
     public var maxLine: Int = ProtocolRules.defaultMaxLine
     /// The deepest nesting of arrays and objects accepted in a request.
     public var maxDepth: Int = JSONParser.defaultMaxDepth
+    /// Where repositories are kept.
+    public var storage: StorageConfiguration = .inMemory
     /// Revisions kept per repository for `since` replay.
     public var historyLimit: Int = 10_000
+    /// History older than this is dropped (nil: kept until pushed out by `historyLimit`).
+    public var historyMaxAge: Duration? = nil
     /// A connection's outgoing queue limit, in bytes.
     public var outboxMaxBytes: Int = 16 << 20
     /// A connection's outgoing queue limit, in events.
@@ -38,6 +43,14 @@ public struct ServerConfiguration: Sendable {
     }
 }
 
+/// Where the daemon keeps repositories.
+public enum StorageConfiguration: Sendable {
+    /// Nothing persists (tests, ephemeral buses).
+    case inMemory
+    /// SQLite in `directory`, with the given sync policy.
+    case sqlite(directory: String, sync: SyncPolicy)
+}
+
 /// The obsd server.
 public final class ObsServer: Service, Sendable {
     /// The daemon's version, reported by `hello`.
@@ -46,20 +59,50 @@ public final class ObsServer: Service, Sendable {
     public let configuration: ServerConfiguration
     private let logger: Logger
     private let onReady: (@Sendable () -> Void)?
-    private let storage: any Storage
 
     /// - Parameter onReady: called once the socket accepts connections.
     public init(configuration: ServerConfiguration, logger: Logger, onReady: (@Sendable () -> Void)? = nil) {
         self.configuration = configuration
         self.logger = logger
         self.onReady = onReady
-        self.storage = InMemoryStorage()
+    }
+
+    private func openStorage() throws(StorageError) -> any Storage {
+        switch configuration.storage {
+        case .inMemory:
+            return InMemoryStorage()
+        case .sqlite(let directory, let sync):
+            var options = SQLiteStorage.Options(directory: directory)
+            options.sync = sync
+            options.historyLimit = configuration.historyLimit
+            options.historyMaxAge = configuration.historyMaxAge
+            return try SQLiteStorage(options: options)
+        }
     }
 
     public func run() async throws {
         let config = configuration
-        let hub = try Hub(historyLimit: config.historyLimit, storage: storage)
         let group = MultiThreadedEventLoopGroup(numberOfThreads: max(1, config.threads))
+        let opened = ContinuousClock.now
+        let storage: any Storage
+        let hub: Hub
+        do {
+            try SocketFile.prepare(config.socketPath)
+            storage = try openStorage()
+            hub = try Hub(
+                historyLimit: config.historyLimit, historyMaxAge: config.historyMaxAge?.components.seconds, storage: storage,
+                deliveryLoops: group)
+        } catch {
+            try? await group.shutdownGracefully()
+            throw error
+        }
+        let (repositories, keys) = hub.listed().reduce(into: (0, 0)) { $0.0 += 1; $0.1 += $1.summary.keys }
+        logger.info(
+            "storage ready",
+            metadata: [
+                "storage": "\(storage.summary)", "repositories": "\(repositories)", "keys": "\(keys)",
+                "loadSeconds": "\(ContinuousClock.now - opened)",
+            ])
         let connections = ConnectionRegistry()
         let limits = OutboxLimits(
             maxBytes: config.outboxMaxBytes, maxEvents: config.outboxMaxEvents,
@@ -69,7 +112,6 @@ public final class ObsServer: Service, Sendable {
 
         let channel: any Channel
         do {
-            try SocketFile.prepare(config.socketPath)
             channel = try await ServerBootstrap(group: group)
                 .serverChannelOption(.backlog, value: 1024)
                 .childChannelOption(.maxMessagesPerRead, value: 16)
@@ -83,6 +125,7 @@ public final class ObsServer: Service, Sendable {
                 .bind(unixDomainSocketPath: config.socketPath).get()
             try SocketFile.setMode(config.socketPath, config.socketMode)
         } catch {
+            storage.close()
             try? await group.shutdownGracefully()
             throw error
         }

@@ -16,6 +16,7 @@
 
 import NIOCore
 import ObsProtocol
+import ObsStore
 import ObservableKit
 
 /// Limits of one connection's outgoing queue.

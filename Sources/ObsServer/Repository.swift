@@ -3,12 +3,19 @@
 // The in-process `ObservableKit` parts, composed with the daemon's concerns: the keyed
 // state and its write rules, the index of subscriptions, ordered delivery of each
 // revision's pre-encoded event outside the lock, the bounded history for `since`, and
-// storage. Subscribing happens under the same lock as writing, so a subscription's
-// snapshot or replay and its live events meet at exactly one revision: no gap, no overlap.
+// durability. A revision is applied in memory at once (later writes validate against it)
+// and handed to storage; nobody sees it — no event, no reply that reports it — until
+// storage says it is durable. If storage fails, the revisions it could not store are
+// undone in memory and whoever waited for them gets an error.
+//
+// Subscribing happens under the same lock as writing, so a subscription's snapshot or
+// replay and its live events meet at exactly one revision: no gap, no overlap.
 
 import NIOCore
 import ObsProtocol
+import ObsStore
 import ObservableKit
+import Synchronization
 
 /// A subscription as the index holds it: revisions at or below `after` were covered by
 /// its subscribe reply (snapshot or replay), so delivery skips them.
@@ -43,25 +50,49 @@ struct WriteOutcome: Sendable {
     let previous: StoredValue?
 }
 
-final class Repository: Sendable {
+/// Called once when a revision is durable (`.success`) or will never be (`.failure`).
+typealias DurabilityWaiter = @Sendable (Result<Void, StorageError>) -> Void
+
+final class Repository: DurabilityListener, Sendable {
     let name: String
+
+    private struct Pending: Sendable {
+        let record: RevisionRecord
+        /// Each change's key entry before the revision, to undo it.
+        let previous: [Entry<StoredValue>?]
+    }
 
     private struct State: Sendable {
         var data: KeyedState<StoredValue>
         var history: History
+        /// Applied in memory, handed to storage, not yet durable; oldest first.
+        var pending: [Pending] = []
+        var waiters: [(revision: UInt64, waiter: DurabilityWaiter)] = []
+        /// Subscriptions registered at a revision that is not durable yet.
+        var unconfirmed: [Subscriber] = []
     }
 
     private let state: Locked<State>
+    /// The highest durable revision; readable without the lock.
+    private let durableRevision: Atomic<UInt64>
     private let index = KeyedObserverIndex<Subscriber>()
     private let delivery: SerialDeliveryQueue<RevisionRecord>
     private let storage: any Storage
+    /// Where delivery runs when durability is reported by the storage thread.
+    private let deliveryLoop: (any EventLoop)?
 
-    init(name: String, loaded: LoadedRepository? = nil, historyLimit: Int, storage: any Storage, hub: Hub) {
+    init(
+        name: String, loaded: LoadedRepository? = nil, historyLimit: Int, historyMaxAge: Int64?, storage: any Storage,
+        deliveryLoop: (any EventLoop)?, hub: Hub
+    ) {
         self.name = name
         self.storage = storage
-        var history = History(capacity: historyLimit)
+        self.deliveryLoop = storage.isImmediate ? nil : deliveryLoop
+        var history = History(capacity: historyLimit, maxAge: historyMaxAge)
         for record in loaded?.history ?? [] { history.append(record) }
-        self.state = Locked(State(data: loaded?.state ?? KeyedState(), history: history))
+        let data = loaded?.state ?? KeyedState()
+        self.state = Locked(State(data: data, history: history))
+        self.durableRevision = Atomic(data.revision)
         let index = self.index
         self.delivery = SerialDeliveryQueue { [weak hub] record in
             guard let hub else { return }
@@ -78,8 +109,9 @@ final class Repository: Sendable {
 
     var revision: UInt64 { state.withLock { $0.data.revision } }
 
-    func get(_ key: Key) -> Entry<StoredValue>? {
-        state.withLock { $0.data[key] }
+    /// The key's entry, and the repository revision it was read at.
+    func get(_ key: Key) -> (entry: Entry<StoredValue>?, revision: UInt64) {
+        state.withLock { ($0.data[key], $0.data.revision) }
     }
 
     /// The keys (optionally with a prefix) in byte order, with their values, at the current revision.
@@ -92,32 +124,114 @@ final class Repository: Sendable {
 
     // MARK: Writing
 
-    /// Applies `ops` atomically; delivers the resulting revision (if any) to subscribers.
-    func write(_ ops: [WriteOp<StoredValue>]) throws(WriteError) -> WriteOutcome {
+    /// Applies `ops` atomically. The resulting revision (if any) is delivered to
+    /// subscribers once durable; `whenDurable` tells the writer.
+    func write(_ ops: [WriteOp<StoredValue>], now: Int64) throws(WriteError) -> WriteOutcome {
         let outcome = try state.withLock { (s) throws(WriteError) -> WriteOutcome in
-            let previous = ops.count == 1 ? s.data[ops[0].key]?.value : nil
+            let before = ops.map { s.data[$0.key] }
+            let previous = ops.count == 1 ? before[0]?.value : nil
             guard let changeSet = try s.data.apply(ops) else {
                 return WriteOutcome(revision: s.data.revision, changed: false, previous: previous)
             }
-            let record = RevisionRecord(repo: name, changeSet: changeSet)
+            let record = RevisionRecord(repo: name, changeSet: changeSet, time: now)
             s.history.append(record)
-            storage.append(record)
-            delivery.enqueue(record)
+            if storage.isImmediate {
+                durableRevision.store(changeSet.revision, ordering: .releasing)
+                delivery.enqueue(record)
+            } else {
+                let beforeByKey = Dictionary(zip(ops.map(\.key), before), uniquingKeysWith: { first, _ in first })
+                s.pending.append(Pending(record: record, previous: changeSet.changes.map { beforeByKey[$0.key] ?? nil }))
+                storage.append(record, listener: self)
+            }
             return WriteOutcome(revision: changeSet.revision, changed: true, previous: previous)
         }
-        if outcome.changed { delivery.drain() }
+        if outcome.changed && storage.isImmediate { delivery.drain() }
         return outcome
+    }
+
+    // MARK: Durability
+
+    /// Whether `revision` is durable.
+    func isDurable(_ revision: UInt64) -> Bool {
+        durableRevision.load(ordering: .acquiring) >= revision
+    }
+
+    /// Calls `waiter` once `revision` is durable, or fails it if it never will be.
+    /// Returns `false` without registering when `revision` is already durable.
+    func whenDurable(_ revision: UInt64, _ waiter: @escaping DurabilityWaiter) -> Bool {
+        if isDurable(revision) { return false }
+        return state.withLock { s in
+            if isDurable(revision) { return false }
+            s.waiters.append((revision, waiter))
+            return true
+        }
+    }
+
+    func durable(through revision: UInt64) {
+        let ready = state.withLock { s in confirm(&s, through: revision) }
+        scheduleDelivery()
+        for waiter in ready { waiter(.success(())) }
+    }
+
+    func failed(after revision: UInt64, error: StorageError) {
+        let (ready, failed) = state.withLock { s in
+            let ready = confirm(&s, through: revision)
+            // Undo, newest first, every revision storage did not keep.
+            let undone = s.pending.filter { $0.record.revision > revision }
+            for p in undone.reversed() {
+                s.data.revert(ChangeSet(revision: p.record.revision, changes: p.record.changes), previous: p.previous)
+            }
+            s.history.removeLast(undone.count)
+            s.pending.removeAll { $0.record.revision > revision }
+            storage.discard(self, after: revision)
+            let failed = s.waiters.filter { $0.revision > revision }.map(\.waiter)
+            s.waiters.removeAll { $0.revision > revision }
+            // Subscriptions that began at an undone revision saw state that is gone; their
+            // subscribe waiters (among `failed`) end them on their connections.
+            for orphan in s.unconfirmed where orphan.after > revision { index.remove(orphan.subscription.indexID) }
+            s.unconfirmed.removeAll { $0.after > revision }
+            return (ready, failed)
+        }
+        scheduleDelivery()
+        for waiter in ready { waiter(.success(())) }
+        for waiter in failed { waiter(.failure(error)) }
+    }
+
+    /// Moves revisions up to `revision` from pending to delivery; returns the waiters it satisfies.
+    private func confirm(_ s: inout State, through revision: UInt64) -> [DurabilityWaiter] {
+        guard revision > durableRevision.load(ordering: .relaxed) else { return [] }
+        var confirmed = 0
+        for p in s.pending {
+            guard p.record.revision <= revision else { break }
+            delivery.enqueue(p.record)
+            confirmed += 1
+        }
+        s.pending.removeFirst(confirmed)
+        durableRevision.store(revision, ordering: .releasing)
+        s.unconfirmed.removeAll { $0.after <= revision }
+        let ready = s.waiters.filter { $0.revision <= revision }.map(\.waiter)
+        s.waiters.removeAll { $0.revision <= revision }
+        return ready
+    }
+
+    private func scheduleDelivery() {
+        if let deliveryLoop {
+            deliveryLoop.execute { [delivery] in delivery.drain() }
+        } else {
+            delivery.drain()
+        }
     }
 
     // MARK: Subscribing
 
     /// Registers `subscription` and reserves its reply in its outbox, with the snapshot
-    /// or replay the request asks for. Returns the slot and the bytes to fill it with.
+    /// or replay the request asks for. Returns the slot, the bytes to fill it with, and the
+    /// revision that must be durable before they may be sent.
     ///
     /// - Throws: `compacted` when `since` cannot be served from the history.
     func subscribe(
-        _ subscription: Subscription, _ request: SubscribeRequest, replyID: JSONValue
-    ) throws(ProtocolError) -> (slot: Outbox.Slot, reply: ByteBuffer, events: Int) {
+        _ subscription: Subscription, _ request: SubscribeRequest, replyID: JSONValue, now: Int64
+    ) throws(ProtocolError) -> (slot: Outbox.Slot, reply: ByteBuffer, events: Int, revision: UInt64) {
         try state.withLock { (s) throws(ProtocolError) in
             let revision = s.data.revision
             var replay: [RevisionRecord] = []
@@ -128,8 +242,8 @@ final class Repository: Sendable {
                         "since \(since) is ahead of repository \(name)'s revision \(revision): this daemon does not have that history; subscribe with initial: true"
                     )
                 }
-                guard let records = s.history.records(after: since, current: revision) else {
-                    let oldest = s.history.oldestRevision.map { "starts at revision \($0)" } ?? "is empty"
+                guard let records = s.history.records(after: since, current: revision, now: now) else {
+                    let oldest = s.history.oldestRevision(now: now).map { "starts at revision \($0)" } ?? "is empty"
                     throw ProtocolError(
                         .compacted,
                         "history of repository \(name) \(oldest); since \(since) is older: subscribe with initial: true")
@@ -161,7 +275,7 @@ final class Repository: Sendable {
                 events += 1
                 if subscription.once {
                     // Its one change was in the replay: it ends here, unregistered.
-                    return (subscription.outbox.reserveSlot(), buffer, events)
+                    return (subscription.outbox.reserveSlot(), buffer, events, revision)
                 }
             }
             if request.since != nil {
@@ -170,9 +284,11 @@ final class Repository: Sendable {
             }
             let slot = subscription.outbox.reserveSlot()
             if subscription.outbox.register(subscription, completeThrough: revision) {
-                index.insert(Subscriber(subscription: subscription, after: revision), for: request.selection, id: subscription.indexID)
+                let subscriber = Subscriber(subscription: subscription, after: revision)
+                index.insert(subscriber, for: request.selection, id: subscription.indexID)
+                if !isDurable(revision) { s.unconfirmed.append(subscriber) }
             }
-            return (slot, buffer, events)
+            return (slot, buffer, events, revision)
         }
     }
 

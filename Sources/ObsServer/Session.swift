@@ -1,11 +1,15 @@
 // ObsServer — one connection's requests: execution against the hub and reply encoding.
 //
 // A `Session` lives on its connection's event loop and handles requests in order. Every
-// request gets exactly one reply, appended to the connection's outbox in request order.
+// request gets exactly one reply, appended to the connection's outbox in request order. A
+// reply that reports state at a revision not yet durable holds its place in the outbox
+// (a slot) and is sent when storage confirms that revision — or replaced by an error if
+// storage fails and the revision is undone. So nothing a client is told can be lost.
 
 import Logging
 import NIOCore
 import ObsProtocol
+import ObsStore
 import ObservableKit
 
 final class Session {
@@ -62,10 +66,16 @@ final class Session {
         case .ping:
             reply(id) { _ in }
         case .get(let repo, let key):
-            guard let entry = hub.existing(repo)?.get(key) else {
+            guard let repository = hub.existing(repo) else {
                 return fail(id: id, ProtocolError(.notFound, "key \(key.debugDescription) does not exist in repository \(repo)"))
             }
-            reply(id) { b in
+            let (entry, revision) = repository.get(key)
+            guard let entry else {
+                return fail(
+                    id: id, ProtocolError(.notFound, "key \(key.debugDescription) does not exist in repository \(repo)"),
+                    after: revision, in: repository)
+            }
+            reply(id, after: entry.revision, in: repository) { b in
                 b.writeRaw(",\"value\":")
                 b.writeStored(entry.value)
                 b.writeMember(",\"rev\":", entry.revision)
@@ -77,8 +87,9 @@ final class Session {
         case .batch(let repo, let ops):
             write(id, repo: repo, ops.map(Self.stored), single: false)
         case .list(let repo, let prefix, let values):
-            let (revision, entries) = hub.existing(repo)?.list(prefix: prefix) ?? (0, [])
-            reply(id) { b in
+            let repository = hub.existing(repo)
+            let (revision, entries) = repository?.list(prefix: prefix) ?? (0, [])
+            reply(id, after: revision, in: repository) { b in
                 b.writeMember(",\"rev\":", revision)
                 b.writeRaw(",\"keys\":[")
                 for (i, e) in entries.enumerated() {
@@ -133,22 +144,33 @@ final class Session {
                 b.writeMember(",\"overflows\":", UInt64(s.overflows.load(ordering: .relaxed)))
                 b.writeMember(",\"errors\":", UInt64(s.errors.load(ordering: .relaxed)))
                 b.writeMember(",\"uptimeSeconds\":", UInt64(max(0, uptime.components.seconds)))
+                b.writeMember(",\"storage\":", hub.storage.summary)
+                if let c = hub.storage.counters {
+                    b.writeMember(",\"storageCommits\":", UInt64(c.commits.load(ordering: .relaxed)))
+                    b.writeMember(",\"storageFsyncs\":", UInt64(c.fsyncs.load(ordering: .relaxed)))
+                    b.writeMember(",\"storageRecords\":", UInt64(c.records.load(ordering: .relaxed)))
+                    b.writeMember(",\"storageFailures\":", UInt64(c.failures.load(ordering: .relaxed)))
+                }
                 b.writeMember(",\"server\":", "obsd/\(ObsServer.version)")
             }
         }
     }
 
     private func write(_ id: JSONValue, repo: String, _ ops: [WriteOp<StoredValue>], single: Bool) {
+        let now = WallClock.unixSeconds()
+        let (repository, result) = hub.using(repo) { repository in
+            (repository, Result { () throws(WriteError) in try repository.write(ops, now: now) })
+        }
         let outcome: WriteOutcome
-        do {
-            outcome = try hub.using(repo) { (repository) throws(WriteError) in try repository.write(ops) }
-        } catch .conflict(let key, let expected, let actual) {
-            return fail(id: id, ProtocolError(.conflict, WriteError.conflict(key: key, expected: expected, actual: actual).description))
-        } catch {
-            return fail(id: id, ProtocolError(.badRequest, error.description))
+        switch result {
+        case .success(let o):
+            outcome = o
+        case .failure(let error):
+            let code: ErrorCode = if case .conflict = error { .conflict } else { .badRequest }
+            return fail(id: id, ProtocolError(code, error.description), after: repository.revision, in: repository)
         }
         if outcome.changed { hub.stats.writes.add(1, ordering: .relaxed) }
-        reply(id) { b in
+        reply(id, after: outcome.revision, in: repository) { b in
             b.writeMember(",\"rev\":", outcome.revision)
             b.writeMember(",\"changed\":", outcome.changed)
             if single, let previous = outcome.previous {
@@ -161,11 +183,22 @@ final class Session {
     private func subscribe(_ id: JSONValue, _ request: SubscribeRequest) {
         let number = nextSub
         nextSub += 1
+        let now = WallClock.unixSeconds()
         do {
             try hub.using(request.repo) { (repository) throws(ProtocolError) in
                 let subscription = Subscription(id: number, repository: repository, outbox: outbox, once: request.once)
-                let (slot, bytes, events) = try repository.subscribe(subscription, request, replyID: id)
-                outbox.fill(slot, with: bytes, events: events)
+                let (slot, bytes, events, revision) = try repository.subscribe(subscription, request, replyID: id, now: now)
+                let (outbox, hub) = (self.outbox, self.hub)
+                let waiting = repository.whenDurable(revision) { result in
+                    switch result {
+                    case .success:
+                        outbox.fill(slot, with: bytes, events: events)
+                    case .failure(let error):
+                        if let ended = outbox.unregister(subscription.id) { hub.subscriptionEnded(ended) }
+                        outbox.fill(slot, with: Self.storageFailure(id: id, error, revision: revision, repo: repository.name))
+                    }
+                }
+                if !waiting { outbox.fill(slot, with: bytes, events: events) }
             }
         } catch {
             fail(id: id, error)
@@ -174,19 +207,47 @@ final class Session {
 
     // MARK: Replies
 
-    private func reply(_ id: JSONValue, _ members: (inout ByteBuffer) -> Void) {
+    /// Appends a success reply — at once if `revision` is durable in `repository` (or no
+    /// repository is involved), else in a slot filled when it is.
+    private func reply(_ id: JSONValue, after revision: UInt64 = 0, in repository: Repository? = nil, _ members: (inout ByteBuffer) -> Void) {
         scratch.clear()
         ReplyEncoder.begin(&scratch, id: id)
         members(&scratch)
         ReplyEncoder.end(&scratch)
-        outbox.append(scratch)
+        send(scratch, id: id, after: revision, in: repository)
     }
 
-    private func fail(id: JSONValue, _ error: ProtocolError) {
+    /// Appends an error reply, held back like `reply` when it reports non-durable state.
+    private func fail(id: JSONValue, _ error: ProtocolError, after revision: UInt64 = 0, in repository: Repository? = nil) {
         hub.stats.errors.add(1, ordering: .relaxed)
         scratch.clear()
         ReplyEncoder.error(&scratch, id: id, error)
-        outbox.append(scratch)
+        send(scratch, id: id, after: revision, in: repository)
+    }
+
+    private func send(_ bytes: ByteBuffer, id: JSONValue, after revision: UInt64, in repository: Repository?) {
+        guard let repository, !repository.isDurable(revision) else {
+            outbox.append(bytes)
+            return
+        }
+        let slot = outbox.reserveSlot()
+        let outbox = self.outbox
+        let waiting = repository.whenDurable(revision) { result in
+            switch result {
+            case .success: outbox.fill(slot, with: bytes)
+            case .failure(let error):
+                outbox.fill(slot, with: Self.storageFailure(id: id, error, revision: revision, repo: repository.name))
+            }
+        }
+        if !waiting { outbox.fill(slot, with: bytes) }
+    }
+
+    /// The reply to a request whose outcome storage could not keep.
+    private static func storageFailure(id: JSONValue, _ error: StorageError, revision: UInt64, repo: String) -> ByteBuffer {
+        var buffer = ByteBuffer()
+        let message = "storage failure: revision \(revision) of repository \(repo) could not be stored and was undone (\(error.description)); retry once the cause is fixed"
+        ReplyEncoder.error(&buffer, id: id, ProtocolError(.internal, message))
+        return buffer
     }
 
     private static func stored(_ op: WriteOp<JSONValue>) -> WriteOp<StoredValue> {

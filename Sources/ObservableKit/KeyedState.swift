@@ -163,4 +163,18 @@ public struct KeyedState<Value: Equatable & Sendable>: Sendable {
         }
         return true
     }
+
+    /// Undoes the last applied change set, restoring each changed key's previous entry
+    /// (`previous[i]` for `changeSet.changes[i]`; `nil` where the key did not exist).
+    ///
+    /// - Returns: `false`, changing nothing, unless `changeSet` is the current revision.
+    @discardableResult
+    public mutating func revert(_ changeSet: ChangeSet<Value>, previous: [Entry<Value>?]) -> Bool {
+        guard changeSet.revision == revision, previous.count == changeSet.changes.count else { return false }
+        for (change, entry) in zip(changeSet.changes, previous).reversed() {
+            entries[change.key] = entry
+        }
+        revision -= 1
+        return true
+    }
 }

@@ -5,7 +5,14 @@ import ArgumentParser
 import Logging
 import ObsProtocol
 import ObsServer
+import ObsStore
 import ServiceLifecycle
+
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
 
 @main
 struct Obsd: AsyncParsableCommand {
@@ -23,9 +30,20 @@ struct Obsd: AsyncParsableCommand {
     var socket: String?
 
     @Option(help: ArgumentHelp(
-        "Directory for persistent data. (This version keeps repositories in memory only; the directory is not used yet.)",
+        "Directory for persistent data (default: $STATE_DIRECTORY under systemd, /var/lib/obsd for root, else $XDG_STATE_HOME/obsd or ~/.local/state/obsd).",
         valueName: "dir"))
     var dataDir: String?
+
+    @Flag(help: "Keep repositories in memory only: nothing survives a restart.")
+    var inMemory = false
+
+    @Option(help: ArgumentHelp(
+        "When a write is acknowledged: always (fsync first; concurrent writes share one fsync) or relaxed (after write(2); fsync every --sync-interval).",
+        valueName: "policy"))
+    var sync: String = "always"
+
+    @Option(help: ArgumentHelp("With --sync relaxed: the longest time between fsyncs, in milliseconds.", valueName: "ms"))
+    var syncInterval: Int = 1000
 
     @Option(help: ArgumentHelp("Configuration file. (Not supported yet: every setting has a flag.)", valueName: "file"))
     var config: String?
@@ -38,6 +56,9 @@ struct Obsd: AsyncParsableCommand {
 
     @Option(help: ArgumentHelp("Revisions kept per repository for `since` replay.", valueName: "n"))
     var historyLimit: Int = 10_000
+
+    @Option(help: ArgumentHelp("Drop history older than this many seconds (0: no age limit).", valueName: "s"))
+    var historyMaxAge: Int = 0
 
     @Option(help: ArgumentHelp("Outgoing queue limit per connection, in bytes.", valueName: "bytes"))
     var queueBytes: Int = 16 << 20
@@ -60,6 +81,10 @@ struct Obsd: AsyncParsableCommand {
         }
         guard maxLine >= 64 else { throw ValidationError("--max-line must be at least 64 bytes") }
         guard historyLimit >= 0 else { throw ValidationError("--history-limit must not be negative") }
+        guard historyMaxAge >= 0 else { throw ValidationError("--history-max-age must not be negative") }
+        guard sync == "always" || sync == "relaxed" else { throw ValidationError("--sync must be always or relaxed, not '\(sync)'") }
+        guard syncInterval >= 1 else { throw ValidationError("--sync-interval must be at least 1 ms") }
+        if inMemory && dataDir != nil { throw ValidationError("use one of --data-dir and --in-memory") }
         guard queueBytes >= 4096 else { throw ValidationError("--queue-bytes must be at least 4096") }
         guard queueEvents >= 1 else { throw ValidationError("--queue-events must be at least 1") }
         guard overflowGrace >= 0 else { throw ValidationError("--overflow-grace must not be negative") }
@@ -67,6 +92,8 @@ struct Obsd: AsyncParsableCommand {
     }
 
     func run() async throws {
+        // Data files are the daemon's alone; the socket's mode is set explicitly.
+        umask(0o077)
         let level = Logger.Level(rawValue: logLevel) ?? .info
         LoggingSystem.bootstrap { label in
             var handler = StreamLogHandler.standardError(label: label)
@@ -80,6 +107,15 @@ struct Obsd: AsyncParsableCommand {
             socketPath: SocketPath.resolve(explicit: socket, configured: nil, environment: environment))
         configuration.maxLine = maxLine
         configuration.historyLimit = historyLimit
+        configuration.historyMaxAge = historyMaxAge > 0 ? .seconds(historyMaxAge) : nil
+        if !inMemory {
+            guard let directory = dataDir ?? DataDirectory.defaultPath(environment: environment) else {
+                logger.critical("no data directory: set --data-dir (or HOME), or run with --in-memory")
+                throw ExitCode.failure
+            }
+            configuration.storage = .sqlite(
+                directory: directory, sync: sync == "relaxed" ? .relaxed(interval: .milliseconds(syncInterval)) : .always)
+        }
         configuration.outboxMaxBytes = queueBytes
         configuration.outboxMaxEvents = queueEvents
         configuration.overflowGrace = .seconds(overflowGrace)

@@ -45,7 +45,7 @@ import Glibc
         let d = try await TestDaemon.start(directory: dir)
         #expect(try d.connect().call(["op": "ping"]).ok)
 
-        let second = try run(BuildProducts.path("obsd"), ["--socket", d.socketPath])
+        let second = try run(BuildProducts.path("obsd"), ["--socket", d.socketPath, "--in-memory"])
         #expect(second.status != 0)
         #expect(second.stderr.contains("another obsd is already serving \(d.socketPath)"))
         #expect(try d.connect().call(["op": "ping"]).ok, "the first daemon keeps its socket")
@@ -56,7 +56,7 @@ import Glibc
         defer { try? FileManager.default.removeItem(atPath: dir) }
         let path = dir + "/not-a-socket"
         _ = FileManager.default.createFile(atPath: path, contents: Data("precious".utf8))
-        let result = try run(BuildProducts.path("obsd"), ["--socket", path])
+        let result = try run(BuildProducts.path("obsd"), ["--socket", path, "--in-memory"])
         #expect(result.status != 0)
         #expect(result.stderr.contains("exists and is not a socket"))
         #expect(try String(contentsOfFile: path, encoding: .utf8) == "precious")
@@ -68,7 +68,7 @@ import Glibc
         let nested = dir + "/a/b/obsd.sock"
         let process = Process()
         process.executableURL = URL(fileURLWithPath: BuildProducts.path("obsd"))
-        process.arguments = ["--socket", nested]
+        process.arguments = ["--socket", nested, "--in-memory"]
         process.standardError = FileHandle.nullDevice
         try process.run()
         defer { process.terminate(); process.waitUntilExit() }
@@ -81,10 +81,23 @@ import Glibc
         #expect(st.st_mode & 0o777 == 0o660)
     }
 
+    @Test func aDataDirectoryServesOneDaemonOnly() async throws {
+        let d = try await TestDaemon.start()
+        let other = TestDaemon.makeTemporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: other) }
+        let second = try run(BuildProducts.path("obsd"), ["--socket", other + "/obsd.sock", "--data-dir", d.directory + "/data"])
+        #expect(second.status != 0)
+        #expect(second.stderr.contains("data directory \(d.directory)/data is in use by another obsd (pid \(d.pid))"))
+    }
+
     @Test func badFlagsAreUsageErrors() throws {
         let result = try run(BuildProducts.path("obsd"), ["--log-level", "loud"])
         #expect(result.status == 64)
         #expect(result.stderr.contains("unknown log level"))
+        let both = try run(BuildProducts.path("obsd"), ["--in-memory", "--data-dir", "/tmp/x"])
+        #expect(both.status == 64 && both.stderr.contains("use one of --data-dir and --in-memory"))
+        let sync = try run(BuildProducts.path("obsd"), ["--sync", "sometimes"])
+        #expect(sync.status == 64 && sync.stderr.contains("--sync must be always or relaxed"))
     }
 }
 

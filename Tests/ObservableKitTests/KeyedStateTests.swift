@@ -64,6 +64,19 @@ import Testing
         #expect(s.count == 6, "canonically equivalent strings are distinct keys")
     }
 
+    @Test func revertRestoresThePreviousEntries() throws {
+        var s = KeyedState<Int>()
+        _ = try s.apply([.set("a", 1), .set("b", 2)])
+        let before = s
+        let previous = [s["a"], s["b"], s["c"]]
+        let cs = try #require(try s.apply([.set("a", 10), .delete("b"), .set("c", 3)]))
+        let wrongRevision = s.revert(ChangeSet(revision: 1, changes: []), previous: [])
+        #expect(!wrongRevision, "only the current revision can be reverted")
+        let reverted = s.revert(cs, previous: previous)
+        #expect(reverted)
+        #expect(s.revision == before.revision && s.entries == before.entries)
+    }
+
     @Test func installAppliesStoredRevisionsInOrderOnly() {
         var s = KeyedState<Int>()
         let first = s.install(ChangeSet(revision: 3, changes: [Change(key: "a", old: nil, new: 1)]))

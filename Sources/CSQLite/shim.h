@@ -1,0 +1,5 @@
+// CSQLite — the system SQLite (libsqlite3-dev), for ObsStore.
+#include <sqlite3.h>
+
+// SQLITE_TRANSIENT is a macro casting -1 to a function pointer; Swift cannot import it.
+static inline sqlite3_destructor_type obs_sqlite_transient(void) { return SQLITE_TRANSIENT; }

@@ -1,0 +1,510 @@
+// ObsStore — repositories persisted in SQLite (WAL mode), with group commit.
+//
+// One committer thread owns the write connection. It takes every revision queued since
+// its last commit and writes them in one transaction: one commit, one WAL fsync for all
+// the concurrent and pipelined writes of that moment (`sync = always`). With
+// `sync = relaxed` a commit is acknowledged after write(2) and the WAL is fdatasync'ed by
+// the maintenance thread at most every `interval`. History retention by count is applied
+// inside each commit (each new revision pushes out at most one old one), by age in small
+// batches while idle; WAL checkpoints run on the maintenance thread's own connection
+// (PASSIVE: they never block the committer). A failed commit is rolled back; the
+// committer then asks the database what it actually holds and reports each repository
+// durable up to there and failed after — the daemon undoes the rest in memory.
+
+import CSQLite
+import ObsProtocol
+import ObservableKit
+import Synchronization
+
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Musl)
+import Musl
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+/// When a write counts as durable.
+public enum SyncPolicy: Sendable, Equatable, CustomStringConvertible {
+    /// fsync before the reply; concurrent and pipelined writes share one fsync.
+    case always
+    /// Reply after write(2); fsync at most every `interval`. A power loss can lose the
+    /// writes of the last `interval` (plus one commit); a crash of obsd alone loses nothing.
+    case relaxed(interval: Duration)
+
+    public var description: String {
+        switch self {
+        case .always: return "always"
+        case .relaxed(let interval): return "relaxed (\(interval.components.seconds * 1000 + interval.components.attoseconds / 1_000_000_000_000_000) ms)"
+        }
+    }
+}
+
+/// Counters of the store, for `stats` and benchmarks.
+public final class StorageCounters: Sendable {
+    public let commits = Atomic<Int>(0)
+    public let fsyncs = Atomic<Int>(0)
+    public let records = Atomic<Int>(0)
+    public let failures = Atomic<Int>(0)
+    /// Set by each commit, cleared by the relaxed-mode fdatasync.
+    let dirty = Atomic<Bool>(false)
+}
+
+public final class SQLiteStorage: Storage {
+    public struct Options: Sendable {
+        public var directory: String
+        public var sync: SyncPolicy = .always
+        /// Revisions of history kept per repository (0: none).
+        public var historyLimit: Int = 10_000
+        /// History older than this is dropped (nil: no age limit).
+        public var historyMaxAge: Duration? = nil
+        /// How often the WAL is checkpointed into the database file.
+        public var checkpointInterval: Duration = .seconds(1)
+
+        public init(directory: String) { self.directory = directory }
+    }
+
+    /// The file name inside the data directory.
+    public static let fileName = "obsd.db"
+    /// `PRAGMA application_id` of obsd databases: "obsd".
+    static let applicationID: Int64 = 0x6F62_7364
+    static let schemaVersion: Int64 = 1
+
+    public let options: Options
+    public let path: String
+    public let counters: StorageCounters? = StorageCounters()
+    private let queue = BlockingQueue<Queued>()
+    private let lock: DirectoryLock
+    private let loaded: Locked<[LoadedRepository]?>
+    private let committer: DedicatedThread
+    private let maintenance: DedicatedThread
+    private let stopMaintenance = BlockingQueue<Bool>()
+
+    struct Queued: Sendable {
+        let record: RevisionRecord
+        let listener: any DurabilityListener
+    }
+
+    /// Opens (or creates) the store and loads it; the store is ready to `append` on return.
+    public init(options: Options) throws(StorageError) {
+        self.options = options
+        try DataDirectory.create(options.directory)
+        lock = try DirectoryLock(directory: options.directory)
+        path = options.directory + "/" + Self.fileName
+
+        // The committer opens the connection and loads on its own thread, then keeps it.
+        let handoff = BlockingQueue<Result<[LoadedRepository], StorageError>>()
+        let (queue, counters) = (self.queue, self.counters!)
+        let (path, options) = (self.path, self.options)
+        committer = DedicatedThread {
+            Committer.run(path: path, options: options, queue: queue, counters: counters, handoff: handoff)
+        }
+        guard let result = handoff.takeAll(timeout: .seconds(3600))?.first else {
+            committer.join()
+            throw StorageError(.other, "\(path): the store did not open")
+        }
+        switch result {
+        case .success(let repositories):
+            loaded = Locked(repositories)
+        case .failure(let error):
+            committer.join()
+            throw error
+        }
+        let stop = stopMaintenance
+        maintenance = DedicatedThread {
+            Maintenance.run(path: path, options: options, stop: stop, counters: counters)
+        }
+    }
+
+    public var isImmediate: Bool { false }
+
+    public var summary: String { "sqlite \(path), sync \(options.sync)" }
+
+    public func load() throws(StorageError) -> [LoadedRepository] {
+        loaded.withLock { all in
+            defer { all = nil }
+            return all ?? []
+        }
+    }
+
+    public func append(_ record: RevisionRecord, listener: any DurabilityListener) {
+        if !queue.append(Queued(record: record, listener: listener)) {
+            listener.failed(after: record.revision - 1, error: StorageError(.other, "\(path): the store is closed"))
+        }
+    }
+
+    public func discard(_ listener: any DurabilityListener, after revision: UInt64) {
+        queue.removeAll { $0.listener === listener && $0.record.revision > revision }
+    }
+
+    public func close() {
+        queue.close()
+        committer.join()
+        stopMaintenance.close()
+        maintenance.join()
+    }
+}
+
+// MARK: - Committer
+
+/// The committer thread's state: the write connection and its statements. Confined to that thread.
+private final class Committer {
+    let connection: SQLiteConnection
+    let options: SQLiteStorage.Options
+    let counters: StorageCounters
+    let setRepoRevision: SQLiteStatement
+    let insertRepo: SQLiteStatement
+    let upsertEntry: SQLiteStatement
+    let deleteEntry: SQLiteStatement
+    let insertHistory: SQLiteStatement
+    let trimHistory: SQLiteStatement
+    let expireOldHistory: SQLiteStatement
+    let repoRevision: SQLiteStatement
+    var repoIDs: [String: Int64] = [:]
+    /// The last revision reported durable, per listener.
+    var reported: [ObjectIdentifier: UInt64] = [:]
+
+    static func run(
+        path: String, options: SQLiteStorage.Options, queue: BlockingQueue<SQLiteStorage.Queued>, counters: StorageCounters,
+        handoff: BlockingQueue<Result<[LoadedRepository], StorageError>>
+    ) {
+        let committer: Committer
+        do {
+            let connection = try Schema.open(path: path, options: options)
+            let repositories = try Loader.load(connection, options: options)
+            committer = try Committer(connection: connection, options: options, counters: counters)
+            for repo in repositories { committer.seed(repo) }
+            handoff.append(.success(repositories))
+        } catch {
+            handoff.append(.failure(error))
+            return
+        }
+        while let batch = queue.takeAll(timeout: .seconds(1)) {
+            if batch.isEmpty {
+                committer.expireHistory()
+            } else {
+                committer.commit(batch)
+            }
+        }
+        try? committer.connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        committer.connection.close()
+    }
+
+    init(connection: SQLiteConnection, options: SQLiteStorage.Options, counters: StorageCounters) throws(StorageError) {
+        self.connection = connection
+        self.options = options
+        self.counters = counters
+        setRepoRevision = try connection.prepare("UPDATE repos SET rev = ?2 WHERE id = ?1")
+        insertRepo = try connection.prepare("INSERT INTO repos (name, rev) VALUES (?1, 0)")
+        upsertEntry = try connection.prepare(
+            "INSERT INTO entries (repo, key, value, rev) VALUES (?1, ?2, ?3, ?4) ON CONFLICT (repo, key) DO UPDATE SET value = excluded.value, rev = excluded.rev")
+        deleteEntry = try connection.prepare("DELETE FROM entries WHERE repo = ?1 AND key = ?2")
+        insertHistory = try connection.prepare("INSERT INTO history (repo, rev, time, changes) VALUES (?1, ?2, ?3, ?4)")
+        trimHistory = try connection.prepare("DELETE FROM history WHERE repo = ?1 AND rev <= ?2")
+        expireOldHistory = try connection.prepare(
+            "DELETE FROM history WHERE (repo, rev) IN (SELECT repo, rev FROM history WHERE time < ?1 LIMIT 1000)")
+        repoRevision = try connection.prepare("SELECT rev FROM repos WHERE name = ?1")
+    }
+
+    func seed(_ repo: LoadedRepository) {
+        if let id = try? repoID(repo.name) { repoIDs[repo.name] = id }
+    }
+
+    /// Writes a batch in one transaction, then reports durability (or failure) per repository.
+    func commit(_ batch: [SQLiteStorage.Queued]) {
+        do throws(StorageError) {
+            try connection.execute("BEGIN IMMEDIATE")
+            for item in batch { try write(item.record) }
+            try connection.execute("COMMIT")
+        } catch {
+            recover(from: error, batch: batch)
+            return
+        }
+        counters.commits.add(1, ordering: .relaxed)
+        counters.records.add(batch.count, ordering: .relaxed)
+        if options.sync == .always { counters.fsyncs.add(1, ordering: .relaxed) }
+        counters.dirty.store(true, ordering: .releasing)
+        for (listener, revision) in Self.lastRevisions(batch) {
+            reported[ObjectIdentifier(listener)] = revision
+            listener.durable(through: revision)
+        }
+    }
+
+    private func write(_ record: RevisionRecord) throws(StorageError) {
+        let repo = try repoID(record.repo)
+        let rev = Int64(bitPattern: record.revision)
+        setRepoRevision.bind(1, repo)
+        setRepoRevision.bind(2, rev)
+        try setRepoRevision.run()
+        for change in record.changes {
+            if let new = change.new {
+                upsertEntry.bind(1, repo)
+                change.key.withUTF8 { upsertEntry.bind(2, bytes: $0) }
+                upsertEntry.bind(3, bytes: new.bytes)
+                upsertEntry.bind(4, rev)
+                try upsertEntry.run()
+            } else {
+                deleteEntry.bind(1, repo)
+                change.key.withUTF8 { deleteEntry.bind(2, bytes: $0) }
+                try deleteEntry.run()
+            }
+        }
+        guard options.historyLimit > 0 else { return }
+        insertHistory.bind(1, repo)
+        insertHistory.bind(2, rev)
+        insertHistory.bind(3, record.time)
+        record.changesJSON.withUnsafeBufferPointer { insertHistory.bind(4, bytes: $0) }
+        try insertHistory.run()
+        if record.revision > UInt64(options.historyLimit) {
+            trimHistory.bind(1, repo)
+            trimHistory.bind(2, rev - Int64(options.historyLimit))
+            try trimHistory.run()
+        }
+    }
+
+    private func repoID(_ name: String) throws(StorageError) -> Int64 {
+        if let id = repoIDs[name] { return id }
+        let lookup = try connection.prepare("SELECT id FROM repos WHERE name = ?1")
+        lookup.bind(1, name)
+        if try lookup.step() {
+            let id = lookup.int64(0)
+            repoIDs[name] = id
+            return id
+        }
+        insertRepo.bind(1, name)
+        try insertRepo.run()
+        let id = sqlite3_last_insert_rowid(connection.handle)
+        repoIDs[name] = id
+        return id
+    }
+
+    /// After a failed commit: roll back, learn what the file holds, report it.
+    private func recover(from error: StorageError, batch: [SQLiteStorage.Queued]) {
+        counters.failures.add(1, ordering: .relaxed)
+        if connection.inTransaction { try? connection.execute("ROLLBACK") }
+        repoIDs.removeAll()  // rows inserted by the failed transaction are gone
+        for (listener, _) in Self.lastRevisions(batch) {
+            let id = ObjectIdentifier(listener)
+            var onDisk = reported[id] ?? 0
+            let name = batch.first { $0.listener === listener }!.record.repo
+            repoRevision.bind(1, name)
+            if let stepped = try? repoRevision.step() {
+                onDisk = stepped ? UInt64(bitPattern: repoRevision.int64(0)) : 0
+            }
+            repoRevision.reset()
+            if onDisk > (reported[id] ?? 0) {
+                // The commit reported an error yet reached the file (e.g. a failed fsync
+                // after the write): what the file holds is what a restart would see.
+                listener.durable(through: onDisk)
+            }
+            reported[id] = max(reported[id] ?? 0, onDisk)
+            listener.failed(after: onDisk, error: error)
+        }
+    }
+
+    /// Deletes history older than the age limit, a little at a time.
+    func expireHistory() {
+        guard let maxAge = options.historyMaxAge else { return }
+        let cutoff = WallClock.unixSeconds() - maxAge.components.seconds
+        expireOldHistory.bind(1, cutoff)
+        do throws(StorageError) {
+            while true {
+                while try expireOldHistory.step() {}
+                let deleted = sqlite3_changes(connection.handle)
+                expireOldHistory.reset()
+                if deleted < 1000 { break }
+                expireOldHistory.bind(1, cutoff)
+            }
+        } catch {
+            counters.failures.add(1, ordering: .relaxed)
+        }
+    }
+
+    /// The highest revision per listener in a batch, in order of first appearance.
+    static func lastRevisions(_ batch: [SQLiteStorage.Queued]) -> [(any DurabilityListener, UInt64)] {
+        var order: [ObjectIdentifier] = []
+        var latest: [ObjectIdentifier: (any DurabilityListener, UInt64)] = [:]
+        for item in batch {
+            let id = ObjectIdentifier(item.listener)
+            if latest[id] == nil { order.append(id) }
+            latest[id] = (item.listener, max(latest[id]?.1 ?? 0, item.record.revision))
+        }
+        return order.map { latest[$0]! }
+    }
+}
+
+// MARK: - Maintenance
+
+/// The maintenance thread: WAL checkpoints, and the relaxed-mode fdatasync.
+private enum Maintenance {
+    static func run(path: String, options: SQLiteStorage.Options, stop: BlockingQueue<Bool>, counters: StorageCounters) {
+        guard let connection = try? SQLiteConnection(path: path, create: false) else { return }
+        try? connection.execute("PRAGMA busy_timeout = 100")
+        var syncInterval: Duration? = nil
+        if case .relaxed(let interval) = options.sync { syncInterval = interval }
+        let tick = min(syncInterval ?? options.checkpointInterval, options.checkpointInterval)
+        var wal: Int32 = -1
+        var sinceCheckpoint = Duration.zero
+        while stop.takeAll(timeout: tick) != nil {
+            if syncInterval != nil, counters.dirty.exchange(false, ordering: .acquiringAndReleasing) {
+                if wal < 0 { wal = open(path + "-wal", O_RDONLY | O_CLOEXEC) }
+                if wal >= 0, fdatasync(wal) == 0 { counters.fsyncs.add(1, ordering: .relaxed) }
+            }
+            sinceCheckpoint += tick
+            if sinceCheckpoint >= options.checkpointInterval {
+                sinceCheckpoint = .zero
+                try? connection.execute("PRAGMA wal_checkpoint(PASSIVE)")
+            }
+        }
+        if wal >= 0 {
+            if syncInterval != nil, counters.dirty.exchange(false, ordering: .acquiringAndReleasing) { _ = fdatasync(wal) }
+            close(wal)
+        }
+        connection.close()
+    }
+}
+
+// MARK: - Schema and loading
+
+private enum Schema {
+    /// Opens the database, creating its schema if the file is new; refuses foreign files.
+    static func open(path: String, options: SQLiteStorage.Options) throws(StorageError) -> SQLiteConnection {
+        let connection = try SQLiteConnection(path: path, create: true)
+        do throws(StorageError) {
+            try connection.execute("PRAGMA busy_timeout = 5000")
+            let mode = try connection.prepare("PRAGMA journal_mode = WAL")
+            guard try mode.step(), mode.text(0) == "wal" else {
+                throw StorageError(.other, "\(path): cannot switch to WAL mode")
+            }
+        } catch {
+            throw explain(error, path: path)
+        }
+        try connection.execute(options.sync == .always ? "PRAGMA synchronous = FULL" : "PRAGMA synchronous = NORMAL")
+        try connection.execute("PRAGMA wal_autocheckpoint = 0; PRAGMA journal_size_limit = 67108864; PRAGMA cache_size = -32768; PRAGMA temp_store = MEMORY")
+        let application = try connection.integer("PRAGMA application_id")
+        let version = try connection.integer("PRAGMA user_version")
+        let tables = try connection.integer("SELECT count(*) FROM sqlite_master")
+        if application == 0 && version == 0 && tables == 0 {
+            try connection.execute(
+                """
+                BEGIN;
+                PRAGMA application_id = \(SQLiteStorage.applicationID);
+                PRAGMA user_version = \(SQLiteStorage.schemaVersion);
+                CREATE TABLE repos (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE, rev INTEGER NOT NULL);
+                CREATE TABLE entries (
+                    repo INTEGER NOT NULL, key BLOB NOT NULL, value BLOB NOT NULL, rev INTEGER NOT NULL,
+                    PRIMARY KEY (repo, key)) WITHOUT ROWID;
+                CREATE TABLE history (
+                    repo INTEGER NOT NULL, rev INTEGER NOT NULL, time INTEGER NOT NULL, changes BLOB NOT NULL,
+                    PRIMARY KEY (repo, rev)) WITHOUT ROWID;
+                CREATE INDEX history_time ON history (time);
+                COMMIT;
+                """)
+            return connection
+        }
+        guard application == SQLiteStorage.applicationID else {
+            throw StorageError(.corrupt, "\(path) is not an obsd database (SQLite application_id \(application)); refusing to use it")
+        }
+        guard version == SQLiteStorage.schemaVersion else {
+            throw StorageError(.corrupt, "\(path) has schema version \(version); this obsd reads version \(SQLiteStorage.schemaVersion)")
+        }
+        return connection
+    }
+
+    static func explain(_ error: StorageError, path: String) -> StorageError {
+        guard error.kind == .corrupt else { return error }
+        return StorageError(.corrupt, "\(path) is not an obsd database or is damaged (\(error.description)); refusing to start")
+    }
+}
+
+private enum Loader {
+    /// Reads every repository: entries and retained history.
+    static func load(_ connection: SQLiteConnection, options: SQLiteStorage.Options) throws(StorageError) -> [LoadedRepository] {
+        do throws(StorageError) {
+            return try read(connection, options: options)
+        } catch {
+            throw Schema.explain(error, path: connection.path)
+        }
+    }
+
+    private static func read(_ connection: SQLiteConnection, options: SQLiteStorage.Options) throws(StorageError) -> [LoadedRepository] {
+        let path = connection.path
+        var names: [Int64: String] = [:]
+        var revisions: [Int64: UInt64] = [:]
+        let repos = try connection.prepare("SELECT id, name, rev FROM repos")
+        while try repos.step() {
+            names[repos.int64(0)] = repos.text(1)
+            revisions[repos.int64(0)] = UInt64(bitPattern: repos.int64(2))
+        }
+
+        var entries: [Int64: [Key: Entry<StoredValue>]] = [:]
+        let rows = try connection.prepare("SELECT repo, key, value, rev FROM entries")
+        while try rows.step() {
+            let repo = rows.int64(0)
+            guard let key = String(validating: rows.blob(1), as: UTF8.self) else {
+                throw StorageError(.corrupt, "\(path): a key of repository \(names[repo] ?? "?") is not UTF-8")
+            }
+            let value = try storedValue(rows.blob(2), path: path, what: "value of key \(key.debugDescription)")
+            entries[repo, default: [:]][Key(key)] = Entry(value: value, revision: UInt64(bitPattern: rows.int64(3)))
+        }
+
+        var histories: [Int64: [RevisionRecord]] = [:]
+        if options.historyLimit > 0 {
+            let cutoff = options.historyMaxAge.map { WallClock.unixSeconds() - $0.components.seconds } ?? Int64.min
+            let history = try connection.prepare("SELECT repo, rev, time, changes FROM history WHERE time >= ?1 ORDER BY repo, rev")
+            history.bind(1, cutoff)
+            while try history.step() {
+                let repo = history.int64(0)
+                guard let name = names[repo] else { continue }
+                let rev = UInt64(bitPattern: history.int64(1))
+                let changes = try self.changes(history.blob(3), path: path, repo: name, rev: rev)
+                histories[repo, default: []].append(
+                    RevisionRecord(repo: name, changeSet: ChangeSet(revision: rev, changes: changes), time: history.int64(2)))
+            }
+        }
+
+        return try names.keys.sorted().map { (id) throws(StorageError) -> LoadedRepository in
+            let name = names[id]!
+            let revision = revisions[id] ?? 0
+            var history = histories[id] ?? []
+            if history.count > options.historyLimit { history.removeFirst(history.count - options.historyLimit) }
+            if let last = history.last {
+                let contiguous = zip(history, history.dropFirst()).allSatisfy { $1.revision == $0.revision + 1 }
+                guard contiguous, last.revision == revision else {
+                    throw StorageError(.corrupt, "\(path): history of repository \(name) is not contiguous up to revision \(revision)")
+                }
+            }
+            return LoadedRepository(name: name, state: KeyedState(revision: revision, entries: entries[id] ?? [:]), history: history)
+        }
+    }
+
+    private static func storedValue(_ bytes: UnsafeRawBufferPointer, path: String, what: String) throws(StorageError) -> StoredValue {
+        do {
+            return StoredValue(json: try JSONParser.parse(bytes, maxDepth: 100_000), bytes: Array(bytes))
+        } catch {
+            throw StorageError(.corrupt, "\(path): the \(what) is not valid JSON (\(error))")
+        }
+    }
+
+    private static func changes(_ bytes: UnsafeRawBufferPointer, path: String, repo: String, rev: UInt64) throws(StorageError) -> [Change<StoredValue>] {
+        let damaged = StorageError(.corrupt, "\(path): history revision \(rev) of repository \(repo) is damaged")
+        guard let array = try? JSONParser.parse(bytes, maxDepth: 100_000).arrayValue else { throw damaged }
+        var changes: [Change<StoredValue>] = []
+        changes.reserveCapacity(array.count)
+        for item in array {
+            guard let object = item.objectValue, let key = object["key"]?.stringValue else { throw damaged }
+            changes.append(Change(key: Key(key), old: object["old"].map { StoredValue($0) }, new: object["new"].map { StoredValue($0) }))
+        }
+        return changes
+    }
+}
+
+/// Wall-clock time for history timestamps.
+public enum WallClock {
+    /// Seconds since 1970.
+    public static func unixSeconds() -> Int64 {
+        var now = timespec()
+        clock_gettime(CLOCK_REALTIME, &now)
+        return Int64(now.tv_sec)
+    }
+}

@@ -1,0 +1,65 @@
+// ObsStore — where the daemon keeps repositories, and what it persists.
+//
+// This module owns the persistent shape of a repository: `StoredValue` (a JSON value
+// with its encoding), `RevisionRecord` (one committed revision), and the `Storage`
+// boundary. The daemon commits a revision in memory, hands it to storage in revision
+// order, and shows it to nobody — no reply, no event — until storage says it is durable.
+// `InMemoryStorage` is durable at once (and forgets everything at exit);
+// `SQLiteStorage` persists to disk with group commit.
+
+import ObsProtocol
+import ObservableKit
+
+/// A repository as found in storage at start-up.
+public struct LoadedRepository: Sendable {
+    public let name: String
+    public let state: KeyedState<StoredValue>
+    /// The retained history, oldest first, ending at `state.revision` (or empty).
+    public let history: [RevisionRecord]
+
+    public init(name: String, state: KeyedState<StoredValue>, history: [RevisionRecord]) {
+        self.name = name
+        self.state = state
+        self.history = history
+    }
+}
+
+/// Told, in revision order, when the revisions it handed to storage are durable — or that
+/// they never will be.
+public protocol DurabilityListener: AnyObject, Sendable {
+    /// Every revision up to `revision` is durable.
+    func durable(through revision: UInt64)
+    /// Revisions above `revision` were not stored and never will be; `error` says why.
+    func failed(after revision: UInt64, error: StorageError)
+}
+
+/// Where the daemon keeps repositories.
+public protocol Storage: AnyObject, Sendable {
+    /// Whether `append` makes a revision durable at once, with no callback.
+    var isImmediate: Bool { get }
+    /// What the storage is, for logs (e.g. "memory", "sqlite /var/lib/obsd/obsd.db, sync always").
+    var summary: String { get }
+    /// Commit and fsync counts, when the storage keeps them.
+    var counters: StorageCounters? { get }
+    /// Everything stored, read once at start-up.
+    func load() throws(StorageError) -> [LoadedRepository]
+    /// Queues a committed revision. Called in revision order for each listener (the
+    /// repository), while the repository's lock is held.
+    func append(_ record: RevisionRecord, listener: any DurabilityListener)
+    /// Forgets queued revisions of `listener` above `revision`, after a failure undid them.
+    func discard(_ listener: any DurabilityListener, after revision: UInt64)
+    /// Makes everything queued durable, then releases the storage.
+    func close()
+}
+
+/// Keeps nothing: repositories live only as long as the process.
+public final class InMemoryStorage: Storage {
+    public init() {}
+    public var isImmediate: Bool { true }
+    public var summary: String { "memory (nothing persists)" }
+    public var counters: StorageCounters? { nil }
+    public func load() -> [LoadedRepository] { [] }
+    public func append(_ record: RevisionRecord, listener: any DurabilityListener) {}
+    public func discard(_ listener: any DurabilityListener, after revision: UInt64) {}
+    public func close() {}
+}
