@@ -47,8 +47,9 @@ public struct ServerConfiguration: Sendable {
 public enum StorageConfiguration: Sendable {
     /// Nothing persists (tests, ephemeral buses).
     case inMemory
-    /// SQLite in `directory`, with the given sync policy.
-    case sqlite(directory: String, sync: SyncPolicy)
+    /// SQLite in `directory`, with the given sync policy. `faultFile` is a test seam (see
+    /// `SQLiteStorage.Options.faultFile`); leave it nil.
+    case sqlite(directory: String, sync: SyncPolicy, faultFile: String? = nil)
 }
 
 /// The obsd server.
@@ -71,9 +72,10 @@ public final class ObsServer: Service, Sendable {
         switch configuration.storage {
         case .inMemory:
             return InMemoryStorage()
-        case .sqlite(let directory, let sync):
+        case .sqlite(let directory, let sync, let faultFile):
             var options = SQLiteStorage.Options(directory: directory)
             options.sync = sync
+            options.faultFile = faultFile
             options.historyLimit = configuration.historyLimit
             options.historyMaxAge = configuration.historyMaxAge
             return try SQLiteStorage(options: options)

@@ -41,6 +41,11 @@ final class Subscription: Sendable {
     }
 }
 
+/// Identifies the state a reply was computed from: the number of revisions applied in
+/// memory so far, counting those later undone. Unlike revisions, these are never reused
+/// after an undo, so a reply computed from undone state can always be recognized.
+typealias StateSequence = UInt64
+
 /// The outcome of a write, for its reply.
 struct WriteOutcome: Sendable {
     /// The repository revision after the write.
@@ -48,16 +53,28 @@ struct WriteOutcome: Sendable {
     let changed: Bool
     /// The key's previous value (single-key writes only).
     let previous: StoredValue?
+    /// The state the reply reports.
+    let sequence: StateSequence
 }
 
-/// Called once when a revision is durable (`.success`) or will never be (`.failure`).
+/// Called once when a state is durable (`.success`) or will never be (`.failure`).
 typealias DurabilityWaiter = @Sendable (Result<Void, StorageError>) -> Void
+
+/// Whether the state a reply reports may be shown.
+enum Durability {
+    case durable
+    /// A waiter was registered and will be called.
+    case pending
+    /// The state was undone after a storage failure.
+    case failed(StorageError)
+}
 
 final class Repository: DurabilityListener, Sendable {
     let name: String
 
     private struct Pending: Sendable {
         let record: RevisionRecord
+        let sequence: StateSequence
         /// Each change's key entry before the revision, to undo it.
         let previous: [Entry<StoredValue>?]
     }
@@ -65,16 +82,25 @@ final class Repository: DurabilityListener, Sendable {
     private struct State: Sendable {
         var data: KeyedState<StoredValue>
         var history: History
+        /// Sequences handed out so far: one per revision applied in memory, undone ones included.
+        var applied: StateSequence = 0
+        /// The sequence of the current state (after an undo: the durable state's).
+        var current: StateSequence = 0
+        /// Sequences of states undone after storage failures; ascending, disjoint.
+        var undone: [ClosedRange<StateSequence>] = []
+        var lastFailure: StorageError? = nil
         /// Applied in memory, handed to storage, not yet durable; oldest first.
         var pending: [Pending] = []
-        var waiters: [(revision: UInt64, waiter: DurabilityWaiter)] = []
-        /// Subscriptions registered at a revision that is not durable yet.
-        var unconfirmed: [Subscriber] = []
+        var waiters: [(sequence: StateSequence, waiter: DurabilityWaiter)] = []
+        /// Subscriptions registered on a state that is not durable yet.
+        var unconfirmed: [(subscriber: Subscriber, sequence: StateSequence)] = []
     }
 
     private let state: Locked<State>
-    /// The highest durable revision; readable without the lock.
-    private let durableRevision: Atomic<UInt64>
+    /// The sequence of the latest durable state; readable without the lock.
+    private let durableSequence = Atomic<StateSequence>(0)
+    /// The highest sequence ever undone (0: none); readable without the lock.
+    private let undoneCeiling = Atomic<StateSequence>(0)
     private let index = KeyedObserverIndex<Subscriber>()
     private let delivery: SerialDeliveryQueue<RevisionRecord>
     private let storage: any Storage
@@ -92,7 +118,6 @@ final class Repository: DurabilityListener, Sendable {
         for record in loaded?.history ?? [] { history.append(record) }
         let data = loaded?.state ?? KeyedState()
         self.state = Locked(State(data: data, history: history))
-        self.durableRevision = Atomic(data.revision)
         let index = self.index
         self.delivery = SerialDeliveryQueue { [weak hub] record in
             guard let hub else { return }
@@ -109,18 +134,21 @@ final class Repository: DurabilityListener, Sendable {
 
     var revision: UInt64 { state.withLock { $0.data.revision } }
 
-    /// The key's entry, and the repository revision it was read at.
-    func get(_ key: Key) -> (entry: Entry<StoredValue>?, revision: UInt64) {
-        state.withLock { ($0.data[key], $0.data.revision) }
+    /// The key's entry, and the state it was read from.
+    func get(_ key: Key) -> (entry: Entry<StoredValue>?, sequence: StateSequence) {
+        state.withLock { ($0.data[key], $0.current) }
     }
 
     /// The keys (optionally with a prefix) in byte order, with their values, at the current revision.
-    func list(prefix: String?) -> (revision: UInt64, entries: [(key: Key, value: StoredValue)]) {
+    func list(prefix: String?) -> (revision: UInt64, entries: [(key: Key, value: StoredValue)], sequence: StateSequence) {
         state.withLock { s in
             let keys = s.data.keys(prefix: prefix)
-            return (s.data.revision, keys.map { ($0, s.data[$0]!.value) })
+            return (s.data.revision, keys.map { ($0, s.data[$0]!.value) }, s.current)
         }
     }
+
+    /// The current state, for replies that report it (a conflict, say).
+    var sequence: StateSequence { state.withLock { $0.current } }
 
     // MARK: Writing
 
@@ -131,19 +159,22 @@ final class Repository: DurabilityListener, Sendable {
             let before = ops.map { s.data[$0.key] }
             let previous = ops.count == 1 ? before[0]?.value : nil
             guard let changeSet = try s.data.apply(ops) else {
-                return WriteOutcome(revision: s.data.revision, changed: false, previous: previous)
+                return WriteOutcome(revision: s.data.revision, changed: false, previous: previous, sequence: s.current)
             }
+            s.applied += 1
+            s.current = s.applied
             let record = RevisionRecord(repo: name, changeSet: changeSet, time: now)
             s.history.append(record)
             if storage.isImmediate {
-                durableRevision.store(changeSet.revision, ordering: .releasing)
+                durableSequence.store(s.applied, ordering: .releasing)
                 delivery.enqueue(record)
             } else {
                 let beforeByKey = Dictionary(zip(ops.map(\.key), before), uniquingKeysWith: { first, _ in first })
-                s.pending.append(Pending(record: record, previous: changeSet.changes.map { beforeByKey[$0.key] ?? nil }))
+                s.pending.append(
+                    Pending(record: record, sequence: s.applied, previous: changeSet.changes.map { beforeByKey[$0.key] ?? nil }))
                 storage.append(record, listener: self)
             }
-            return WriteOutcome(revision: changeSet.revision, changed: true, previous: previous)
+            return WriteOutcome(revision: changeSet.revision, changed: true, previous: previous, sequence: s.applied)
         }
         if outcome.changed && storage.isImmediate { delivery.drain() }
         return outcome
@@ -151,19 +182,24 @@ final class Repository: DurabilityListener, Sendable {
 
     // MARK: Durability
 
-    /// Whether `revision` is durable.
-    func isDurable(_ revision: UInt64) -> Bool {
-        durableRevision.load(ordering: .acquiring) >= revision
+    /// Whether the state `sequence` is durable.
+    func isDurable(_ sequence: StateSequence) -> Bool {
+        if durableSequence.load(ordering: .acquiring) < sequence { return false }
+        if sequence > undoneCeiling.load(ordering: .acquiring) { return true }
+        return state.withLock { s in !s.undone.contains { $0.contains(sequence) } }
     }
 
-    /// Calls `waiter` once `revision` is durable, or fails it if it never will be.
-    /// Returns `false` without registering when `revision` is already durable.
-    func whenDurable(_ revision: UInt64, _ waiter: @escaping DurabilityWaiter) -> Bool {
-        if isDurable(revision) { return false }
+    /// Whether the state `sequence` may be shown; if it is not durable yet, `waiter` is
+    /// called once it is — or once it is undone.
+    func whenDurable(_ sequence: StateSequence, _ waiter: @escaping DurabilityWaiter) -> Durability {
+        if durableSequence.load(ordering: .acquiring) >= sequence, sequence > undoneCeiling.load(ordering: .acquiring) {
+            return .durable
+        }
         return state.withLock { s in
-            if isDurable(revision) { return false }
-            s.waiters.append((revision, waiter))
-            return true
+            if s.undone.contains(where: { $0.contains(sequence) }), let failure = s.lastFailure { return .failed(failure) }
+            if durableSequence.load(ordering: .relaxed) >= sequence { return .durable }
+            s.waiters.append((sequence, waiter))
+            return .pending
         }
     }
 
@@ -184,12 +220,25 @@ final class Repository: DurabilityListener, Sendable {
             s.history.removeLast(undone.count)
             s.pending.removeAll { $0.record.revision > revision }
             storage.discard(self, after: revision)
-            let failed = s.waiters.filter { $0.revision > revision }.map(\.waiter)
-            s.waiters.removeAll { $0.revision > revision }
-            // Subscriptions that began at an undone revision saw state that is gone; their
+            // Every state after the durable one is gone, including those reported by no-op
+            // writes and reads; what remains is the durable state itself.
+            let durable = durableSequence.load(ordering: .relaxed)
+            if s.applied > durable {
+                if let last = s.undone.last, last.lowerBound == durable + 1 {
+                    s.undone[s.undone.count - 1] = last.lowerBound...s.applied
+                } else {
+                    s.undone.append((durable + 1)...s.applied)
+                }
+                undoneCeiling.store(s.applied, ordering: .releasing)
+            }
+            s.current = durable
+            s.lastFailure = error
+            let failed = s.waiters.filter { $0.sequence > durable }.map(\.waiter)
+            s.waiters.removeAll { $0.sequence > durable }
+            // Subscriptions that began on an undone state saw values that are gone; their
             // subscribe waiters (among `failed`) end them on their connections.
-            for orphan in s.unconfirmed where orphan.after > revision { index.remove(orphan.subscription.indexID) }
-            s.unconfirmed.removeAll { $0.after > revision }
+            for orphan in s.unconfirmed where orphan.sequence > durable { index.remove(orphan.subscriber.subscription.indexID) }
+            s.unconfirmed.removeAll { $0.sequence > durable }
             return (ready, failed)
         }
         scheduleDelivery()
@@ -199,18 +248,19 @@ final class Repository: DurabilityListener, Sendable {
 
     /// Moves revisions up to `revision` from pending to delivery; returns the waiters it satisfies.
     private func confirm(_ s: inout State, through revision: UInt64) -> [DurabilityWaiter] {
-        guard revision > durableRevision.load(ordering: .relaxed) else { return [] }
         var confirmed = 0
         for p in s.pending {
             guard p.record.revision <= revision else { break }
             delivery.enqueue(p.record)
             confirmed += 1
         }
+        guard confirmed > 0 else { return [] }
+        let durable = s.pending[confirmed - 1].sequence
         s.pending.removeFirst(confirmed)
-        durableRevision.store(revision, ordering: .releasing)
-        s.unconfirmed.removeAll { $0.after <= revision }
-        let ready = s.waiters.filter { $0.revision <= revision }.map(\.waiter)
-        s.waiters.removeAll { $0.revision <= revision }
+        durableSequence.store(durable, ordering: .releasing)
+        s.unconfirmed.removeAll { $0.sequence <= durable }
+        let ready = s.waiters.filter { $0.sequence <= durable }.map(\.waiter)
+        s.waiters.removeAll { $0.sequence <= durable }
         return ready
     }
 
@@ -226,12 +276,12 @@ final class Repository: DurabilityListener, Sendable {
 
     /// Registers `subscription` and reserves its reply in its outbox, with the snapshot
     /// or replay the request asks for. Returns the slot, the bytes to fill it with, and the
-    /// revision that must be durable before they may be sent.
+    /// state that must be durable before they may be sent.
     ///
     /// - Throws: `compacted` when `since` cannot be served from the history.
     func subscribe(
         _ subscription: Subscription, _ request: SubscribeRequest, replyID: JSONValue, now: Int64
-    ) throws(ProtocolError) -> (slot: Outbox.Slot, reply: ByteBuffer, events: Int, revision: UInt64) {
+    ) throws(ProtocolError) -> (slot: Outbox.Slot, reply: ByteBuffer, events: Int, sequence: StateSequence) {
         try state.withLock { (s) throws(ProtocolError) in
             let revision = s.data.revision
             var replay: [RevisionRecord] = []
@@ -275,7 +325,7 @@ final class Repository: DurabilityListener, Sendable {
                 events += 1
                 if subscription.once {
                     // Its one change was in the replay: it ends here, unregistered.
-                    return (subscription.outbox.reserveSlot(), buffer, events, revision)
+                    return (subscription.outbox.reserveSlot(), buffer, events, s.current)
                 }
             }
             if request.since != nil {
@@ -286,9 +336,9 @@ final class Repository: DurabilityListener, Sendable {
             if subscription.outbox.register(subscription, completeThrough: revision) {
                 let subscriber = Subscriber(subscription: subscription, after: revision)
                 index.insert(subscriber, for: request.selection, id: subscription.indexID)
-                if !isDurable(revision) { s.unconfirmed.append(subscriber) }
+                if durableSequence.load(ordering: .relaxed) < s.current { s.unconfirmed.append((subscriber, s.current)) }
             }
-            return (slot, buffer, events, revision)
+            return (slot, buffer, events, s.current)
         }
     }
 

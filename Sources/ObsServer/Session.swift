@@ -69,13 +69,13 @@ final class Session {
             guard let repository = hub.existing(repo) else {
                 return fail(id: id, ProtocolError(.notFound, "key \(key.debugDescription) does not exist in repository \(repo)"))
             }
-            let (entry, revision) = repository.get(key)
+            let (entry, sequence) = repository.get(key)
             guard let entry else {
                 return fail(
                     id: id, ProtocolError(.notFound, "key \(key.debugDescription) does not exist in repository \(repo)"),
-                    after: revision, in: repository)
+                    after: sequence, in: repository)
             }
-            reply(id, after: entry.revision, in: repository) { b in
+            reply(id, after: sequence, in: repository) { b in
                 b.writeRaw(",\"value\":")
                 b.writeStored(entry.value)
                 b.writeMember(",\"rev\":", entry.revision)
@@ -88,8 +88,8 @@ final class Session {
             write(id, repo: repo, ops.map(Self.stored), single: false)
         case .list(let repo, let prefix, let values):
             let repository = hub.existing(repo)
-            let (revision, entries) = repository?.list(prefix: prefix) ?? (0, [])
-            reply(id, after: revision, in: repository) { b in
+            let (revision, entries, sequence) = repository?.list(prefix: prefix) ?? (0, [], 0)
+            reply(id, after: sequence, in: repository) { b in
                 b.writeMember(",\"rev\":", revision)
                 b.writeRaw(",\"keys\":[")
                 for (i, e) in entries.enumerated() {
@@ -167,10 +167,10 @@ final class Session {
             outcome = o
         case .failure(let error):
             let code: ErrorCode = if case .conflict = error { .conflict } else { .badRequest }
-            return fail(id: id, ProtocolError(code, error.description), after: repository.revision, in: repository)
+            return fail(id: id, ProtocolError(code, error.description), after: repository.sequence, in: repository)
         }
         if outcome.changed { hub.stats.writes.add(1, ordering: .relaxed) }
-        reply(id, after: outcome.revision, in: repository) { b in
+        reply(id, after: outcome.sequence, in: repository) { b in
             b.writeMember(",\"rev\":", outcome.revision)
             b.writeMember(",\"changed\":", outcome.changed)
             if single, let previous = outcome.previous {
@@ -187,18 +187,23 @@ final class Session {
         do {
             try hub.using(request.repo) { (repository) throws(ProtocolError) in
                 let subscription = Subscription(id: number, repository: repository, outbox: outbox, once: request.once)
-                let (slot, bytes, events, revision) = try repository.subscribe(subscription, request, replyID: id, now: now)
+                let (slot, bytes, events, sequence) = try repository.subscribe(subscription, request, replyID: id, now: now)
                 let (outbox, hub) = (self.outbox, self.hub)
-                let waiting = repository.whenDurable(revision) { result in
+                let fail = { @Sendable (error: StorageError) in
+                    if let ended = outbox.unregister(subscription.id) { hub.subscriptionEnded(ended) }
+                    outbox.fill(slot, with: Self.storageFailure(id: id, error, repo: repository.name))
+                }
+                let status = repository.whenDurable(sequence) { result in
                     switch result {
-                    case .success:
-                        outbox.fill(slot, with: bytes, events: events)
-                    case .failure(let error):
-                        if let ended = outbox.unregister(subscription.id) { hub.subscriptionEnded(ended) }
-                        outbox.fill(slot, with: Self.storageFailure(id: id, error, revision: revision, repo: repository.name))
+                    case .success: outbox.fill(slot, with: bytes, events: events)
+                    case .failure(let error): fail(error)
                     }
                 }
-                if !waiting { outbox.fill(slot, with: bytes, events: events) }
+                switch status {
+                case .durable: outbox.fill(slot, with: bytes, events: events)
+                case .pending: break
+                case .failed(let error): fail(error)
+                }
             }
         } catch {
             fail(id: id, error)
@@ -207,45 +212,50 @@ final class Session {
 
     // MARK: Replies
 
-    /// Appends a success reply — at once if `revision` is durable in `repository` (or no
-    /// repository is involved), else in a slot filled when it is.
-    private func reply(_ id: JSONValue, after revision: UInt64 = 0, in repository: Repository? = nil, _ members: (inout ByteBuffer) -> Void) {
+    /// Appends a success reply — at once if the state it reports (`sequence`) is durable in
+    /// `repository` (or no repository is involved), else in a slot filled when it is.
+    private func reply(
+        _ id: JSONValue, after sequence: StateSequence = 0, in repository: Repository? = nil, _ members: (inout ByteBuffer) -> Void
+    ) {
         scratch.clear()
         ReplyEncoder.begin(&scratch, id: id)
         members(&scratch)
         ReplyEncoder.end(&scratch)
-        send(scratch, id: id, after: revision, in: repository)
+        send(scratch, id: id, after: sequence, in: repository)
     }
 
     /// Appends an error reply, held back like `reply` when it reports non-durable state.
-    private func fail(id: JSONValue, _ error: ProtocolError, after revision: UInt64 = 0, in repository: Repository? = nil) {
+    private func fail(id: JSONValue, _ error: ProtocolError, after sequence: StateSequence = 0, in repository: Repository? = nil) {
         hub.stats.errors.add(1, ordering: .relaxed)
         scratch.clear()
         ReplyEncoder.error(&scratch, id: id, error)
-        send(scratch, id: id, after: revision, in: repository)
+        send(scratch, id: id, after: sequence, in: repository)
     }
 
-    private func send(_ bytes: ByteBuffer, id: JSONValue, after revision: UInt64, in repository: Repository?) {
-        guard let repository, !repository.isDurable(revision) else {
+    private func send(_ bytes: ByteBuffer, id: JSONValue, after sequence: StateSequence, in repository: Repository?) {
+        guard let repository, !repository.isDurable(sequence) else {
             outbox.append(bytes)
             return
         }
         let slot = outbox.reserveSlot()
         let outbox = self.outbox
-        let waiting = repository.whenDurable(revision) { result in
+        let status = repository.whenDurable(sequence) { result in
             switch result {
             case .success: outbox.fill(slot, with: bytes)
-            case .failure(let error):
-                outbox.fill(slot, with: Self.storageFailure(id: id, error, revision: revision, repo: repository.name))
+            case .failure(let error): outbox.fill(slot, with: Self.storageFailure(id: id, error, repo: repository.name))
             }
         }
-        if !waiting { outbox.fill(slot, with: bytes) }
+        switch status {
+        case .durable: outbox.fill(slot, with: bytes)
+        case .pending: break
+        case .failed(let error): outbox.fill(slot, with: Self.storageFailure(id: id, error, repo: repository.name))
+        }
     }
 
     /// The reply to a request whose outcome storage could not keep.
-    private static func storageFailure(id: JSONValue, _ error: StorageError, revision: UInt64, repo: String) -> ByteBuffer {
+    private static func storageFailure(id: JSONValue, _ error: StorageError, repo: String) -> ByteBuffer {
         var buffer = ByteBuffer()
-        let message = "storage failure: revision \(revision) of repository \(repo) could not be stored and was undone (\(error.description)); retry once the cause is fixed"
+        let message = "storage failure in repository \(repo): the change this reply depends on could not be stored and was undone (\(error.description)); retry once the cause is fixed"
         ReplyEncoder.error(&buffer, id: id, ProtocolError(.internal, message))
         return buffer
     }

@@ -60,6 +60,9 @@ public final class SQLiteStorage: Storage {
         public var historyMaxAge: Duration? = nil
         /// How often the WAL is checkpointed into the database file.
         public var checkpointInterval: Duration = .seconds(1)
+        /// Test seam: a file whose content makes commits fail (see `FaultInjection`).
+        /// nil in production.
+        public var faultFile: String? = nil
 
         public init(directory: String) { self.directory = directory }
     }
@@ -215,7 +218,10 @@ private final class Committer {
         do throws(StorageError) {
             try connection.execute("BEGIN IMMEDIATE")
             for item in batch { try write(item.record) }
+            let fault = FaultInjection.current(options.faultFile)
+            if case .beforeCommit(let kind) = fault { throw StorageError(kind, "\(connection.path): injected fault (\(kind))") }
             try connection.execute("COMMIT")
+            if case .afterCommit = fault { throw StorageError(.io, "\(connection.path): injected fault after the commit reached the file") }
         } catch {
             recover(from: error, batch: batch)
             return
@@ -330,6 +336,36 @@ private final class Committer {
             latest[id] = (item.listener, max(latest[id]?.1 ?? 0, item.record.revision))
         }
         return order.map { latest[$0]! }
+    }
+}
+
+// MARK: - Fault injection
+
+/// Test seam: when `Options.faultFile` is set and that file exists, its content makes the
+/// next commits fail — `commit full`, `commit readonly` or `commit io` before COMMIT (the
+/// transaction is rolled back, as with a real ENOSPC, EROFS or EIO), or `after-commit`:
+/// COMMIT succeeds but an error is reported (as when a write reached the file and a later
+/// fsync failed). Removing the file ends the fault. Never set in production.
+enum FaultInjection: Equatable {
+    case none
+    case beforeCommit(StorageError.Kind)
+    case afterCommit
+
+    static func current(_ path: String?) -> FaultInjection {
+        guard let path else { return .none }
+        let fd = open(path, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { return .none }
+        defer { close(fd) }
+        var buffer = [UInt8](repeating: 0, count: 64)
+        let n = read(fd, &buffer, buffer.count)
+        guard n > 0 else { return .none }
+        switch String(decoding: buffer[..<n], as: UTF8.self).trimmingWhitespace {
+        case "commit full": return .beforeCommit(.full)
+        case "commit readonly": return .beforeCommit(.readOnly)
+        case "commit io": return .beforeCommit(.io)
+        case "after-commit": return .afterCommit
+        default: return .none
+        }
     }
 }
 

@@ -113,8 +113,10 @@ struct Obsd: AsyncParsableCommand {
                 logger.critical("no data directory: set --data-dir (or HOME), or run with --in-memory")
                 throw ExitCode.failure
             }
+            // OBSD_FAULT_FILE is a test seam for storage failures; see docs/DURABILITY.md.
             configuration.storage = .sqlite(
-                directory: directory, sync: sync == "relaxed" ? .relaxed(interval: .milliseconds(syncInterval)) : .always)
+                directory: directory, sync: sync == "relaxed" ? .relaxed(interval: .milliseconds(syncInterval)) : .always,
+                faultFile: environment["OBSD_FAULT_FILE"])
         }
         configuration.outboxMaxBytes = queueBytes
         configuration.outboxMaxEvents = queueEvents

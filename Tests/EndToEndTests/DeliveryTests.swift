@@ -123,7 +123,7 @@ func collect(_ subscription: Subscription, until lastRevision: UInt64) async thr
     }
 
     @Test func clientLibrarySurfacesOverflowWithTheRevisionToResumeFrom() async throws {
-        let d = try await TestDaemon.start(["--queue-events", "100", "--queue-bytes", "65536"])
+        let d = try await TestDaemon.start(["--queue-events", "100", "--queue-bytes", "65536"], inMemory: true)
         let lagging = try await ObsClient.connect(socketPath: d.socketPath)
         let sub = try await lagging.subscribe("x")
         let writer = try await ObsClient.connect(socketPath: d.socketPath)

@@ -36,30 +36,49 @@ final class TestDaemon: @unchecked Sendable {
     let directory: String
     let socketPath: String
     let logPath: String
-    let arguments: [String]
+    var arguments: [String]
+    var environment: [String: String] = [:]
+    /// The data directory (`<directory>/data`), or nil with `--in-memory`.
+    let dataDirectory: String?
     private(set) var process: Process
 
-    /// Starts obsd with `arguments` added to `--socket` (and `--data-dir`), and waits until it accepts connections.
-    static func start(_ arguments: [String] = [], directory: String? = nil) async throws -> TestDaemon {
+    /// Starts obsd with `arguments` added to `--socket` (and `--data-dir` unless `inMemory`),
+    /// and waits until it accepts connections.
+    static func start(
+        _ arguments: [String] = [], directory: String? = nil, inMemory: Bool = false, environment: [String: String] = [:],
+        dataDirectory: String? = nil
+    ) async throws -> TestDaemon {
         let dir = directory ?? makeTemporaryDirectory()
-        let daemon = TestDaemon(directory: dir, arguments: arguments)
+        let data = inMemory ? nil : (dataDirectory ?? dir + "/data")
+        let daemon = TestDaemon(directory: dir, arguments: arguments, dataDirectory: data)
+        daemon.environment = environment
         try await daemon.launch()
         return daemon
     }
 
-    private init(directory: String, arguments: [String]) {
+    private init(directory: String, arguments: [String], dataDirectory: String?) {
         self.directory = directory
         self.socketPath = directory + "/obsd.sock"
         self.logPath = directory + "/obsd.log"
         self.arguments = arguments
+        self.dataDirectory = dataDirectory
         self.process = Process()
+    }
+
+    /// The arguments obsd is started with.
+    var commandLine: [String] {
+        ["--socket", socketPath, "--log-level", "debug"]
+            + (dataDirectory.map { ["--data-dir", $0] } ?? ["--in-memory"]) + arguments
     }
 
     /// Starts (or restarts) the process and waits until the socket answers.
     func launch() async throws {
         let process = Process()
         process.executableURL = URL(fileURLWithPath: BuildProducts.path("obsd"))
-        process.arguments = ["--socket", socketPath, "--data-dir", directory + "/data", "--log-level", "debug"] + arguments
+        process.arguments = commandLine
+        if !environment.isEmpty {
+            process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 }
+        }
         _ = FileManager.default.createFile(atPath: logPath, contents: nil)
         let log = try FileHandle(forWritingTo: URL(fileURLWithPath: logPath))
         log.seekToEndOfFile()
@@ -109,6 +128,11 @@ final class TestDaemon: @unchecked Sendable {
     var log: String { (try? String(contentsOfFile: logPath, encoding: .utf8)) ?? "" }
 
     func connect() throws -> WireConnection { try WireConnection(path: socketPath) }
+
+    /// Runs obsd once more on the same directories and returns how it ended (for start-up errors).
+    func runToCompletion() throws -> CommandResult {
+        try run(BuildProducts.path("obsd"), commandLine, environment: ProcessInfo.processInfo.environment.merging(environment) { $1 })
+    }
 
     deinit {
         if process.isRunning {

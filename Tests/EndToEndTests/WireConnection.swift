@@ -148,4 +148,10 @@ extension JSONObject {
     /// The `error.code` of an error reply.
     var errorCode: String? { self["error"]?.objectValue?["code"]?.stringValue }
     var ok: Bool { self["ok"] == true }
+    /// The message without its `id`, to compare replies to different requests.
+    var withoutID: JSONObject {
+        var copy = self
+        copy["id"] = nil
+        return copy
+    }
 }
