@@ -63,7 +63,7 @@ let package = Package(
         .executableTarget(
             name: "obsbench",
             dependencies: [
-                "ObsProtocol",
+                "ObsProtocol", "ObsClient",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),

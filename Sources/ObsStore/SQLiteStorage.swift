@@ -217,7 +217,7 @@ private final class Committer {
     func commit(_ batch: [SQLiteStorage.Queued]) {
         do throws(StorageError) {
             try connection.execute("BEGIN IMMEDIATE")
-            for item in batch { try write(item.record) }
+            try write(batch)
             let fault = FaultInjection.current(options.faultFile)
             if case .beforeCommit(let kind) = fault { throw StorageError(kind, "\(connection.path): injected fault (\(kind))") }
             try connection.execute("COMMIT")
@@ -236,35 +236,53 @@ private final class Committer {
         }
     }
 
-    private func write(_ record: RevisionRecord) throws(StorageError) {
-        let repo = try repoID(record.repo)
-        let rev = Int64(bitPattern: record.revision)
-        setRepoRevision.bind(1, repo)
-        setRepoRevision.bind(2, rev)
-        try setRepoRevision.run()
-        for change in record.changes {
-            if let new = change.new {
-                upsertEntry.bind(1, repo)
-                change.key.withUTF8 { upsertEntry.bind(2, bytes: $0) }
-                upsertEntry.bind(3, bytes: new.bytes)
-                upsertEntry.bind(4, rev)
-                try upsertEntry.run()
-            } else {
-                deleteEntry.bind(1, repo)
-                change.key.withUTF8 { deleteEntry.bind(2, bytes: $0) }
-                try deleteEntry.run()
+    /// Writes a batch: per record its history row; per repository its final revision, the
+    /// final state of each key the batch touched, and one history trim.
+    private func write(_ batch: [SQLiteStorage.Queued]) throws(StorageError) {
+        // Per repository: its id, last revision in the batch, and each touched key's final
+        // value (nil: deleted) with the revision that set it.
+        var repos: [String: (id: Int64, last: UInt64, keys: [Key: (value: StoredValue?, rev: UInt64)])] = [:]
+        var order: [String] = []
+        for item in batch {
+            let record = item.record
+            if repos[record.repo] == nil {
+                repos[record.repo] = (try repoID(record.repo), 0, [:])
+                order.append(record.repo)
             }
+            let id = repos[record.repo]!.id
+            repos[record.repo]!.last = record.revision
+            for change in record.changes { repos[record.repo]!.keys[change.key] = (change.new, record.revision) }
+            guard options.historyLimit > 0 else { continue }
+            insertHistory.bind(1, id)
+            insertHistory.bind(2, Int64(bitPattern: record.revision))
+            insertHistory.bind(3, record.time)
+            record.changesJSON.withUnsafeBufferPointer { insertHistory.bind(4, bytes: $0) }
+            try insertHistory.run()
         }
-        guard options.historyLimit > 0 else { return }
-        insertHistory.bind(1, repo)
-        insertHistory.bind(2, rev)
-        insertHistory.bind(3, record.time)
-        record.changesJSON.withUnsafeBufferPointer { insertHistory.bind(4, bytes: $0) }
-        try insertHistory.run()
-        if record.revision > UInt64(options.historyLimit) {
-            trimHistory.bind(1, repo)
-            trimHistory.bind(2, rev - Int64(options.historyLimit))
-            try trimHistory.run()
+        for name in order {
+            let (id, last, keys) = repos[name]!
+            let rev = Int64(bitPattern: last)
+            setRepoRevision.bind(1, id)
+            setRepoRevision.bind(2, rev)
+            try setRepoRevision.run()
+            for (key, final) in keys {
+                if let value = final.value {
+                    upsertEntry.bind(1, id)
+                    key.withUTF8 { upsertEntry.bind(2, bytes: $0) }
+                    upsertEntry.bind(3, bytes: value.bytes)
+                    upsertEntry.bind(4, Int64(bitPattern: final.rev))
+                    try upsertEntry.run()
+                } else {
+                    deleteEntry.bind(1, id)
+                    key.withUTF8 { deleteEntry.bind(2, bytes: $0) }
+                    try deleteEntry.run()
+                }
+            }
+            if options.historyLimit > 0, last > UInt64(options.historyLimit) {
+                trimHistory.bind(1, id)
+                trimHistory.bind(2, rev - Int64(options.historyLimit))
+                try trimHistory.run()
+            }
         }
     }
 
