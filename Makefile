@@ -3,12 +3,24 @@
 SWIFT ?= swift
 RELEASE := .build/release
 
-.PHONY: all build run test unit-test tsan bench deps clean
+.PHONY: all build run test unit-test tsan bench deps install uninstall clean
+
+# Install layout (make install PREFIX=/usr DESTDIR=/tmp/pkg).
+PREFIX ?= /usr/local
+DESTDIR ?=
+BINDIR ?= $(PREFIX)/bin
+SYSCONFDIR ?= /etc
+UNITDIR ?= $(PREFIX)/lib/systemd/system
+USERUNITDIR ?= $(PREFIX)/lib/systemd/user
+SYSUSERSDIR ?= $(PREFIX)/lib/sysusers.d
+DOCDIR ?= $(PREFIX)/share/doc/obsd
+# Units name /usr/local/bin and /etc/obsd; install rewrites them for this layout.
+UNIT_PATHS := sed -e 's|/usr/local/bin/|$(BINDIR)/|g' -e 's|/etc/obsd/|$(SYSCONFDIR)/obsd/|g'
 
 all: build
 
 # Debian packages the build needs; installed when missing (apt lists refreshed if needed).
-DEB_PACKAGES := libsqlite3-dev pkg-config
+DEB_PACKAGES := libsqlite3-dev libsystemd-dev pkg-config systemd strace
 
 deps:
 	@command -v $(SWIFT) >/dev/null || { echo "swift is not installed (expected Swift 6.x at /opt/swift)"; exit 1; }
@@ -36,6 +48,31 @@ unit-test: deps
 
 tsan: deps
 	$(SWIFT) test --scratch-path .build-tsan --sanitize=thread --filter ObservableKitTests
+
+# Binaries, systemd units (system and user), the sysusers entry, and the configuration
+# file (kept if one is already installed). Then: systemd-sysusers; systemctl daemon-reload;
+# systemctl enable --now obsd.socket
+install: build
+	install -Dm755 $(RELEASE)/obsd $(DESTDIR)$(BINDIR)/obsd
+	install -Dm755 $(RELEASE)/obsctl $(DESTDIR)$(BINDIR)/obsctl
+	install -d $(DESTDIR)$(UNITDIR) $(DESTDIR)$(USERUNITDIR)
+	$(UNIT_PATHS) systemd/obsd.service > $(DESTDIR)$(UNITDIR)/obsd.service
+	$(UNIT_PATHS) systemd/obsd.socket > $(DESTDIR)$(UNITDIR)/obsd.socket
+	$(UNIT_PATHS) systemd/user/obsd.service > $(DESTDIR)$(USERUNITDIR)/obsd.service
+	$(UNIT_PATHS) systemd/user/obsd.socket > $(DESTDIR)$(USERUNITDIR)/obsd.socket
+	chmod 644 $(DESTDIR)$(UNITDIR)/obsd.* $(DESTDIR)$(USERUNITDIR)/obsd.*
+	install -Dm644 systemd/obsd.sysusers.conf $(DESTDIR)$(SYSUSERSDIR)/obsd.conf
+	[ -e $(DESTDIR)$(SYSCONFDIR)/obsd/obsd.toml ] || install -Dm644 config/obsd.toml $(DESTDIR)$(SYSCONFDIR)/obsd/obsd.toml
+	install -Dm644 README.md $(DESTDIR)$(DOCDIR)/README.md
+	install -Dm644 docs/PROTOCOL.md $(DESTDIR)$(DOCDIR)/PROTOCOL.md
+
+uninstall:
+	rm -f $(DESTDIR)$(BINDIR)/obsd $(DESTDIR)$(BINDIR)/obsctl
+	rm -f $(DESTDIR)$(UNITDIR)/obsd.service $(DESTDIR)$(UNITDIR)/obsd.socket
+	rm -f $(DESTDIR)$(USERUNITDIR)/obsd.service $(DESTDIR)$(USERUNITDIR)/obsd.socket
+	rm -f $(DESTDIR)$(SYSUSERSDIR)/obsd.conf
+	rm -rf $(DESTDIR)$(DOCDIR)
+	@echo "kept $(SYSCONFDIR)/obsd/obsd.toml and the data in /var/lib/obsd"
 
 # Benchmarks, side by side with Redis in one run (installs redis-server when missing).
 bench: build

@@ -16,6 +16,7 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-log.git", from: "1.16.2"),
         .package(url: "https://github.com/apple/swift-argument-parser.git", from: "1.8.2"),
         .package(url: "https://github.com/swift-server/swift-service-lifecycle.git", from: "2.13.0"),
+        .package(url: "https://github.com/LebJe/TOMLKit.git", from: "0.6.0"),
     ],
     targets: [
         // Core observation types: keys, changes, keyed state, observer sets, repository. No I/O.
@@ -27,6 +28,11 @@ let package = Package(
         // What the daemon persists and how: stored values, revision records, the storage
         // boundary, and the SQLite store with group commit.
         .target(name: "ObsStore", dependencies: ["ObservableKit", "ObsProtocol", "CSQLite"]),
+        // libsystemd (libsystemd-dev) and the small Swift module over it: notify, listen fds, journal.
+        .systemLibrary(name: "CSystemd", pkgConfig: "libsystemd", providers: [.apt(["libsystemd-dev"])]),
+        .target(name: "Systemd", dependencies: ["CSystemd", .product(name: "Logging", package: "swift-log")]),
+        // The daemon's settings: defaults, configuration file (TOML), environment, flags.
+        .target(name: "ObsConfig", dependencies: [.product(name: "TOMLKit", package: "TOMLKit")]),
         // The daemon: SwiftNIO server, subscriptions, fan-out, history.
         .target(
             name: "ObsServer",
@@ -48,10 +54,11 @@ let package = Package(
         .executableTarget(
             name: "obsd",
             dependencies: [
-                "ObsServer", "ObsStore",
+                "ObsServer", "ObsStore", "ObsConfig", "Systemd", "ObservableKit",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(name: "UnixSignals", package: "swift-service-lifecycle"),
             ]),
         .executableTarget(
             name: "obsctl",
@@ -71,8 +78,11 @@ let package = Package(
 
         .testTarget(name: "ObservableKitTests", dependencies: ["ObservableKit"]),
         .testTarget(name: "ObsProtocolTests", dependencies: ["ObsProtocol", "ObservableKit"]),
+        .testTarget(name: "ObsConfigTests", dependencies: ["ObsConfig"]),
+        .target(name: "TestSupport", path: "Tests/TestSupport"),
+        .testTarget(name: "SystemdTests", dependencies: ["Systemd", "TestSupport", .product(name: "Logging", package: "swift-log")]),
         // Starts the real obsd binary on a temporary socket; drives it over raw sockets,
         // through ObsClient and through obsctl.
-        .testTarget(name: "EndToEndTests", dependencies: ["ObsClient", "ObsProtocol", "ObservableKit", "obsd", "obsctl"]),
+        .testTarget(name: "EndToEndTests", dependencies: ["ObsClient", "ObsProtocol", "ObservableKit", "TestSupport", "obsd", "obsctl"]),
     ]
 )

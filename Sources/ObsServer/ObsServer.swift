@@ -1,9 +1,10 @@
-// ObsServer — the daemon as a `Service`: configuration, binding the socket, serving
-// connections on SwiftNIO event loops, and graceful shutdown.
+// ObsServer — the daemon as a `Service`: configuration, listening (binding a path or
+// adopting sockets passed by socket activation), serving connections on SwiftNIO event
+// loops, a heartbeat that proves every event loop still runs, and graceful shutdown.
 //
 // Module map: `Hub` (repositories, counters) → `Repository` (state, index, delivery,
-// history) → `Outbox` (per-connection ordered output) ← `Session` (request execution)
-// ← `ConnectionHandler` (framing, backpressure) ← `ObsServer` (this file).
+// history, durability) → `Outbox` (per-connection ordered output) ← `Session` (request
+// execution) ← `ConnectionHandler` (framing, backpressure) ← `ObsServer` (this file).
 
 import Logging
 import NIOCore
@@ -12,72 +13,137 @@ import ObsProtocol
 import ObsStore
 import ObservableKit
 import ServiceLifecycle
+import Synchronization
 
-/// Everything the daemon can be configured with, with its defaults.
-public struct ServerConfiguration: Sendable {
-    /// The Unix socket to serve.
-    public var socketPath: String
-    /// Permission bits of the socket file.
-    public var socketMode: UInt32 = 0o660
+/// Where the daemon accepts connections.
+public enum Listener: Sendable, Equatable {
+    /// Bind this path (creating its directory, replacing a stale socket).
+    case path(String)
+    /// Serve these already-bound, listening sockets (passed by systemd socket activation).
+    case inherited([Int32])
+}
+
+/// Limits that apply to each connection. Reloadable: new connections get the new ones.
+public struct ConnectionLimits: Sendable, Equatable {
     /// The longest request line, in bytes before the `\n`.
     public var maxLine: Int = ProtocolRules.defaultMaxLine
     /// The deepest nesting of arrays and objects accepted in a request.
     public var maxDepth: Int = JSONParser.defaultMaxDepth
-    /// Where repositories are kept.
-    public var storage: StorageConfiguration = .inMemory
-    /// Revisions kept per repository for `since` replay.
-    public var historyLimit: Int = 10_000
-    /// History older than this is dropped (nil: kept until pushed out by `historyLimit`).
-    public var historyMaxAge: Duration? = nil
     /// A connection's outgoing queue limit, in bytes.
-    public var outboxMaxBytes: Int = 16 << 20
+    public var queueBytes: Int = 16 << 20
     /// A connection's outgoing queue limit, in events.
-    public var outboxMaxEvents: Int = 100_000
+    public var queueEvents: Int = 100_000
     /// How long an overflowed connection may take to read its last messages.
     public var overflowGrace: Duration = .seconds(30)
-    /// Event-loop threads.
-    public var threads: Int = System.coreCount
 
-    public init(socketPath: String) {
-        self.socketPath = socketPath
-    }
+    public init() {}
 }
 
 /// Where the daemon keeps repositories.
 public enum StorageConfiguration: Sendable {
     /// Nothing persists (tests, ephemeral buses).
     case inMemory
-    /// SQLite in `directory`, with the given sync policy. `faultFile` is a test seam (see
-    /// `SQLiteStorage.Options.faultFile`); leave it nil.
-    case sqlite(directory: String, sync: SyncPolicy, faultFile: String? = nil)
+    /// SQLite in `directory`, with the given sync policy.
+    case sqlite(directory: String, sync: SyncPolicy)
+}
+
+/// Everything the daemon can be configured with, with its defaults.
+public struct ServerConfiguration: Sendable {
+    public var listener: Listener
+    /// Permission bits of a socket file the daemon binds itself.
+    public var socketMode: UInt32 = 0o660
+    /// Owner and group of a socket file the daemon binds itself (names or numeric ids).
+    public var socketUser: String? = nil
+    public var socketGroup: String? = nil
+    public var limits = ConnectionLimits()
+    /// Where repositories are kept.
+    public var storage: StorageConfiguration = .inMemory
+    /// Revisions kept per repository for `since` replay.
+    public var historyLimit: Int = 10_000
+    /// History older than this is dropped (nil: kept until pushed out by `historyLimit`).
+    public var historyMaxAge: Duration? = nil
+    /// Event-loop threads.
+    public var threads: Int = System.coreCount
+    /// How often to prove the event loops alive (for a watchdog); nil: never.
+    public var heartbeatInterval: Duration? = nil
+    /// Test seam: a file whose content injects faults (see `FaultInjection`); nil in production.
+    public var faultFile: String? = nil
+
+    /// Serves `socketPath`.
+    public init(socketPath: String) {
+        self.listener = .path(socketPath)
+    }
+
+    public init(listener: Listener) {
+        self.listener = listener
+    }
+}
+
+/// What the server is doing, for status lines.
+public struct ServerStatus: Sendable, CustomStringConvertible {
+    public let connections: Int
+    public let subscriptions: Int
+    public let repositories: Int
+
+    public var description: String {
+        "\(connections) connection\(connections == 1 ? "" : "s"), \(subscriptions) subscription\(subscriptions == 1 ? "" : "s"), "
+            + "\(repositories) repositor\(repositories == 1 ? "y" : "ies")"
+    }
+}
+
+/// Told about the server's life: the place to notify a service manager.
+public protocol ServerObserver: Sendable {
+    /// The sockets accept connections and the store is open.
+    func serverDidStart(_ status: ServerStatus)
+    /// Every event loop ran a task within the last heartbeat interval.
+    func serverHeartbeat(_ status: ServerStatus)
+    /// Shutdown has begun.
+    func serverWillStop()
 }
 
 /// The obsd server.
 public final class ObsServer: Service, Sendable {
     /// The daemon's version, reported by `hello`.
-    public static let version = "0.1.0"
+    public static let version = "0.2.0"
 
     public let configuration: ServerConfiguration
     private let logger: Logger
-    private let onReady: (@Sendable () -> Void)?
+    private let observer: (any ServerObserver)?
+    private let limits: Locked<ConnectionLimits>
+    /// Set once serving, for `status`.
+    private let hub = Locked<Hub?>(nil)
 
-    /// - Parameter onReady: called once the socket accepts connections.
-    public init(configuration: ServerConfiguration, logger: Logger, onReady: (@Sendable () -> Void)? = nil) {
+    public init(configuration: ServerConfiguration, logger: Logger, observer: (any ServerObserver)? = nil) {
         self.configuration = configuration
         self.logger = logger
-        self.onReady = onReady
+        self.observer = observer
+        self.limits = Locked(configuration.limits)
+    }
+
+    /// Applies new connection limits to connections accepted from now on.
+    public func reload(limits: ConnectionLimits) {
+        self.limits.withLock { $0 = limits }
+        logger.info("connection limits reloaded", metadata: ["maxLine": "\(limits.maxLine)", "queueBytes": "\(limits.queueBytes)"])
+    }
+
+    /// What the server is doing now (zeros before it serves).
+    public var status: ServerStatus {
+        guard let hub = hub.withLock({ $0 }) else { return ServerStatus(connections: 0, subscriptions: 0, repositories: 0) }
+        return ServerStatus(
+            connections: hub.stats.connections.load(ordering: .relaxed),
+            subscriptions: max(0, hub.stats.subscriptions.load(ordering: .relaxed)), repositories: hub.repositoryCount)
     }
 
     private func openStorage() throws(StorageError) -> any Storage {
         switch configuration.storage {
         case .inMemory:
             return InMemoryStorage()
-        case .sqlite(let directory, let sync, let faultFile):
+        case .sqlite(let directory, let sync):
             var options = SQLiteStorage.Options(directory: directory)
             options.sync = sync
-            options.faultFile = faultFile
             options.historyLimit = configuration.historyLimit
             options.historyMaxAge = configuration.historyMaxAge
+            options.faultFile = configuration.faultFile
             return try SQLiteStorage(options: options)
         }
     }
@@ -89,7 +155,7 @@ public final class ObsServer: Service, Sendable {
         let storage: any Storage
         let hub: Hub
         do {
-            try SocketFile.prepare(config.socketPath)
+            if case .path(let path) = config.listener { try SocketFile.prepare(path) }
             storage = try openStorage()
             hub = try Hub(
                 historyLimit: config.historyLimit, historyMaxAge: config.historyMaxAge?.components.seconds, storage: storage,
@@ -105,54 +171,128 @@ public final class ObsServer: Service, Sendable {
                 "storage": "\(storage.summary)", "repositories": "\(repositories)", "keys": "\(keys)",
                 "loadSeconds": "\(ContinuousClock.now - opened)",
             ])
-        let connections = ConnectionRegistry()
-        let limits = OutboxLimits(
-            maxBytes: config.outboxMaxBytes, maxEvents: config.outboxMaxEvents,
-            grace: TimeAmount(config.overflowGrace))
-        let settings = SessionSettings(maxLine: config.maxLine, maxDepth: config.maxDepth, startTime: .now)
-        let logger = self.logger
 
-        let channel: any Channel
+        let connections = ConnectionRegistry()
+        let listeners: [any Channel]
+        var ownSocket: (path: String, identity: SocketFile.Identity?)? = nil
         do {
-            channel = try await ServerBootstrap(group: group)
-                .serverChannelOption(.backlog, value: 1024)
-                .childChannelOption(.maxMessagesPerRead, value: 16)
-                .childChannelInitializer { child in
-                    connections.add(child)
-                    return child.eventLoop.makeCompletedFuture {
-                        try child.pipeline.syncOperations.addHandler(
-                            ConnectionHandler(hub: hub, limits: limits, settings: settings, logger: logger))
-                    }
-                }
-                .bind(unixDomainSocketPath: config.socketPath).get()
-            try SocketFile.setMode(config.socketPath, config.socketMode)
+            listeners = try await listen(group: group, hub: hub, connections: connections)
+            if case .path(let path) = config.listener {
+                try SocketFile.setOwnership(path, mode: config.socketMode, user: config.socketUser, group: config.socketGroup)
+                ownSocket = (path, SocketFile.identity(of: path))
+            }
         } catch {
             storage.close()
             try? await group.shutdownGracefully()
             throw error
         }
-        let identity = SocketFile.identity(of: config.socketPath)
+        self.hub.withLock { $0 = hub }
         logger.info(
             "obsd serving",
-            metadata: ["socket": "\(config.socketPath)", "version": "\(Self.version)", "threads": "\(config.threads)"])
-        onReady?()
+            metadata: ["listener": "\(config.listener)", "version": "\(Self.version)", "threads": "\(config.threads)"])
+        observer?.serverDidStart(status)
 
+        let closeAll: @Sendable () -> Void = { for listener in listeners { listener.close(promise: nil) } }
         await withTaskCancellationHandler {
             await withGracefulShutdownHandler {
-                try? await channel.closeFuture.get()
+                await withTaskGroup(of: Void.self) { tasks in
+                    if let interval = config.heartbeatInterval {
+                        tasks.addTask { await self.beat(every: interval, loops: group) }
+                    }
+                    for listener in listeners { try? await listener.closeFuture.get() }
+                    tasks.cancelAll()
+                }
             } onGracefulShutdown: {
-                channel.close(promise: nil)
+                closeAll()
             }
         } onCancel: {
-            channel.close(promise: nil)
+            closeAll()
         }
 
+        observer?.serverWillStop()
         logger.info("obsd shutting down", metadata: ["connections": "\(connections.count)"])
-        SocketFile.remove(config.socketPath, ifStill: identity)
+        if let ownSocket { SocketFile.remove(ownSocket.path, ifStill: ownSocket.identity) }
         await connections.closeAll()
         storage.close()
         try await group.shutdownGracefully()
         logger.info("obsd stopped")
+    }
+
+    /// Binds the configured path, or adopts the inherited sockets.
+    private func listen(group: MultiThreadedEventLoopGroup, hub: Hub, connections: ConnectionRegistry) async throws -> [any Channel] {
+        let (limits, logger) = (self.limits, self.logger)
+        let startTime = ContinuousClock.now
+        let bootstrap = ServerBootstrap(group: group)
+            .serverChannelOption(.backlog, value: 1024)
+            .childChannelOption(.maxMessagesPerRead, value: 16)
+            .childChannelInitializer { child in
+                connections.add(child)
+                let current = limits.withLock { $0 }
+                return child.eventLoop.makeCompletedFuture {
+                    try child.pipeline.syncOperations.addHandler(
+                        ConnectionHandler(
+                            hub: hub,
+                            limits: OutboxLimits(maxBytes: current.queueBytes, maxEvents: current.queueEvents, grace: TimeAmount(current.overflowGrace)),
+                            settings: SessionSettings(maxLine: current.maxLine, maxDepth: current.maxDepth, startTime: startTime),
+                            logger: logger))
+                }
+            }
+        switch configuration.listener {
+        case .path(let path):
+            return [try await bootstrap.bind(unixDomainSocketPath: path).get()]
+        case .inherited(let descriptors):
+            var channels: [any Channel] = []
+            for fd in descriptors { channels.append(try await bootstrap.withBoundSocket(fd).get()) }
+            return channels
+        }
+    }
+
+    /// Every `interval`, checks that every event loop ran the task it was last given, and
+    /// if so reports a heartbeat and gives each a new one. A wedged loop stops the beats.
+    private func beat(every interval: Duration, loops: MultiThreadedEventLoopGroup) async {
+        let all = Array(loops.makeIterator())
+        let faultFile = configuration.faultFile
+        var round = HeartbeatRound(loops: all, faultFile: faultFile)
+        var warned = false
+        while true {
+            do { try await Task.sleep(for: interval) } catch { return }  // cancelled: shutting down
+            if round.isComplete {
+                if warned { logger.notice("event loops respond again; watchdog pings resume") }
+                warned = false
+                observer?.serverHeartbeat(status)
+                round = HeartbeatRound(loops: all, faultFile: faultFile)
+            } else if !warned {
+                warned = true
+                logger.error("an event loop has not run a task for \(interval); withholding the watchdog ping")
+            }
+        }
+    }
+}
+
+/// One round of heartbeat tasks, one per event loop.
+private struct HeartbeatRound {
+    private let answered: Counter
+    private let expected: Int
+
+    init(loops: [any EventLoop], faultFile: String?) {
+        let answered = Counter()
+        self.answered = answered
+        self.expected = loops.count
+        for loop in loops {
+            loop.execute {
+                // Test seam: "wedge-event-loop" in the fault file blocks this loop until removed.
+                while let faultFile, FaultInjection.content(faultFile) == "wedge-event-loop" { usleep(20_000) }
+                answered.increment()
+            }
+        }
+    }
+
+    var isComplete: Bool { answered.value == expected }
+
+    private final class Counter: Sendable {
+        private let count = Atomic<Int>(0)
+        func increment() { count.add(1, ordering: .releasing) }
+        var value: Int { count.load(ordering: .acquiring) }
     }
 }
 
@@ -177,3 +317,7 @@ final class ConnectionRegistry: Sendable {
         for channel in all { try? await channel.closeFuture.get() }
     }
 }
+
+#if canImport(Glibc)
+import Glibc
+#endif

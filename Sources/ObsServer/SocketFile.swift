@@ -60,8 +60,24 @@ enum SocketFile {
         unlink(path)
     }
 
-    /// Sets the socket file's permission bits.
-    static func setMode(_ path: String, _ mode: UInt32) throws {
+    /// Sets the socket file's permission bits and, when given, its owner and group
+    /// (names, or numeric ids).
+    static func setOwnership(_ path: String, mode: UInt32, user: String?, group: String?) throws {
+        if user != nil || group != nil {
+            let uid = try user.map { name throws -> uid_t in
+                if let id = uid_t(name) { return id }
+                guard let entry = getpwnam(name) else { throw SocketPathError(description: "socket.user: no user named \(name)") }
+                return entry.pointee.pw_uid
+            } ?? uid_t.max  // -1: leave unchanged
+            let gid = try group.map { name throws -> gid_t in
+                if let id = gid_t(name) { return id }
+                guard let entry = getgrnam(name) else { throw SocketPathError(description: "socket.group: no group named \(name)") }
+                return entry.pointee.gr_gid
+            } ?? gid_t.max
+            guard chown(path, uid, gid) == 0 else {
+                throw SocketPathError(description: "cannot set the owner of \(path) to \(user ?? "-"):\(group ?? "-"): \(errnoText())")
+            }
+        }
         guard chmod(path, mode_t(mode)) == 0 else {
             throw SocketPathError(description: "cannot set mode \(String(mode, radix: 8)) on \(path): \(errnoText())")
         }

@@ -359,25 +359,32 @@ private final class Committer {
 
 // MARK: - Fault injection
 
-/// Test seam: when `Options.faultFile` is set and that file exists, its content makes the
-/// next commits fail — `commit full`, `commit readonly` or `commit io` before COMMIT (the
-/// transaction is rolled back, as with a real ENOSPC, EROFS or EIO), or `after-commit`:
-/// COMMIT succeeds but an error is reported (as when a write reached the file and a later
-/// fsync failed). Removing the file ends the fault. Never set in production.
-enum FaultInjection: Equatable {
+/// Test seam for failures that cannot be produced on demand. When the daemon was started
+/// with `$OBSD_FAULT_FILE` and that file exists, its content injects a fault until the file
+/// is removed: `commit full`, `commit readonly` or `commit io` fail each commit before
+/// COMMIT (the transaction is rolled back, as with a real ENOSPC, EROFS or EIO);
+/// `after-commit` lets COMMIT succeed but reports an error (as when a write reached the file
+/// and a later fsync failed); `wedge-event-loop` blocks the server's heartbeat task, as a
+/// wedged event loop would be. Never set in production.
+public enum FaultInjection: Equatable {
     case none
     case beforeCommit(StorageError.Kind)
     case afterCommit
 
-    static func current(_ path: String?) -> FaultInjection {
-        guard let path else { return .none }
+    /// The fault file's content, trimmed; nil when there is no file.
+    public static func content(_ path: String) -> String? {
         let fd = open(path, O_RDONLY | O_CLOEXEC)
-        guard fd >= 0 else { return .none }
+        guard fd >= 0 else { return nil }
         defer { close(fd) }
         var buffer = [UInt8](repeating: 0, count: 64)
         let n = read(fd, &buffer, buffer.count)
-        guard n > 0 else { return .none }
-        switch String(decoding: buffer[..<n], as: UTF8.self).trimmingWhitespace {
+        guard n >= 0 else { return nil }
+        return String(decoding: buffer[..<n], as: UTF8.self).trimmingWhitespace
+    }
+
+    static func current(_ path: String?) -> FaultInjection {
+        guard let path, let content = content(path) else { return .none }
+        switch content {
         case "commit full": return .beforeCommit(.full)
         case "commit readonly": return .beforeCommit(.readOnly)
         case "commit io": return .beforeCommit(.io)

@@ -1,17 +1,18 @@
-// obsd — the daemon executable: parses flags, sets up logging, runs the server until
-// SIGTERM or SIGINT, then shuts down gracefully and exits 0.
+// obsd — the daemon executable: reads its settings (flags > environment > file >
+// defaults), sets up logging, takes sockets passed by systemd, and runs the server until
+// SIGTERM or SIGINT (exit 0). SIGHUP reloads the configuration file.
 
 import ArgumentParser
 import Logging
+import ObsConfig
 import ObsProtocol
 import ObsServer
 import ObsStore
 import ServiceLifecycle
+import Systemd
 
 #if canImport(Glibc)
 import Glibc
-#elseif canImport(Darwin)
-import Darwin
 #endif
 
 @main
@@ -20,113 +21,126 @@ struct Obsd: AsyncParsableCommand {
         commandName: "obsd",
         abstract: "Event-bus daemon: keyed observable repositories over a Unix socket.",
         discussion: """
-            Clients speak line-delimited JSON on the socket (see docs/PROTOCOL.md); obsctl is the CLI.
-            The socket path is, in order: --socket, $OBSD_SOCKET, $XDG_RUNTIME_DIR/obsd.sock, /run/obsd/obsd.sock.
-            SIGTERM or SIGINT shut the daemon down gracefully (exit status 0).
+            Every setting has a built-in default, a key in the configuration file (config/obsd.toml documents them all),
+            an environment variable and a flag; flags win over the environment, the environment over the file.
+            Clients speak line-delimited JSON on the socket (docs/PROTOCOL.md); obsctl is the CLI.
+            SIGTERM or SIGINT stop the daemon gracefully (exit 0); SIGHUP reloads the log level and connection limits.
+            Exit status: 0 stopped, 1 failed, 64 bad flags, 78 bad configuration.
             """,
         version: ObsServer.version)
 
-    @Option(help: ArgumentHelp("The Unix socket to serve.", valueName: "path"))
-    var socket: String?
-
-    @Option(help: ArgumentHelp(
-        "Directory for persistent data (default: $STATE_DIRECTORY under systemd, /var/lib/obsd for root, else $XDG_STATE_HOME/obsd or ~/.local/state/obsd).",
-        valueName: "dir"))
-    var dataDir: String?
-
-    @Flag(help: "Keep repositories in memory only: nothing survives a restart.")
-    var inMemory = false
-
-    @Option(help: ArgumentHelp(
-        "When a write is acknowledged: always (fsync first; concurrent writes share one fsync) or relaxed (after write(2); fsync every --sync-interval).",
-        valueName: "policy"))
-    var sync: String = "always"
-
-    @Option(help: ArgumentHelp("With --sync relaxed: the longest time between fsyncs, in milliseconds.", valueName: "ms"))
-    var syncInterval: Int = 1000
-
-    @Option(help: ArgumentHelp("Configuration file. (Not supported yet: every setting has a flag.)", valueName: "file"))
+    @Option(help: ArgumentHelp("Configuration file (default: none; also $OBSD_CONFIG).", valueName: "file"))
     var config: String?
 
-    @Option(help: ArgumentHelp("Log level: trace, debug, info, notice, warning, error, critical.", valueName: "level"))
-    var logLevel: String = "info"
+    @Option(help: ArgumentHelp("Check a configuration file, print the settings it yields, and exit.", valueName: "file"))
+    var checkConfig: String?
 
-    @Option(help: ArgumentHelp("Longest request line in bytes.", valueName: "bytes"))
-    var maxLine: Int = ProtocolRules.defaultMaxLine
+    @Option(help: ArgumentHelp("The Unix socket to serve [socket.path].", valueName: "path"))
+    var socket: String?
 
-    @Option(help: ArgumentHelp("Revisions kept per repository for `since` replay.", valueName: "n"))
-    var historyLimit: Int = 10_000
+    @Option(help: ArgumentHelp("Permission bits of the socket file, octal [socket.mode, 0660].", valueName: "mode"))
+    var socketMode: String?
 
-    @Option(help: ArgumentHelp("Drop history older than this many seconds (0: no age limit).", valueName: "s"))
-    var historyMaxAge: Int = 0
+    @Option(help: ArgumentHelp("Directory for persistent data [storage.data-dir].", valueName: "dir"))
+    var dataDir: String?
 
-    @Option(help: ArgumentHelp("Outgoing queue limit per connection, in bytes.", valueName: "bytes"))
-    var queueBytes: Int = 16 << 20
+    @Flag(help: "Keep repositories in memory only: nothing survives a restart [storage.in-memory].")
+    var inMemory = false
 
-    @Option(help: ArgumentHelp("Outgoing queue limit per connection, in events.", valueName: "n"))
-    var queueEvents: Int = 100_000
+    @Option(help: ArgumentHelp("When a write is acknowledged: always or relaxed [storage.sync, always].", valueName: "policy"))
+    var sync: String?
 
-    @Option(help: ArgumentHelp("Seconds an overflowed connection may take to read its last messages.", valueName: "s"))
-    var overflowGrace: Int = 30
+    @Option(help: ArgumentHelp("With --sync relaxed: the longest time between fsyncs [storage.sync-interval-ms, 1000].", valueName: "ms"))
+    var syncInterval: Int?
 
-    @Option(help: ArgumentHelp("Event-loop threads (default: one per CPU).", valueName: "n"))
+    @Option(help: ArgumentHelp("Revisions kept per repository for `since` [history.limit, 10000].", valueName: "n"))
+    var historyLimit: Int?
+
+    @Option(help: ArgumentHelp("Drop history older than this; 0: no age limit [history.max-age-seconds, 0].", valueName: "s"))
+    var historyMaxAge: Int?
+
+    @Option(help: ArgumentHelp("Longest request line in bytes [limits.max-line, 1048576].", valueName: "bytes"))
+    var maxLine: Int?
+
+    @Option(help: ArgumentHelp("Outgoing queue limit per connection in bytes [limits.queue-bytes, 16777216].", valueName: "bytes"))
+    var queueBytes: Int?
+
+    @Option(help: ArgumentHelp("Outgoing queue limit per connection in events [limits.queue-events, 100000].", valueName: "n"))
+    var queueEvents: Int?
+
+    @Option(help: ArgumentHelp("Seconds an overflowed connection may take to read its last messages [limits.overflow-grace-seconds, 30].", valueName: "s"))
+    var overflowGrace: Int?
+
+    @Option(help: ArgumentHelp("trace, debug, info, notice, warning, error or critical [log.level, info].", valueName: "level"))
+    var logLevel: String?
+
+    @Option(help: ArgumentHelp("auto (the journal under systemd, else stderr), journal or stderr [log.target, auto].", valueName: "target"))
+    var logTarget: String?
+
+    @Option(help: ArgumentHelp("Event-loop threads; 0: one per CPU [server.threads, 0].", valueName: "n"))
     var threads: Int?
 
+    /// The flags given, by configuration key.
+    var flagLayer: [String: RawSetting] {
+        var flags: [String: RawSetting] = [:]
+        func put(_ key: String, _ value: String?) { if let value { flags[key] = .string(value) } }
+        func put(_ key: String, _ value: Int?) { if let value { flags[key] = .integer(value) } }
+        put("socket.path", socket)
+        put("socket.mode", socketMode)
+        put("storage.data-dir", dataDir)
+        if inMemory { flags["storage.in-memory"] = .boolean(true) }
+        put("storage.sync", sync)
+        put("storage.sync-interval-ms", syncInterval)
+        put("history.limit", historyLimit)
+        put("history.max-age-seconds", historyMaxAge)
+        put("limits.max-line", maxLine)
+        put("limits.queue-bytes", queueBytes)
+        put("limits.queue-events", queueEvents)
+        put("limits.overflow-grace-seconds", overflowGrace)
+        put("log.level", logLevel)
+        put("log.target", logTarget)
+        put("server.threads", threads)
+        return flags
+    }
+
     func validate() throws {
-        guard Logger.Level(rawValue: logLevel) != nil else {
-            throw ValidationError("unknown log level '\(logLevel)'; use trace, debug, info, notice, warning, error or critical")
-        }
-        if config != nil {
-            throw ValidationError("--config is not supported yet: configure obsd with flags")
-        }
-        guard maxLine >= 64 else { throw ValidationError("--max-line must be at least 64 bytes") }
-        guard historyLimit >= 0 else { throw ValidationError("--history-limit must not be negative") }
-        guard historyMaxAge >= 0 else { throw ValidationError("--history-max-age must not be negative") }
-        guard sync == "always" || sync == "relaxed" else { throw ValidationError("--sync must be always or relaxed, not '\(sync)'") }
-        guard syncInterval >= 1 else { throw ValidationError("--sync-interval must be at least 1 ms") }
         if inMemory && dataDir != nil { throw ValidationError("use one of --data-dir and --in-memory") }
-        guard queueBytes >= 4096 else { throw ValidationError("--queue-bytes must be at least 4096") }
-        guard queueEvents >= 1 else { throw ValidationError("--queue-events must be at least 1") }
-        guard overflowGrace >= 0 else { throw ValidationError("--overflow-grace must not be negative") }
-        if let threads, threads < 1 { throw ValidationError("--threads must be at least 1") }
     }
 
     func run() async throws {
+        let environment = ProcessEnvironment.current
+        let flags = flagLayer
+        if let checkConfig {
+            let settings = try Self.orExit { () throws(ConfigError) in try Self.load(file: checkConfig, environment: [:], flags: flags) }
+            print("\(checkConfig): OK")
+            for setting in Setting.all { print("\(setting.key) = \(setting.describe(settings))") }
+            return
+        }
+        let configPath = config ?? environment["OBSD_CONFIG"].flatMap { $0.isEmpty ? nil : $0 }
+        let settings = try Self.orExit { () throws(ConfigError) in try Self.load(file: configPath, environment: environment, flags: flags) }
+
         // Data files are the daemon's alone; the socket's mode is set explicitly.
         umask(0o077)
-        let level = Logger.Level(rawValue: logLevel) ?? .info
-        LoggingSystem.bootstrap { label in
-            var handler = StreamLogHandler.standardError(label: label)
-            handler.logLevel = level
-            return handler
-        }
+        let level = LogLevelSource(Logger.Level(rawValue: settings.logLevel) ?? .info)
+        let journal = Logging.useJournal(target: settings.logTarget, environment: environment)
+        LoggingSystem.bootstrap { label in Logging.handler(label: label, journal: journal, level: level) }
         let logger = Logger(label: "obsd")
-        let environment = ProcessEnvironment.current
 
-        var configuration = ServerConfiguration(
-            socketPath: SocketPath.resolve(explicit: socket, configured: nil, environment: environment))
-        configuration.maxLine = maxLine
-        configuration.historyLimit = historyLimit
-        configuration.historyMaxAge = historyMaxAge > 0 ? .seconds(historyMaxAge) : nil
-        if !inMemory {
-            guard let directory = dataDir ?? DataDirectory.defaultPath(environment: environment) else {
-                logger.critical("no data directory: set --data-dir (or HOME), or run with --in-memory")
-                throw ExitCode.failure
-            }
-            // OBSD_FAULT_FILE is a test seam for storage failures; see docs/DURABILITY.md.
-            configuration.storage = .sqlite(
-                directory: directory, sync: sync == "relaxed" ? .relaxed(interval: .milliseconds(syncInterval)) : .always,
-                faultFile: environment["OBSD_FAULT_FILE"])
+        let server: ObsServer
+        do {
+            server = ObsServer(
+                configuration: try Launch.serverConfiguration(settings, environment: environment, logger: logger),
+                logger: logger, observer: SystemdBridge(logger: logger))
+        } catch {
+            logger.critical("obsd cannot start: \(error)")
+            throw ExitCode(78)
         }
-        configuration.outboxMaxBytes = queueBytes
-        configuration.outboxMaxEvents = queueEvents
-        configuration.overflowGrace = .seconds(overflowGrace)
-        if let threads { configuration.threads = threads }
-
-        let server = ObsServer(configuration: configuration, logger: logger)
+        let reload = ReloadService(
+            server: server, logger: logger, level: level,
+            reread: { () throws(ConfigError) in try Self.load(file: configPath, environment: environment, flags: flags) })
         let group = ServiceGroup(
             configuration: .init(
-                services: [.init(service: server)],
+                services: [.init(service: server), .init(service: reload, successTerminationBehavior: .ignore)],
                 gracefulShutdownSignals: [.sigterm, .sigint],
                 logger: logger))
         do {
@@ -135,5 +149,30 @@ struct Obsd: AsyncParsableCommand {
             logger.critical("obsd failed: \(error)")
             throw ExitCode.failure
         }
+    }
+
+    /// Defaults ← file ← environment ← flags.
+    static func load(file path: String?, environment: [String: String], flags: [String: RawSetting]) throws(ConfigError) -> DaemonSettings {
+        let file = try path.map { (p) throws(ConfigError) in try ConfigFile.load(path: p) }
+        return try DaemonSettings.resolve(file: file, environment: environment, flags: flags)
+    }
+
+    /// Runs `body`; a configuration error is printed and exits with status 78 (EX_CONFIG).
+    static func orExit<T>(_ body: () throws(ConfigError) -> T) throws -> T {
+        do {
+            return try body()
+        } catch {
+            var stderr = StandardError()
+            print("obsd: \(error)", to: &stderr)
+            throw ExitCode(78)
+        }
+    }
+}
+
+/// Writes to standard error.
+struct StandardError: TextOutputStream {
+    mutating func write(_ string: String) {
+        var text = string
+        text.withUTF8 { _ = Glibc.write(2, $0.baseAddress, $0.count) }
     }
 }

@@ -3,6 +3,7 @@
 
 import Foundation
 import ObsProtocol
+import TestSupport
 import Testing
 
 #if canImport(Glibc)
@@ -70,8 +71,8 @@ import Glibc
         process.executableURL = URL(fileURLWithPath: BuildProducts.path("obsd"))
         process.arguments = ["--socket", nested, "--in-memory"]
         process.standardError = FileHandle.nullDevice
-        try process.run()
-        defer { process.terminate(); process.waitUntilExit() }
+        try process.startCleanly()
+        defer { process.stop() }
         let deadline = ContinuousClock.now + .seconds(20)
         while !FileManager.default.fileExists(atPath: nested), ContinuousClock.now < deadline {
             try await Task.sleep(for: .milliseconds(10))
@@ -91,13 +92,17 @@ import Glibc
     }
 
     @Test func badFlagsAreUsageErrors() throws {
+        // Values that fail the settings' checks are configuration errors (78) naming the flag.
         let result = try run(BuildProducts.path("obsd"), ["--log-level", "loud"])
-        #expect(result.status == 64)
-        #expect(result.stderr.contains("unknown log level"))
+        #expect(result.status == 78)
+        #expect(result.stderr.contains("--log-level: log.level must be one of trace, debug, info, notice, warning, error, critical, not \"loud\""))
+        let sync = try run(BuildProducts.path("obsd"), ["--sync", "sometimes"])
+        #expect(sync.status == 78 && sync.stderr.contains("--sync: storage.sync must be one of always, relaxed"))
+        // Contradictory or malformed flags are usage errors (64).
         let both = try run(BuildProducts.path("obsd"), ["--in-memory", "--data-dir", "/tmp/x"])
         #expect(both.status == 64 && both.stderr.contains("use one of --data-dir and --in-memory"))
-        let sync = try run(BuildProducts.path("obsd"), ["--sync", "sometimes"])
-        #expect(sync.status == 64 && sync.stderr.contains("--sync must be always or relaxed"))
+        let notANumber = try run(BuildProducts.path("obsd"), ["--max-line", "lots"])
+        #expect(notANumber.status == 64)
     }
 }
 
@@ -164,7 +169,7 @@ import Glibc
         watch.arguments = ["--socket", s, "watch", "ui", "theme", "--once"]
         let out = Pipe()
         watch.standardOutput = out
-        try watch.run()
+        try watch.startCleanly()
         // Wait until the watch's subscription is live (the daemon counts it), then write.
         let probe = try d.connect()
         let deadline = ContinuousClock.now + .seconds(20)
@@ -201,7 +206,7 @@ func obsctl(_ arguments: [String], socket: String, stopAfterLines: Int) throws -
     let out = Pipe()
     process.standardOutput = out
     process.standardError = FileHandle.nullDevice
-    try process.run()
+    try process.startCleanly()
     var collected = Data()
     let handle = out.fileHandleForReading
     while collected.filter({ $0 == 10 }).count < stopAfterLines {
@@ -209,7 +214,6 @@ func obsctl(_ arguments: [String], socket: String, stopAfterLines: Int) throws -
         if chunk.isEmpty { break }
         collected.append(chunk)
     }
-    process.terminate()
-    process.waitUntilExit()
+    process.stop()
     return CommandResult(status: process.terminationStatus, stdout: String(decoding: collected, as: UTF8.self), stderr: "")
 }

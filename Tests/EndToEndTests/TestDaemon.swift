@@ -2,6 +2,7 @@
 
 import Foundation
 import ObsProtocol
+import TestSupport
 
 #if canImport(Glibc)
 import Glibc
@@ -84,7 +85,7 @@ final class TestDaemon: @unchecked Sendable {
         log.seekToEndOfFile()
         process.standardError = log
         process.standardOutput = log
-        try process.run()
+        try process.startCleanly()
         self.process = process
         try await waitUntilServing()
     }
@@ -104,12 +105,10 @@ final class TestDaemon: @unchecked Sendable {
         throw TestFailure("obsd did not start serving \(socketPath) within 20 s:\n\(log)")
     }
 
-    /// Sends SIGTERM and waits for the exit status.
+    /// Sends SIGTERM and waits for the exit status (SIGKILL after 20 s: then not 0).
     @discardableResult
     func stop() -> Int32 {
-        guard process.isRunning else { return process.terminationStatus }
-        process.terminate()
-        process.waitUntilExit()
+        process.stop()
         return process.terminationStatus
     }
 
@@ -169,7 +168,7 @@ func run(_ executable: String, _ arguments: [String], environment: [String: Stri
     let err = Pipe()
     process.standardOutput = out
     process.standardError = err
-    try process.run()
+    try process.startCleanly()
     let stdout = out.fileHandleForReading.readDataToEndOfFile()
     let stderr = err.fileHandleForReading.readDataToEndOfFile()
     process.waitUntilExit()

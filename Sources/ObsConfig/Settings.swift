@@ -1,0 +1,205 @@
+// ObsConfig — the daemon's settings: their defaults, and how the configuration file,
+// the environment and command-line flags set them (flags > environment > file > defaults).
+//
+// One table (`Setting.all`) says, for each setting, its key in the file, its environment
+// variable, its flag, and how to read and check a value — so every source is validated the
+// same way and every error names the setting and where it came from.
+
+/// Every setting of the daemon, with its default.
+public struct DaemonSettings: Sendable, Equatable {
+    /// `socket.path`; nil: `$XDG_RUNTIME_DIR/obsd.sock`, else `/run/obsd/obsd.sock`.
+    public var socketPath: String? = nil
+    public var socketMode: UInt32 = 0o660
+    public var socketUser: String? = nil
+    public var socketGroup: String? = nil
+    /// `storage.data-dir`; nil: `$STATE_DIRECTORY`, `/var/lib/obsd` (root), `$XDG_STATE_HOME/obsd`, `~/.local/state/obsd`.
+    public var dataDir: String? = nil
+    public var inMemory = false
+    public var sync = "always"
+    public var syncIntervalMS = 1000
+    public var historyLimit = 10_000
+    public var historyMaxAgeSeconds = 0
+    public var maxLine = 1 << 20
+    public var queueBytes = 16 << 20
+    public var queueEvents = 100_000
+    public var overflowGraceSeconds = 30
+    public var logLevel = "info"
+    public var logTarget = "auto"
+    /// 0: one per CPU.
+    public var threads = 0
+
+    public init() {}
+}
+
+/// A configuration error: what is wrong, naming the setting and its source.
+public struct ConfigError: Error, Sendable, CustomStringConvertible, Equatable {
+    public let description: String
+    public init(_ description: String) { self.description = description }
+}
+
+/// A value as a source provides it, before checking.
+public enum RawSetting: Sendable, Equatable {
+    case string(String)
+    case integer(Int)
+    case boolean(Bool)
+
+    var text: String {
+        switch self {
+        case .string(let s): return "\"\(s)\""
+        case .integer(let i): return String(i)
+        case .boolean(let b): return String(b)
+        }
+    }
+}
+
+/// One setting: its names in each source, and how to apply a value.
+public struct Setting: Sendable {
+    /// The key in the file, `section.name`.
+    public let key: String
+    /// The environment variable.
+    public let environment: String
+    /// The command-line flag, without dashes.
+    public let flag: String
+    /// What a valid value looks like, for messages.
+    public let expects: String
+    /// Checks a value and stores it.
+    let apply: @Sendable (inout DaemonSettings, RawSetting) -> Bool
+    /// The setting's value in TOML syntax (or a note saying where the default comes from).
+    public let describe: @Sendable (DaemonSettings) -> String
+
+    public static let logLevels = ["trace", "debug", "info", "notice", "warning", "error", "critical"]
+
+    /// Every setting, in the order of the shipped configuration file.
+    public static let all: [Setting] = [
+        text("socket.path", "OBSD_SOCKET", "socket", \.socketPath, default: "$XDG_RUNTIME_DIR/obsd.sock, else /run/obsd/obsd.sock"),
+        Setting(
+            key: "socket.mode", environment: "OBSD_SOCKET_MODE", flag: "socket-mode", expects: "an octal mode such as \"0660\"",
+            apply: { s, raw in
+                guard case .string(let text) = raw, let mode = UInt32(text, radix: 8), mode <= 0o777 else { return false }
+                s.socketMode = mode
+                return true
+            },
+            describe: { "\"0\(String($0.socketMode, radix: 8))\"" }),
+        text("socket.user", "OBSD_SOCKET_USER", "socket-user", \.socketUser, default: "the daemon's user"),
+        text("socket.group", "OBSD_SOCKET_GROUP", "socket-group", \.socketGroup, default: "the daemon's group"),
+        text("storage.data-dir", "OBSD_DATA_DIR", "data-dir", \.dataDir,
+             default: "$STATE_DIRECTORY, /var/lib/obsd for root, else $XDG_STATE_HOME/obsd or ~/.local/state/obsd"),
+        boolean("storage.in-memory", "OBSD_IN_MEMORY", "in-memory", \.inMemory),
+        choice("storage.sync", "OBSD_SYNC", "sync", ["always", "relaxed"], \.sync),
+        integer("storage.sync-interval-ms", "OBSD_SYNC_INTERVAL_MS", "sync-interval", 1...3_600_000, \.syncIntervalMS),
+        integer("history.limit", "OBSD_HISTORY_LIMIT", "history-limit", 0...100_000_000, \.historyLimit),
+        integer("history.max-age-seconds", "OBSD_HISTORY_MAX_AGE", "history-max-age", 0...Int(Int32.max), \.historyMaxAgeSeconds),
+        integer("limits.max-line", "OBSD_MAX_LINE", "max-line", 64...(1 << 30), \.maxLine),
+        integer("limits.queue-bytes", "OBSD_QUEUE_BYTES", "queue-bytes", 4096...(1 << 34), \.queueBytes),
+        integer("limits.queue-events", "OBSD_QUEUE_EVENTS", "queue-events", 1...100_000_000, \.queueEvents),
+        integer("limits.overflow-grace-seconds", "OBSD_OVERFLOW_GRACE", "overflow-grace", 0...86_400, \.overflowGraceSeconds),
+        choice("log.level", "OBSD_LOG_LEVEL", "log-level", logLevels, \.logLevel),
+        choice("log.target", "OBSD_LOG_TARGET", "log-target", ["auto", "journal", "stderr"], \.logTarget),
+        integer("server.threads", "OBSD_THREADS", "threads", 0...1024, \.threads),
+    ]
+
+    /// The setting with this file key.
+    public static func named(_ key: String) -> Setting? { all.first { $0.key == key } }
+
+    /// Applies `raw`; the error says what was expected, prefixed by `source`.
+    func apply(_ raw: RawSetting, to settings: inout DaemonSettings, source: String) throws(ConfigError) {
+        guard apply(&settings, raw) else {
+            throw ConfigError("\(source): \(key) must be \(expects), not \(raw.text)")
+        }
+    }
+
+    // MARK: Kinds
+    //
+    // Key paths into DaemonSettings are captured by @Sendable closures; DaemonSettings is a
+    // Sendable value type, and the key paths are literals with no captured state.
+
+    private static func text(
+        _ key: String, _ env: String, _ flag: String, _ path: WritableKeyPath<DaemonSettings, String?> & Sendable, default note: String
+    ) -> Setting {
+        Setting(
+            key: key, environment: env, flag: flag, expects: "a non-empty string",
+            apply: { s, raw in
+                guard case .string(let v) = raw, !v.isEmpty else { return false }
+                s[keyPath: path] = v
+                return true
+            },
+            describe: { $0[keyPath: path].map { "\"\($0)\"" } ?? "(unset: \(note))" })
+    }
+
+    private static func boolean(_ key: String, _ env: String, _ flag: String, _ path: WritableKeyPath<DaemonSettings, Bool> & Sendable) -> Setting {
+        Setting(
+            key: key, environment: env, flag: flag, expects: "true or false",
+            apply: { s, raw in
+                switch raw {
+                case .boolean(let b): s[keyPath: path] = b
+                case .string("true"), .string("1"), .string("yes"): s[keyPath: path] = true
+                case .string("false"), .string("0"), .string("no"): s[keyPath: path] = false
+                default: return false
+                }
+                return true
+            },
+            describe: { String($0[keyPath: path]) })
+    }
+
+    private static func integer(
+        _ key: String, _ env: String, _ flag: String, _ range: ClosedRange<Int>, _ path: WritableKeyPath<DaemonSettings, Int> & Sendable
+    ) -> Setting {
+        Setting(
+            key: key, environment: env, flag: flag, expects: "an integer from \(range.lowerBound) to \(range.upperBound)",
+            apply: { s, raw in
+                let value: Int?
+                switch raw {
+                case .integer(let i): value = i
+                case .string(let t): value = Int(t)
+                case .boolean: value = nil
+                }
+                guard let value, range.contains(value) else { return false }
+                s[keyPath: path] = value
+                return true
+            },
+            describe: { String($0[keyPath: path]) })
+    }
+
+    private static func choice(
+        _ key: String, _ env: String, _ flag: String, _ choices: [String], _ path: WritableKeyPath<DaemonSettings, String> & Sendable
+    ) -> Setting {
+        Setting(
+            key: key, environment: env, flag: flag, expects: "one of " + choices.joined(separator: ", "),
+            apply: { s, raw in
+                guard case .string(let v) = raw, choices.contains(v) else { return false }
+                s[keyPath: path] = v
+                return true
+            },
+            describe: { "\"\($0[keyPath: path])\"" })
+    }
+}
+
+extension DaemonSettings {
+    /// Settings from every source: `defaults` ← `file` ← `environment` ← `flags`.
+    ///
+    /// - Parameters:
+    ///   - file: values read from the configuration file (see `ConfigFile`), if any.
+    ///   - environment: the process environment; only the variables in `Setting.all` are read.
+    ///   - flags: values given on the command line, by file key.
+    public static func resolve(
+        file: ConfigFile?, environment: [String: String], flags: [String: RawSetting]
+    ) throws(ConfigError) -> DaemonSettings {
+        var settings = DaemonSettings()
+        if let file {
+            for (key, raw) in file.values {
+                try Setting.named(key)!.apply(raw, to: &settings, source: file.path)
+            }
+        }
+        for setting in Setting.all {
+            // An empty variable counts as unset, as for OBSD_SOCKET in the protocol contract.
+            if let value = environment[setting.environment], !value.isEmpty {
+                try setting.apply(.string(value), to: &settings, source: "environment variable \(setting.environment)")
+            }
+        }
+        for (key, raw) in flags.sorted(by: { $0.key < $1.key }) {
+            guard let setting = Setting.named(key) else { throw ConfigError("unknown setting \(key)") }
+            try setting.apply(raw, to: &settings, source: "--\(setting.flag)")
+        }
+        return settings
+    }
+}

@@ -1,0 +1,267 @@
+// End-to-end: obsd as a systemd service. Socket activation for real (systemd-socket-
+// activate), sd_notify to a test-owned NOTIFY_SOCKET (READY, STATUS, WATCHDOG cadence, a
+// wedged event loop stops the pings, RELOADING on SIGHUP, STOPPING), journal records, the
+// configuration file, and the shipped units: systemd-analyze verify, and the sandbox
+// (system calls and W+X memory) checked against a traced run.
+
+import Foundation
+import ObsClient
+import ObsProtocol
+import TestSupport
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+func which(_ tool: String) -> String? {
+    for dir in ["/usr/bin", "/bin", "/usr/sbin", "/sbin", "/usr/local/bin"] where access("\(dir)/\(tool)", X_OK) == 0 {
+        return "\(dir)/\(tool)"
+    }
+    return nil
+}
+
+/// Collects notify messages until `predicate` holds for one (or the deadline passes).
+func awaitNotify(_ listener: DatagramListener, within: Duration = .seconds(20), _ predicate: (String) -> Bool) -> String? {
+    let deadline = ContinuousClock.now + within
+    while ContinuousClock.now < deadline {
+        if let m = listener.receiveText(timeout: .milliseconds(200)), predicate(m) { return m }
+    }
+    return nil
+}
+
+@Suite(.serialized, .timeLimit(.minutes(5))) struct SystemdIntegrationTests {
+    @Test(.enabled(if: which("systemd-socket-activate") != nil, "needs systemd-socket-activate (package systemd)"))
+    func socketActivationServesAClientThatConnectedBeforeTheDaemonRan() async throws {
+        let dir = TestDaemon.makeTemporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let socketPath = dir + "/obsd.sock"
+        let notify = try DatagramListener(path: dir + "/notify")
+        let activator = Process()
+        activator.executableURL = URL(fileURLWithPath: which("systemd-socket-activate")!)
+        activator.arguments = ["-l", socketPath, "-E", "NOTIFY_SOCKET=\(notify.path)", BuildProducts.path("obsd"), "--data-dir", dir + "/data"]
+        activator.standardError = FileHandle.nullDevice
+        try activator.startCleanly()
+        defer { activator.stop() }
+        // The socket exists before obsd runs; a client connects and sends at once.
+        let deadline = ContinuousClock.now + .seconds(20)
+        var connection: WireConnection? = nil
+        var lastError: (any Error)? = nil
+        while connection == nil, ContinuousClock.now < deadline {
+            do { connection = try WireConnection(path: socketPath) } catch { lastError = error }
+            if connection == nil { usleep(5000) }
+        }
+        let c = try #require(connection, "could not connect: \(String(describing: lastError))")
+        try c.send(#"{"id":1,"op":"set","repo":"sa","key":"k","value":"early"}"#)
+        // obsd was not running when the client connected: READY comes after.
+        #expect(awaitNotify(notify) { $0.hasPrefix("READY=1") } != nil)
+        let reply = try c.receive()
+        #expect(reply["id"] == 1 && reply.ok, "the early request was served")
+        #expect(try c.call(["op": "get", "repo": "sa", "key": "k"])["value"] == "early")
+        // SIGTERM to obsd (it replaced the activator's process image).
+        #expect(activator.stop(), "obsd stopped on SIGTERM")
+        #expect(activator.terminationStatus == 0)
+    }
+
+    @Test func notifyReadyStatusWatchdogAndStopping() async throws {
+        let dir = TestDaemon.makeTemporaryDirectory()
+        let notify = try DatagramListener(path: dir + "/notify")
+        let faultFile = dir + "/fault"
+        let d = try await TestDaemon.start(
+            directory: dir, environment: ["NOTIFY_SOCKET": notify.path, "WATCHDOG_USEC": "400000", "OBSD_FAULT_FILE": faultFile])
+        // READY=1 once the socket is served (TestDaemon.start already connected).
+        let ready = try #require(awaitNotify(notify) { $0.hasPrefix("READY=1") })
+        #expect(ready.contains("STATUS=serving: 0 connections, 0 subscriptions, 0 repositories"))
+
+        // STATUS follows the server's state.
+        let c = try d.connect()
+        _ = try c.call(["op": "subscribe", "repo": "s"])
+        _ = try c.call(["op": "set", "repo": "s", "key": "k", "value": 1])
+        #expect(awaitNotify(notify) { $0.contains("STATUS=serving: 1 connection, 1 subscription, 1 repository") } != nil)
+
+        // WATCHDOG=1 every half WATCHDOG_USEC (200 ms).
+        var times: [ContinuousClock.Instant] = []
+        while times.count < 6, let m = awaitNotify(notify, within: .seconds(5), { $0.hasPrefix("WATCHDOG=1") }) {
+            _ = m
+            times.append(.now)
+        }
+        #expect(times.count == 6)
+        let gaps = zip(times, times.dropFirst()).map { ($1 - $0) }
+        #expect(gaps.allSatisfy { $0 > .milliseconds(100) && $0 < .milliseconds(400) }, "gaps \(gaps)")
+
+        // A wedged event loop stops the pings; they resume when it runs again.
+        try "wedge-event-loop".write(toFile: faultFile, atomically: true, encoding: .utf8)
+        _ = notify.receiveText(timeout: .milliseconds(450))  // at most the round already under way
+        var pingsWhileWedged = 0
+        let wedgedUntil = ContinuousClock.now + .milliseconds(1200)
+        while ContinuousClock.now < wedgedUntil {
+            if let m = notify.receiveText(timeout: .milliseconds(100)), m.hasPrefix("WATCHDOG=1") { pingsWhileWedged += 1 }
+        }
+        #expect(pingsWhileWedged == 0, "a wedged loop must stop the watchdog")
+        try FileManager.default.removeItem(atPath: faultFile)
+        #expect(awaitNotify(notify, within: .seconds(3)) { $0.hasPrefix("WATCHDOG=1") } != nil, "pings resume")
+        #expect(d.log.contains("withholding the watchdog ping"))
+
+        d.signal(SIGTERM)
+        #expect(awaitNotify(notify) { $0 == "STOPPING=1" } != nil)
+        d.process.waitUntilExit()
+        #expect(d.process.terminationStatus == 0)
+    }
+
+    @Test func sighupReloadsLogLevelAndLimits() async throws {
+        let dir = TestDaemon.makeTemporaryDirectory()
+        let config = dir + "/obsd.toml"
+        try "[limits]\nmax-line = 4096\n[log]\nlevel = \"info\"\n".write(toFile: config, atomically: true, encoding: .utf8)
+        let notify = try DatagramListener(path: dir + "/notify")
+        let d = try await TestDaemon.start(["--config", config], directory: dir, environment: ["NOTIFY_SOCKET": notify.path])
+        _ = awaitNotify(notify) { $0.hasPrefix("READY=1") }
+        let before = try d.connect()
+        let line200 = #"{"id":9,"op":"set","repo":"r","key":"k","value":""# + String(repeating: "x", count: 160) + #""}"#
+
+        try "[limits]\nmax-line = 100\n[log]\nlevel = \"debug\"\n".write(toFile: config, atomically: true, encoding: .utf8)
+        d.signal(SIGHUP)
+        let reloading = try #require(awaitNotify(notify) { $0.hasPrefix("RELOADING=1") })
+        #expect(reloading.contains("MONOTONIC_USEC="))
+        #expect(awaitNotify(notify) { $0.hasPrefix("READY=1") } != nil)
+        let after = try d.connect()
+        try after.send(line200)
+        #expect(try after.receive().errorCode == "too_large", "new connections get the new limit")
+        try before.send(line200)
+        #expect(try before.receive()["ok"] == true, "existing connections keep theirs")
+        #expect(d.log.contains("configuration reloaded"))
+
+        // A broken file on reload: an error, the running settings stay, READY again.
+        try "[limits]\nmax-line = \"oops\"\n".write(toFile: config, atomically: true, encoding: .utf8)
+        d.signal(SIGHUP)
+        #expect(awaitNotify(notify) { $0.hasPrefix("READY=1") } != nil)
+        #expect(d.log.contains("configuration not reloaded"))
+        #expect(try d.connect().call(["op": "ping"]).ok)
+    }
+
+    @Test(.enabled(if: getuid() == 0 || access("/run/systemd/journal/socket", W_OK) == 0))
+    func logsGoToTheJournalWithFields() async throws {
+        let journal = "/run/systemd/journal/socket"
+        guard access(journal, F_OK) != 0 else { return }  // a real journald: covered by SystemdTests
+        mkdir("/run/systemd", 0o755)
+        mkdir("/run/systemd/journal", 0o755)
+        let standIn = try DatagramListener(path: journal)
+        let d = try await TestDaemon.start(["--log-target", "journal"], inMemory: true)
+        var records: [String] = []
+        while let r = standIn.receiveText(timeout: .seconds(2)) {
+            records.append(r)
+            if r.contains("obsd serving") { break }
+        }
+        let serving = try #require(records.first { $0.contains("obsd serving") })
+        #expect(serving.contains("PRIORITY=6\n") && serving.contains("SYSLOG_IDENTIFIER=obsd\n"))
+        #expect(serving.contains("OBSD_LISTENER=path(\"\(d.socketPath)\")\n"))
+        #expect(d.stop() == 0)
+    }
+
+    @Test func checkConfigAcceptsTheShippedFileAndRejectsBrokenOnes() throws {
+        let shipped = URL(fileURLWithPath: #filePath).deletingLastPathComponent().appendingPathComponent("../../config/obsd.toml").path
+        let ok = try run(BuildProducts.path("obsd"), ["--check-config", shipped])
+        #expect(ok.status == 0 && ok.stdout.contains("OK") && ok.stdout.contains("storage.sync = \"always\""))
+        let dir = TestDaemon.makeTemporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        for (text, message) in [
+            ("[limits]\nqueue-bytes = 1\n", "limits.queue-bytes must be an integer from 4096"),
+            ("[server]\nthread = 2\n", "unknown key server.thread (did you mean server.threads?)"),
+            ("[log\n", ":1:"),
+        ] {
+            try text.write(toFile: dir + "/bad.toml", atomically: true, encoding: .utf8)
+            let bad = try run(BuildProducts.path("obsd"), ["--check-config", dir + "/bad.toml"])
+            #expect(bad.status == 78 && bad.stderr.contains(message), "\(bad.stderr)")
+        }
+        // The same errors stop the daemon itself, before it touches its socket.
+        let start = try run(BuildProducts.path("obsd"), ["--config", dir + "/bad.toml", "--socket", dir + "/s.sock", "--in-memory"])
+        #expect(start.status == 78 && !FileManager.default.fileExists(atPath: dir + "/s.sock"))
+        let env = try run(BuildProducts.path("obsd"), ["--socket", dir + "/s.sock", "--in-memory"], environment: ["OBSD_QUEUE_EVENTS": "none"])
+        #expect(env.status == 78 && env.stderr.contains("environment variable OBSD_QUEUE_EVENTS"))
+    }
+
+    @Test(.enabled(if: which("systemd-analyze") != nil, "needs systemd-analyze"))
+    func shippedUnitsPassSystemdAnalyzeVerify() throws {
+        let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().appendingPathComponent("../..").standardized.path
+        for (units, user) in [("systemd", false), ("systemd/user", true)] {
+            let dir = TestDaemon.makeTemporaryDirectory()
+            defer { try? FileManager.default.removeItem(atPath: dir) }
+            for name in ["obsd.socket", "obsd.service"] {
+                // Point ExecStart at the binary under test: verify checks it exists.
+                let text = try String(contentsOfFile: "\(root)/\(units)/\(name)", encoding: .utf8)
+                try text.replacingOccurrences(of: "/usr/local/bin/obsd", with: BuildProducts.path("obsd"))
+                    .write(toFile: "\(dir)/\(name)", atomically: true, encoding: .utf8)
+            }
+            var env = ProcessInfo.processInfo.environment
+            env["XDG_RUNTIME_DIR"] = dir
+            let result = try run(
+                which("systemd-analyze")!, (user ? ["--user"] : []) + ["verify", "--man=no", "\(dir)/obsd.socket", "\(dir)/obsd.service"],
+                environment: env)
+            #expect(result.status == 0, "\(units): \(result.stderr)")
+        }
+    }
+
+    @Test(.enabled(if: which("strace") != nil && which("setpriv") != nil && which("systemd-analyze") != nil && getuid() == 0))
+    func sandboxAllowsEverySystemCallObsdMakesAndNoWritableExecutableMemory() async throws {
+        let dir = TestDaemon.makeTemporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        chmod(dir, 0o777)
+        let trace = dir + "/trace"
+        // As the unit runs it: a non-root user, durable storage.
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: which("setpriv")!)
+        process.arguments = [
+            "--reuid=nobody", "--regid=nogroup", "--clear-groups", which("strace")!, "-f", "-qq", "-o", trace,
+            BuildProducts.path("obsd"), "--socket", dir + "/s.sock", "--data-dir", dir + "/data",
+        ]
+        process.standardError = FileHandle.nullDevice
+        try process.startCleanly()
+        defer { process.stop(grace: .seconds(5)) }
+        var c: WireConnection? = nil
+        let deadline = ContinuousClock.now + .seconds(30)
+        while c == nil, ContinuousClock.now < deadline {
+            c = try? WireConnection(path: dir + "/s.sock")
+            if c == nil { try await Task.sleep(for: .milliseconds(20)) }
+        }
+        let client = try #require(c)
+        _ = try client.call(["op": "subscribe", "repo": "x", "initial": true])
+        for i in 0..<50 { _ = try client.call(["op": "set", "repo": "x", "key": .string("k\(i % 5)"), "value": .int(Int64(i))]) }
+        _ = try client.call(["op": "list", "repo": "x", "values": true])
+        _ = try client.call(["op": "stats"])
+        // strace blocks fatal signals (-o FILE PROG): stop obsd itself, gracefully, so the
+        // trace covers shutdown too. Its pid starts the trace's first line (its execve).
+        let first = try String(contentsOfFile: trace, encoding: .utf8).prefix { $0 != " " }
+        let pid = try #require(Int32(first))
+        kill(pid, SIGTERM)
+        process.waitUntilExit()
+
+        let lines = try String(contentsOfFile: trace, encoding: .utf8).split(separator: "\n")
+        var used = Set<String>()
+        for line in lines {
+            let fields = line.split(separator: " ", maxSplits: 1)
+            guard fields.count == 2, let paren = fields[1].firstIndex(of: "(") else { continue }
+            let name = String(fields[1][..<paren])
+            if name.allSatisfy({ $0.isLowercase || $0.isNumber || $0 == "_" }) { used.insert(name) }
+        }
+        let writableExecutable = lines.filter {
+            ($0.contains("mmap(") || $0.contains("mprotect(")) && $0.contains("PROT_WRITE") && $0.contains("PROT_EXEC")
+        }
+        #expect(used.count > 30, "the trace covers the run")
+        #expect(writableExecutable.isEmpty, "MemoryDenyWriteExecute=yes would kill: \(writableExecutable.prefix(3))")
+        let allowed = try syscallGroup("@system-service")
+        let denied = try syscallGroup("@privileged")
+        #expect(used.subtracting(allowed).isEmpty, "not in @system-service: \(used.subtracting(allowed).sorted())")
+        #expect(used.intersection(denied).isEmpty, "in ~@privileged: \(used.intersection(denied).sorted())")
+    }
+}
+
+/// The system calls of a `SystemCallFilter=` group, nested groups included.
+func syscallGroup(_ name: String) throws -> Set<String> {
+    let out = try run(which("systemd-analyze")!, ["syscall-filter", name]).stdout
+    var names = Set<String>()
+    for line in out.split(separator: "\n").dropFirst() {
+        let item = line.trimmingCharacters(in: .whitespaces)
+        if item.isEmpty || item.hasPrefix("#") { continue }
+        if item.hasPrefix("@") { names.formUnion(try syscallGroup(item)) } else { names.insert(item) }
+    }
+    return names
+}

@@ -1,0 +1,79 @@
+// Tests of the daemon's settings: the shipped file, precedence, and errors that name the key.
+
+import Foundation
+import ObsConfig
+import Testing
+
+@Suite struct ConfigTests {
+    static let shipped = URL(fileURLWithPath: #filePath).deletingLastPathComponent().appendingPathComponent("../../config/obsd.toml").path
+
+    @Test func theShippedFileParsesAndDocumentsEverySetting() throws {
+        let text = try String(contentsOfFile: Self.shipped, encoding: .utf8)
+        let file = try ConfigFile.parse(text, path: "obsd.toml")
+        #expect(file.values.isEmpty, "every setting is commented out, at its default")
+        #expect(try DaemonSettings.resolve(file: file, environment: [:], flags: [:]) == DaemonSettings())
+        // Uncommenting every line yields the defaults too, and covers every known key.
+        let uncommented = text.split(separator: "\n", omittingEmptySubsequences: false).map { line in
+            line.hasPrefix("#") && line.dropFirst().first.map { $0.isLetter } == true && line.contains(" = ") ? String(line.dropFirst()) : String(line)
+        }.joined(separator: "\n")
+        let full = try ConfigFile.parse(uncommented, path: "obsd.toml")
+        #expect(Set(full.values.map(\.key)) == Set(Setting.all.map(\.key)))
+        var expected = DaemonSettings()
+        expected.socketPath = "/run/obsd/obsd.sock"
+        expected.socketUser = "obsd"
+        expected.socketGroup = "obsd"
+        expected.dataDir = "/var/lib/obsd"
+        #expect(try DaemonSettings.resolve(file: full, environment: [:], flags: [:]) == expected)
+    }
+
+    @Test func flagsBeatEnvironmentBeatsFileBeatsDefaults() throws {
+        let file = try ConfigFile.parse("[log]\nlevel = \"debug\"\n[limits]\nmax-line = 100\nqueue-events = 5\n", path: "f")
+        let env = ["OBSD_MAX_LINE": "200", "OBSD_QUEUE_BYTES": "8192", "OBSD_SOCKET": "/tmp/e.sock"]
+        let s = try DaemonSettings.resolve(file: file, environment: env, flags: ["limits.queue-bytes": .integer(9999)])
+        #expect(s.logLevel == "debug")  // file
+        #expect(s.maxLine == 200)  // environment over file
+        #expect(s.queueBytes == 9999)  // flag over environment
+        #expect(s.queueEvents == 5)  // file
+        #expect(s.socketPath == "/tmp/e.sock")  // OBSD_SOCKET, as the protocol contract says
+        #expect(s.historyLimit == 10_000)  // default
+        #expect(try DaemonSettings.resolve(file: nil, environment: ["OBSD_SOCKET": ""], flags: [:]).socketPath == nil)
+    }
+
+    @Test(arguments: [
+        ("[limits]\nmax-lien = 5\n", "unknown key limits.max-lien (did you mean limits.max-line?)"),
+        ("[limits]\nmax-line = \"big\"\n", "limits.max-line must be an integer from 64 to 1073741824, not \"big\""),
+        ("[limits]\nmax-line = 10\n", "limits.max-line must be an integer from 64"),
+        ("[storage]\nsync = \"sometimes\"\n", "storage.sync must be one of always, relaxed"),
+        ("[socket]\nmode = \"999\"\n", "socket.mode must be an octal mode"),
+        ("[socket]\nmode = 660\n", "socket.mode must be an octal mode"),
+        ("[storage]\nin-memory = \"maybe\"\n", "storage.in-memory must be true or false"),
+        ("[frobnicate]\nx = 1\n", "unknown key frobnicate.x"),
+        ("level = \"debug\"\n", "level must be a section"),
+        ("[limits]\nmax-line = [1]\n", "limits.max-line must be an integer"),
+        ("[limits\nmax-line = 5\n", "f:1:8:"),
+    ])
+    func badFilesNameTheKey(_ text: String, _ message: String) {
+        do {
+            let file = try ConfigFile.parse(text, path: "f")
+            _ = try DaemonSettings.resolve(file: file, environment: [:], flags: [:])
+            Issue.record("accepted: \(text)")
+        } catch {
+            #expect(error.description.contains(message), "\(error.description)")
+        }
+    }
+
+    @Test func badEnvironmentAndFlagsNameTheirSource() {
+        #expect(throws: ConfigError("environment variable OBSD_SYNC: storage.sync must be one of always, relaxed, not \"x\"")) {
+            try DaemonSettings.resolve(file: nil, environment: ["OBSD_SYNC": "x"], flags: [:])
+        }
+        #expect(throws: ConfigError("--threads: server.threads must be an integer from 0 to 1024, not 5000")) {
+            try DaemonSettings.resolve(file: nil, environment: [:], flags: ["server.threads": .integer(5000)])
+        }
+    }
+
+    @Test func missingFileIsAnError() {
+        #expect(throws: ConfigError("cannot read configuration file /nonexistent/obsd.toml")) {
+            try ConfigFile.load(path: "/nonexistent/obsd.toml")
+        }
+    }
+}
