@@ -31,7 +31,7 @@ import Glibc
     @Test func staleSocketIsReplacedButALiveDaemonIsNot() async throws {
         let dir = TestDaemon.makeTemporaryDirectory()
         // A stale socket: bound, then abandoned.
-        let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
+        let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         var address = sockaddr_un()
         address.sun_family = sa_family_t(AF_UNIX)
         withUnsafeMutableBytes(of: &address.sun_path) { raw in
@@ -167,8 +167,9 @@ import Glibc
         let watch = Process()
         watch.executableURL = URL(fileURLWithPath: BuildProducts.path("obsctl"))
         watch.arguments = ["--socket", s, "watch", "ui", "theme", "--once"]
-        let out = Pipe()
-        watch.standardOutput = out
+        let outPath = d.directory + "/watch.out"
+        _ = FileManager.default.createFile(atPath: outPath, contents: nil)
+        watch.standardOutput = try FileHandle(forWritingTo: URL(fileURLWithPath: outPath))
         try watch.startCleanly()
         // Wait until the watch's subscription is live (the daemon counts it), then write.
         let probe = try d.connect()
@@ -177,8 +178,8 @@ import Glibc
             try await Task.sleep(for: .milliseconds(10))
         }
         _ = try obsctl(["set", "ui", "theme", "dark"], socket: s)
-        let text = String(decoding: out.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
         watch.waitUntilExit()
+        let text = try String(contentsOfFile: outPath, encoding: .utf8)
         #expect(watch.terminationStatus == 0)
         #expect(text == "2  ui/theme  \"light\" → \"dark\"\n")
 
@@ -198,22 +199,26 @@ import Glibc
     }
 }
 
-/// Runs `obsctl` until it has printed `stopAfterLines` lines, then stops it.
+/// Runs `obsctl` until it has printed `stopAfterLines` lines (or 20 s passed), then stops it.
 func obsctl(_ arguments: [String], socket: String, stopAfterLines: Int) throws -> CommandResult {
+    let dir = TestDaemon.makeTemporaryDirectory()
+    defer { try? FileManager.default.removeItem(atPath: dir) }
+    let outPath = dir + "/stdout"
+    _ = FileManager.default.createFile(atPath: outPath, contents: nil)
     let process = Process()
     process.executableURL = URL(fileURLWithPath: BuildProducts.path("obsctl"))
     process.arguments = ["--socket", socket] + arguments
-    let out = Pipe()
-    process.standardOutput = out
+    process.standardOutput = try FileHandle(forWritingTo: URL(fileURLWithPath: outPath))
     process.standardError = FileHandle.nullDevice
     try process.startCleanly()
-    var collected = Data()
-    let handle = out.fileHandleForReading
-    while collected.filter({ $0 == 10 }).count < stopAfterLines {
-        let chunk = handle.availableData
-        if chunk.isEmpty { break }
-        collected.append(chunk)
+    let deadline = ContinuousClock.now + .seconds(20)
+    var text = ""
+    while ContinuousClock.now < deadline {
+        text = (try? String(contentsOfFile: outPath, encoding: .utf8)) ?? ""
+        if text.filter({ $0 == "\n" }).count >= stopAfterLines || !process.isRunning { break }
+        usleep(10_000)
     }
     process.stop()
-    return CommandResult(status: process.terminationStatus, stdout: String(decoding: collected, as: UTF8.self), stderr: "")
+    text = (try? String(contentsOfFile: outPath, encoding: .utf8)) ?? text
+    return CommandResult(status: process.terminationStatus, stdout: text, stderr: "")
 }

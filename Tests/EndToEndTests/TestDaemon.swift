@@ -160,19 +160,23 @@ func obsctl(_ arguments: [String], socket: String) throws -> CommandResult {
 }
 
 func run(_ executable: String, _ arguments: [String], environment: [String: String]? = nil) throws -> CommandResult {
+    // Output goes to files, read after the process exits: a pipe's end of file can be held
+    // off indefinitely by a process another test spawns at the same moment (it inherits
+    // the pipe's write end).
+    let dir = TestDaemon.makeTemporaryDirectory()
+    defer { try? FileManager.default.removeItem(atPath: dir) }
+    let (outPath, errPath) = (dir + "/stdout", dir + "/stderr")
+    _ = FileManager.default.createFile(atPath: outPath, contents: nil)
+    _ = FileManager.default.createFile(atPath: errPath, contents: nil)
     let process = Process()
     process.executableURL = URL(fileURLWithPath: executable)
     process.arguments = arguments
     if let environment { process.environment = environment }
-    let out = Pipe()
-    let err = Pipe()
-    process.standardOutput = out
-    process.standardError = err
+    process.standardOutput = try FileHandle(forWritingTo: URL(fileURLWithPath: outPath))
+    process.standardError = try FileHandle(forWritingTo: URL(fileURLWithPath: errPath))
     try process.startCleanly()
-    let stdout = out.fileHandleForReading.readDataToEndOfFile()
-    let stderr = err.fileHandleForReading.readDataToEndOfFile()
     process.waitUntilExit()
     return CommandResult(
-        status: process.terminationStatus, stdout: String(decoding: stdout, as: UTF8.self),
-        stderr: String(decoding: stderr, as: UTF8.self))
+        status: process.terminationStatus, stdout: (try? String(contentsOfFile: outPath, encoding: .utf8)) ?? "",
+        stderr: (try? String(contentsOfFile: errPath, encoding: .utf8)) ?? "")
 }

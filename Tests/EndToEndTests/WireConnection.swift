@@ -17,7 +17,8 @@ final class WireConnection: @unchecked Sendable {
     private var stashed: [JSONObject] = []
 
     init(path: String, receiveBuffer: Int? = nil) throws {
-        fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
+        // Close-on-exec: a process another test spawns must not keep this connection open.
+        fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         guard fd >= 0 else { throw TestFailure("socket: \(errno)") }
         if var size = receiveBuffer {
             setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &size, socklen_t(MemoryLayout<Int32>.size))

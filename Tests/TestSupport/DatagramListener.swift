@@ -11,7 +11,7 @@ public final class DatagramListener {
     public init(path: String) throws {
         self.path = path
         unlink(path)
-        fd = socket(AF_UNIX, Int32(SOCK_DGRAM.rawValue), 0)
+        fd = socket(AF_UNIX, Int32(SOCK_DGRAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         var address = sockaddr_un()
         address.sun_family = sa_family_t(AF_UNIX)
         withUnsafeMutableBytes(of: &address.sun_path) { raw in
