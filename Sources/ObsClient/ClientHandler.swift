@@ -177,6 +177,8 @@ final class ClientHandler: ChannelDuplexHandler {
         switch message {
         case .reply(let reply):
             guard let request = pending.popFirst() else {
+                // The daemon refusing the connection (e.g. too many connections) before any request.
+                if reply.id == .null, case .failure(let error) = reply.result { throw ObsClientError.server(error) }
                 throw ObsClientError.protocolViolation("a reply to no request")
             }
             switch reply.result {
@@ -224,6 +226,8 @@ final class ClientHandler: ChannelDuplexHandler {
                 }
             }
             streams.removeAll()
+        case .revoked(let sub, _, let error):
+            streams.removeValue(forKey: sub)?.continuation.finish(throwing: ObsClientError.server(error))
         case .unknown:
             break
         }

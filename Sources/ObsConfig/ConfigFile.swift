@@ -13,6 +13,8 @@ public struct ConfigFile: Sendable {
     public let path: String
     /// `section.key` → value, for every key present.
     public let values: [(key: String, value: RawSetting)]
+    /// `[[access.rule]]` tables, checked; nil when the file has none.
+    public let accessRules: [AccessRuleSetting]?
 
     /// Reads and checks the file at `path`.
     public static func load(path: String) throws(ConfigError) -> ConfigFile {
@@ -33,12 +35,17 @@ public struct ConfigFile: Sendable {
             throw ConfigError("\(path): \(error)")
         }
         var values: [(key: String, value: RawSetting)] = []
+        var rules: [AccessRuleSetting]? = nil
         for section in table.keys.sorted() {
             guard let inner = table[section]?.table else {
                 throw ConfigError("\(path): \(section) must be a section ([\(section)]), with keys inside; see the shipped obsd.toml")
             }
             for name in inner.keys.sorted() {
                 let key = "\(section).\(name)"
+                if key == "access.rule" {
+                    rules = try accessRules(inner[name]!, path: path)
+                    continue
+                }
                 guard Setting.named(key) != nil else {
                     throw ConfigError("\(path): unknown key \(key)" + suggestion(for: key))
                 }
@@ -52,7 +59,52 @@ public struct ConfigFile: Sendable {
                 }
             }
         }
-        return ConfigFile(path: path, values: values)
+        return ConfigFile(path: path, values: values, accessRules: rules)
+    }
+
+    /// `[[access.rule]]`: each with `repos`, `allow`, and at least one of `users` and `groups`.
+    static func accessRules(_ value: any TOMLValueConvertible, path: String) throws(ConfigError) -> [AccessRuleSetting] {
+        guard let array = value.array else {
+            throw ConfigError("\(path): access.rule must be an array of tables: write each rule as [[access.rule]]")
+        }
+        var rules: [AccessRuleSetting] = []
+        for (i, element) in array.enumerated() {
+            let at = "\(path): access rule \(i + 1)"
+            guard let rule = element.table else { throw ConfigError("\(at) must be a table ([[access.rule]])") }
+            for key in rule.keys where !["repos", "users", "groups", "allow"].contains(key) {
+                throw ConfigError("\(at): unknown key \(key) (a rule has repos, users, groups and allow)")
+            }
+            func strings(_ key: String) throws(ConfigError) -> [String] {
+                guard let v = rule[key] else { return [] }
+                if let s = v.string { return [s] }
+                if let n = v.int { return [String(n)] }
+                guard let items = v.array else { throw ConfigError("\(at): \(key) must be a string or an array of strings") }
+                var out: [String] = []
+                for item in items {
+                    if let s = item.string, !s.isEmpty {
+                        out.append(s)
+                    } else if let n = item.int, n >= 0 {
+                        out.append(String(n))
+                    } else {
+                        throw ConfigError("\(at): \(key) must hold names or numeric ids")
+                    }
+                }
+                return out
+            }
+            let repos = try strings("repos")
+            guard !repos.isEmpty else { throw ConfigError("\(at) needs repos (a pattern such as \"session.*\", or \"*\")") }
+            for pattern in repos where !pattern.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber || "._-*?".contains($0)) }) {
+                throw ConfigError("\(at): repos pattern \"\(pattern)\" may use only A-Z a-z 0-9 . _ - and the wildcards * ?")
+            }
+            let users = try strings("users")
+            let groups = try strings("groups")
+            guard !users.isEmpty || !groups.isEmpty else { throw ConfigError("\(at) needs users or groups") }
+            guard let allow = rule["allow"]?.string, allow == "read" || allow == "write" else {
+                throw ConfigError("\(at): allow must be \"read\" or \"write\"")
+            }
+            rules.append(AccessRuleSetting(repos: repos, users: users, groups: groups, allow: allow))
+        }
+        return rules
     }
 
     /// " (did you mean x?)" for the known key closest to `key`, if close enough.

@@ -23,12 +23,42 @@ public struct DaemonSettings: Sendable, Equatable {
     public var queueBytes = 16 << 20
     public var queueEvents = 100_000
     public var overflowGraceSeconds = 30
+    public var maxValueBytes = 512 << 10
+    public var maxKeysPerRepository = 1_000_000
+    public var maxRepositories = 10_000
+    public var maxConnections = 16_384
+    public var maxConnectionsPerUID = 1024
+    public var maxSubscriptionsPerConnection = 1024
+    public var maxKeysPerRequest = 4096
+    /// What peers no access rule matches may do: none, read or write.
+    public var accessDefault = "none"
+    /// `[[access.rule]]` tables, in file order.
+    public var accessRules: [AccessRuleSetting] = []
     public var logLevel = "info"
     public var logTarget = "auto"
     /// 0: one per CPU.
     public var threads = 0
 
     public init() {}
+}
+
+/// One `[[access.rule]]`: who may do what to which repositories.
+public struct AccessRuleSetting: Sendable, Equatable {
+    /// Repository name patterns (`*` and `?` wildcards).
+    public var repos: [String]
+    /// User names or numeric ids.
+    public var users: [String]
+    /// Group names or numeric ids.
+    public var groups: [String]
+    /// "read" (get, list, subscribe) or "write" (also set, delete, batch).
+    public var allow: String
+
+    public init(repos: [String], users: [String], groups: [String], allow: String) {
+        self.repos = repos
+        self.users = users
+        self.groups = groups
+        self.allow = allow
+    }
 }
 
 /// A configuration error: what is wrong, naming the setting and its source.
@@ -93,6 +123,14 @@ public struct Setting: Sendable {
         integer("limits.queue-bytes", "OBSD_QUEUE_BYTES", "queue-bytes", 4096...(1 << 34), \.queueBytes),
         integer("limits.queue-events", "OBSD_QUEUE_EVENTS", "queue-events", 1...100_000_000, \.queueEvents),
         integer("limits.overflow-grace-seconds", "OBSD_OVERFLOW_GRACE", "overflow-grace", 0...86_400, \.overflowGraceSeconds),
+        integer("limits.max-value-bytes", "OBSD_MAX_VALUE_BYTES", "max-value-bytes", 16...(1 << 30), \.maxValueBytes),
+        integer("limits.max-keys-per-repository", "OBSD_MAX_KEYS_PER_REPOSITORY", "max-keys-per-repository", 1...1_000_000_000, \.maxKeysPerRepository),
+        integer("limits.max-repositories", "OBSD_MAX_REPOSITORIES", "max-repositories", 1...100_000_000, \.maxRepositories),
+        integer("limits.max-connections", "OBSD_MAX_CONNECTIONS", "max-connections", 1...10_000_000, \.maxConnections),
+        integer("limits.max-connections-per-uid", "OBSD_MAX_CONNECTIONS_PER_UID", "max-connections-per-uid", 1...10_000_000, \.maxConnectionsPerUID),
+        integer("limits.max-subscriptions-per-connection", "OBSD_MAX_SUBSCRIPTIONS", "max-subscriptions", 1...10_000_000, \.maxSubscriptionsPerConnection),
+        integer("limits.max-keys-per-request", "OBSD_MAX_KEYS_PER_REQUEST", "max-keys-per-request", 1...10_000_000, \.maxKeysPerRequest),
+        choice("access.default", "OBSD_ACCESS_DEFAULT", "access-default", ["none", "read", "write"], \.accessDefault),
         choice("log.level", "OBSD_LOG_LEVEL", "log-level", logLevels, \.logLevel),
         choice("log.target", "OBSD_LOG_TARGET", "log-target", ["auto", "journal", "stderr"], \.logTarget),
         integer("server.threads", "OBSD_THREADS", "threads", 0...1024, \.threads),
@@ -189,6 +227,7 @@ extension DaemonSettings {
             for (key, raw) in file.values {
                 try Setting.named(key)!.apply(raw, to: &settings, source: file.path)
             }
+            settings.accessRules = file.accessRules ?? []
         }
         for setting in Setting.all {
             // An empty variable counts as unset, as for OBSD_SOCKET in the protocol contract.

@@ -217,13 +217,15 @@ public enum Event: Sendable {
     case synced(sub: UInt64, repo: String, rev: UInt64)
     /// The connection is being closed: for each subscription, the revision it is complete up to.
     case overflow(revs: [UInt64: UInt64])
+    /// Extension: the subscription ended because the peer may no longer read its repository.
+    case revoked(sub: UInt64, repo: String, error: ProtocolError)
     /// An event this client does not know (a newer daemon); ignored.
     case unknown(name: String)
 
     /// The subscription the event belongs to, if it belongs to one.
     public var sub: UInt64? {
         switch self {
-        case .change(let sub, _, _, _), .snapshot(let sub, _, _, _), .synced(let sub, _, _): return sub
+        case .change(let sub, _, _, _), .snapshot(let sub, _, _, _), .synced(let sub, _, _), .revoked(let sub, _, _): return sub
         case .overflow, .unknown: return nil
         }
     }
@@ -309,6 +311,12 @@ extension ServerMessage {
                 revs[sub] = rev
             }
             return .overflow(revs: revs)
+        case "revoked":
+            let error = o["error"]?.objectValue
+            let code = error?["code"]?.stringValue.flatMap(ErrorCode.init(rawValue:)) ?? .forbidden
+            return .revoked(
+                sub: try uint("sub"), repo: try string("repo"),
+                error: ProtocolError(code, error?["message"]?.stringValue ?? "the subscription was revoked"))
         default:
             return .unknown(name: name)
         }

@@ -1,8 +1,11 @@
 // ObsServer — the channel handler of one client connection.
 //
-// Frames bytes into lines, hands them to the connection's `Session`, and flushes the
-// outbox at the end of each read. Stops reading requests while the outbox is congested
-// (a client that does not read its replies is not read either) and resumes when it drains.
+// On connect: reads the peer's credentials (SO_PEERCRED) and asks the hub to admit the
+// connection (connection limits); a refused client gets one `overloaded` message and is
+// closed. Then frames bytes into lines, hands them to the connection's `Session`, and
+// flushes the outbox at the end of each read. Stops reading requests while the outbox is
+// congested (a client that does not read its replies is not read either) and resumes
+// when it drains.
 
 import Logging
 import NIOCore
@@ -14,29 +17,33 @@ final class ConnectionHandler: ChannelDuplexHandler {
     typealias OutboundOut = ByteBuffer
 
     private let hub: Hub
-    private let limits: OutboxLimits
+    private let limits: Limits
     private let settings: SessionSettings
     private let logger: Logger
     private var framer: LineFramer
+    private var outbox: Outbox?
     private var session: Session?
     private var context: ChannelHandlerContext?
     /// A read was requested while congested; issue it once the outbox drains.
     private var readPending = false
 
-    init(hub: Hub, limits: OutboxLimits, settings: SessionSettings, logger: Logger) {
+    init(hub: Hub, limits: Limits, startTime: ContinuousClock.Instant, logger: Logger) {
         self.hub = hub
         self.limits = limits
-        self.settings = settings
+        self.settings = SessionSettings(maxLine: limits.maxLine, maxDepth: limits.maxDepth, startTime: startTime)
         self.logger = logger
-        self.framer = LineFramer(maxLine: settings.maxLine)
+        self.framer = LineFramer(maxLine: limits.maxLine)
     }
 
     func handlerAdded(context: ChannelHandlerContext) {
         self.context = context
-        let outbox = Outbox(channel: context.channel, limits: limits, stats: hub.stats) { [weak self] in
+        outbox = Outbox(
+            channel: context.channel,
+            limits: OutboxLimits(maxBytes: limits.queueBytes, maxEvents: limits.queueEvents, grace: TimeAmount(limits.overflowGrace)),
+            stats: hub.stats
+        ) { [weak self] in
             self?.resumeReading()
         }
-        session = Session(hub: hub, outbox: outbox, settings: settings, logger: logger)
     }
 
     func handlerRemoved(context: ChannelHandlerContext) {
@@ -45,13 +52,27 @@ final class ConnectionHandler: ChannelDuplexHandler {
     }
 
     func channelActive(context: ChannelHandlerContext) {
-        hub.stats.connections.add(1, ordering: .relaxed)
-        hub.stats.connectionsTotal.add(1, ordering: .relaxed)
-        context.fireChannelActive()
+        defer { context.fireChannelActive() }
+        guard let outbox, let peer = Peer.of(context.channel, groups: hub.users) else {
+            logger.error("cannot read the peer's credentials (SO_PEERCRED); closing the connection")
+            return refuse(context, "the daemon could not identify this process")
+        }
+        let session = Session(hub: hub, outbox: outbox, peer: peer, settings: settings, logger: logger)
+        let loop = context.eventLoop
+        let bound = NIOLoopBound(session, eventLoop: loop)
+        let entry = ConnectedPeer(peer: peer, outbox: outbox, since: .now) {
+            loop.execute { bound.value.revalidate() }
+        }
+        if let reason = hub.admit(ObjectIdentifier(self), entry) {
+            hub.stats.connectionsRefused.add(1, ordering: .relaxed)
+            logger.notice("connection refused: \(reason)", metadata: peer.metadata)
+            return refuse(context, reason)
+        }
+        self.session = session
+        logger.debug("connected", metadata: peer.metadata)
     }
 
     func channelInactive(context: ChannelHandlerContext) {
-        hub.stats.connections.subtract(1, ordering: .relaxed)
         endSession()
         context.fireChannelInactive()
     }
@@ -86,6 +107,14 @@ final class ConnectionHandler: ChannelDuplexHandler {
         context.close(promise: nil)
     }
 
+    /// One error message, then close.
+    private func refuse(_ context: ChannelHandlerContext, _ reason: String) {
+        var buffer = context.channel.allocator.buffer(capacity: 128)
+        ReplyEncoder.error(&buffer, id: .null, ProtocolError(.overloaded, reason))
+        let channel = context.channel
+        context.writeAndFlush(NIOAny(buffer)).whenComplete { _ in channel.close(promise: nil) }
+    }
+
     private func resumeReading() {
         guard readPending, let context else { return }
         readPending = false
@@ -93,8 +122,10 @@ final class ConnectionHandler: ChannelDuplexHandler {
     }
 
     private func endSession() {
-        session?.close()
-        session = nil
+        guard let session else { return }
+        session.close()
+        hub.leave(ObjectIdentifier(self))
+        self.session = nil
     }
 }
 

@@ -1,4 +1,5 @@
-// ObsServer — the daemon's shared state: repositories by name, and counters.
+// ObsServer — the daemon's shared state: repositories by name, connected peers, counters,
+// and the current limits and access policy.
 //
 // A repository exists (is listed by `repos`) once a write changed it (revision > 0).
 // Reading a repository that does not exist creates nothing. Subscribing to one creates an
@@ -17,6 +18,7 @@ import Synchronization
 final class ServerStats: Sendable {
     let connections = Atomic<Int>(0)
     let connectionsTotal = Atomic<Int>(0)
+    let connectionsRefused = Atomic<Int>(0)
     let subscriptions = Atomic<Int>(0)
     let requests = Atomic<Int>(0)
     let writes = Atomic<Int>(0)
@@ -24,6 +26,18 @@ final class ServerStats: Sendable {
     let bytesOut = Atomic<Int>(0)
     let overflows = Atomic<Int>(0)
     let errors = Atomic<Int>(0)
+    let denied = Atomic<Int>(0)
+    /// Repositories with revision > 0.
+    let repositories = Atomic<Int>(0)
+}
+
+/// A connection as the hub knows it: who, and where to run code on its loop.
+struct ConnectedPeer: Sendable {
+    let peer: Peer
+    let outbox: Outbox
+    let since: ContinuousClock.Instant
+    /// Runs on the connection's event loop: re-checks its subscriptions after a reload.
+    let revalidate: @Sendable () -> Void
 }
 
 final class Hub: Sendable {
@@ -31,6 +45,8 @@ final class Hub: Sendable {
     let historyLimit: Int
     let historyMaxAge: Int64?
     let storage: any Storage
+    let runtime: Runtime
+    let users = UserDatabase()
     /// Event loops that deliver revisions made durable by the storage thread.
     private let deliveryLoops: (any EventLoopGroup)?
 
@@ -41,18 +57,24 @@ final class Hub: Sendable {
     }
 
     private let repositories = Locked<[String: Slot]>([:])
+    private let peers = Locked<[ObjectIdentifier: ConnectedPeer]>([:])
+    private let perUID = Locked<[UInt32: Int]>([:])
 
-    init(historyLimit: Int, historyMaxAge: Int64?, storage: any Storage, deliveryLoops: (any EventLoopGroup)?) throws(StorageError) {
+    init(
+        historyLimit: Int, historyMaxAge: Int64?, storage: any Storage, deliveryLoops: (any EventLoopGroup)?, runtime: Runtime
+    ) throws(StorageError) {
         self.historyLimit = historyLimit
         self.historyMaxAge = historyMaxAge
         self.storage = storage
         self.deliveryLoops = deliveryLoops
+        self.runtime = runtime
         let loaded = try storage.load()
         repositories.withLock { map in
             for repo in loaded {
                 map[repo.name] = Slot(repository: makeRepository(repo.name, loaded: repo))
             }
         }
+        stats.repositories.store(loaded.filter { $0.state.revision > 0 }.count, ordering: .relaxed)
     }
 
     private func makeRepository(_ name: String, loaded: LoadedRepository? = nil) -> Repository {
@@ -60,6 +82,8 @@ final class Hub: Sendable {
             name: name, loaded: loaded, historyLimit: historyLimit, historyMaxAge: historyMaxAge, storage: storage,
             deliveryLoop: deliveryLoops?.next(), hub: self)
     }
+
+    // MARK: Repositories
 
     /// The repository if it exists or has subscribers; never creates one.
     func existing(_ name: String) -> Repository? {
@@ -119,5 +143,48 @@ final class Hub: Sendable {
     }
 
     /// The number of repositories that exist.
-    var repositoryCount: Int { listed().count }
+    var repositoryCount: Int { stats.repositories.load(ordering: .relaxed) }
+
+    // MARK: Connections
+
+    /// Admits a connection, or says why not (too many connections, in all or for its uid).
+    func admit(_ connection: ObjectIdentifier, _ entry: ConnectedPeer) -> String? {
+        let limits = runtime.snapshot.limits
+        if stats.connections.load(ordering: .relaxed) >= limits.maxConnections {
+            return "too many connections (limit \(limits.maxConnections))"
+        }
+        let uid = entry.peer.uid
+        let refused = perUID.withLock { counts -> Bool in
+            if !entry.peer.isPrivileged, counts[uid, default: 0] >= limits.maxConnectionsPerUID { return true }
+            counts[uid, default: 0] += 1
+            return false
+        }
+        if refused { return "too many connections from uid \(uid) (limit \(limits.maxConnectionsPerUID))" }
+        peers.withLock { $0[connection] = entry }
+        stats.connections.add(1, ordering: .relaxed)
+        stats.connectionsTotal.add(1, ordering: .relaxed)
+        return nil
+    }
+
+    /// Forgets an admitted connection.
+    func leave(_ connection: ObjectIdentifier) {
+        guard let entry = peers.withLock({ $0.removeValue(forKey: connection) }) else { return }
+        perUID.withLock { counts in
+            let left = counts[entry.peer.uid, default: 1] - 1
+            counts[entry.peer.uid] = left > 0 ? left : nil
+        }
+        stats.connections.subtract(1, ordering: .relaxed)
+    }
+
+    /// The connected peers (for privileged `stats`).
+    var connectedPeers: [ConnectedPeer] { peers.withLock { Array($0.values) } }
+
+    /// The number of connections of `uid`.
+    func connections(of uid: UInt32) -> Int { perUID.withLock { $0[uid] ?? 0 } }
+
+    /// Applies new limits and policy; every connection re-checks its subscriptions.
+    func reload(limits: Limits, policy: AccessPolicy) {
+        runtime.update(limits: limits, policy: policy)
+        for entry in connectedPeers { entry.revalidate() }
+    }
 }

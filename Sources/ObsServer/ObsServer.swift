@@ -23,22 +23,6 @@ public enum Listener: Sendable, Equatable {
     case inherited([Int32])
 }
 
-/// Limits that apply to each connection. Reloadable: new connections get the new ones.
-public struct ConnectionLimits: Sendable, Equatable {
-    /// The longest request line, in bytes before the `\n`.
-    public var maxLine: Int = ProtocolRules.defaultMaxLine
-    /// The deepest nesting of arrays and objects accepted in a request.
-    public var maxDepth: Int = JSONParser.defaultMaxDepth
-    /// A connection's outgoing queue limit, in bytes.
-    public var queueBytes: Int = 16 << 20
-    /// A connection's outgoing queue limit, in events.
-    public var queueEvents: Int = 100_000
-    /// How long an overflowed connection may take to read its last messages.
-    public var overflowGrace: Duration = .seconds(30)
-
-    public init() {}
-}
-
 /// Where the daemon keeps repositories.
 public enum StorageConfiguration: Sendable {
     /// Nothing persists (tests, ephemeral buses).
@@ -55,7 +39,11 @@ public struct ServerConfiguration: Sendable {
     /// Owner and group of a socket file the daemon binds itself (names or numeric ids).
     public var socketUser: String? = nil
     public var socketGroup: String? = nil
-    public var limits = ConnectionLimits()
+    /// Every limit (reloadable, see `ObsServer.reload`).
+    public var limits = Limits()
+    /// Who may read or write which repositories (reloadable). Default: everyone everything;
+    /// obsd's configuration default is stricter (see `AccessPolicy`).
+    public var policy = AccessPolicy.open
     /// Where repositories are kept.
     public var storage: StorageConfiguration = .inMemory
     /// Revisions kept per repository for `since` replay.
@@ -109,21 +97,27 @@ public final class ObsServer: Service, Sendable {
     public let configuration: ServerConfiguration
     private let logger: Logger
     private let observer: (any ServerObserver)?
-    private let limits: Locked<ConnectionLimits>
-    /// Set once serving, for `status`.
+    private let runtime: Runtime
+    /// Set once serving, for `status` and `reload`.
     private let hub = Locked<Hub?>(nil)
 
     public init(configuration: ServerConfiguration, logger: Logger, observer: (any ServerObserver)? = nil) {
         self.configuration = configuration
         self.logger = logger
         self.observer = observer
-        self.limits = Locked(configuration.limits)
+        self.runtime = Runtime(limits: configuration.limits, policy: configuration.policy)
     }
 
-    /// Applies new connection limits to connections accepted from now on.
-    public func reload(limits: ConnectionLimits) {
-        self.limits.withLock { $0 = limits }
-        logger.info("connection limits reloaded", metadata: ["maxLine": "\(limits.maxLine)", "queueBytes": "\(limits.queueBytes)"])
+    /// Applies new limits and an access policy. Requests are checked against them at once;
+    /// subscriptions to repositories a peer may no longer read end with a `revoked` event;
+    /// per-connection limits (line length, outgoing queue) apply to new connections.
+    public func reload(limits: Limits, policy: AccessPolicy) {
+        if let hub = hub.withLock({ $0 }) {
+            hub.reload(limits: limits, policy: policy)
+        } else {
+            runtime.update(limits: limits, policy: policy)
+        }
+        logger.info("limits and access policy reloaded", metadata: ["rules": "\(policy.rules.count)"])
     }
 
     /// What the server is doing now (zeros before it serves).
@@ -159,7 +153,7 @@ public final class ObsServer: Service, Sendable {
             storage = try openStorage()
             hub = try Hub(
                 historyLimit: config.historyLimit, historyMaxAge: config.historyMaxAge?.components.seconds, storage: storage,
-                deliveryLoops: group)
+                deliveryLoops: group, runtime: runtime)
         } catch {
             try? await group.shutdownGracefully()
             throw error
@@ -220,21 +214,17 @@ public final class ObsServer: Service, Sendable {
 
     /// Binds the configured path, or adopts the inherited sockets.
     private func listen(group: MultiThreadedEventLoopGroup, hub: Hub, connections: ConnectionRegistry) async throws -> [any Channel] {
-        let (limits, logger) = (self.limits, self.logger)
+        let (runtime, logger) = (self.runtime, self.logger)
         let startTime = ContinuousClock.now
         let bootstrap = ServerBootstrap(group: group)
             .serverChannelOption(.backlog, value: 1024)
             .childChannelOption(.maxMessagesPerRead, value: 16)
             .childChannelInitializer { child in
                 connections.add(child)
-                let current = limits.withLock { $0 }
+                let limits = runtime.snapshot.limits
                 return child.eventLoop.makeCompletedFuture {
                     try child.pipeline.syncOperations.addHandler(
-                        ConnectionHandler(
-                            hub: hub,
-                            limits: OutboxLimits(maxBytes: current.queueBytes, maxEvents: current.queueEvents, grace: TimeAmount(current.overflowGrace)),
-                            settings: SessionSettings(maxLine: current.maxLine, maxDepth: current.maxDepth, startTime: startTime),
-                            logger: logger))
+                        ConnectionHandler(hub: hub, limits: limits, startTime: startTime, logger: logger))
                 }
             }
         switch configuration.listener {

@@ -142,6 +142,22 @@ final class Outbox: Sendable {
     /// The number of live subscriptions.
     var liveCount: Int { state.withLock { $0.live.count } }
 
+    /// The live subscriptions.
+    var liveSubscriptions: [Subscription] { state.withLock { $0.live.values.map(\.subscription) } }
+
+    /// Ends a live subscription and queues `notice` (its last message) in the same step, so
+    /// no event of it follows. Returns it, or nil if it was not live.
+    func revoke(_ id: UInt64, notice: ByteBuffer) -> Subscription? {
+        let (ended, schedule) = state.withLock { s -> (Subscription?, Bool) in
+            guard s.phase == .open, let live = s.live.removeValue(forKey: id) else { return (nil, false) }
+            stats.subscriptions.subtract(1, ordering: .relaxed)
+            Self.push(notice, events: 1, into: &s)
+            return (live.subscription, Self.claimFlush(&s))
+        }
+        if schedule { scheduleFlush() }
+        return ended
+    }
+
     // MARK: Events
 
     /// Queues the change event of `record` for `subscription`, or overflows.

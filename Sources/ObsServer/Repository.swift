@@ -57,6 +57,14 @@ struct WriteOutcome: Sendable {
     let sequence: StateSequence
 }
 
+/// Why a write was refused; nothing was applied.
+enum WriteRefusal: Error, Sendable {
+    /// The contract's rules: a failed condition, a key written twice in a batch.
+    case rules(WriteError)
+    /// The write would create keys beyond the repository's limit.
+    case tooManyKeys(limit: Int)
+}
+
 /// Called once when a state is durable (`.success`) or will never be (`.failure`).
 typealias DurabilityWaiter = @Sendable (Result<Void, StorageError>) -> Void
 
@@ -106,6 +114,8 @@ final class Repository: DurabilityListener, Sendable {
     private let storage: any Storage
     /// Where delivery runs when durability is reported by the storage thread.
     private let deliveryLoop: (any EventLoop)?
+    /// Counts repositories that exist (revision > 0).
+    private let stats: ServerStats
 
     init(
         name: String, loaded: LoadedRepository? = nil, historyLimit: Int, historyMaxAge: Int64?, storage: any Storage,
@@ -113,6 +123,7 @@ final class Repository: DurabilityListener, Sendable {
     ) {
         self.name = name
         self.storage = storage
+        self.stats = hub.stats
         self.deliveryLoop = storage.isImmediate ? nil : deliveryLoop
         var history = History(capacity: historyLimit, maxAge: historyMaxAge)
         for record in loaded?.history ?? [] { history.append(record) }
@@ -154,13 +165,27 @@ final class Repository: DurabilityListener, Sendable {
 
     /// Applies `ops` atomically. The resulting revision (if any) is delivered to
     /// subscribers once durable; `whenDurable` tells the writer.
-    func write(_ ops: [WriteOp<StoredValue>], now: Int64) throws(WriteError) -> WriteOutcome {
-        let outcome = try state.withLock { (s) throws(WriteError) -> WriteOutcome in
+    ///
+    /// - Parameter maxKeys: refuse a write that would leave more keys than this.
+    func write(_ ops: [WriteOp<StoredValue>], now: Int64, maxKeys: Int) throws(WriteRefusal) -> WriteOutcome {
+        let outcome = try state.withLock { (s) throws(WriteRefusal) -> WriteOutcome in
             let before = ops.map { s.data[$0.key] }
             let previous = ops.count == 1 ? before[0]?.value : nil
-            guard let changeSet = try s.data.apply(ops) else {
+            var created = 0
+            var removed = 0
+            for (op, entry) in zip(ops, before) {
+                switch op {
+                case .set: if entry == nil { created += 1 }
+                case .delete: if entry != nil { removed += 1 }
+                }
+            }
+            if created > 0, s.data.count + created - removed > maxKeys { throw .tooManyKeys(limit: maxKeys) }
+            let applied: ChangeSet<StoredValue>?
+            do throws(WriteError) { applied = try s.data.apply(ops) } catch { throw .rules(error) }
+            guard let changeSet = applied else {
                 return WriteOutcome(revision: s.data.revision, changed: false, previous: previous, sequence: s.current)
             }
+            if changeSet.revision == 1 { stats.repositories.add(1, ordering: .relaxed) }
             s.applied += 1
             s.current = s.applied
             let record = RevisionRecord(repo: name, changeSet: changeSet, time: now)
@@ -216,6 +241,7 @@ final class Repository: DurabilityListener, Sendable {
             let undone = s.pending.filter { $0.record.revision > revision }
             for p in undone.reversed() {
                 s.data.revert(ChangeSet(revision: p.record.revision, changes: p.record.changes), previous: p.previous)
+                if p.record.revision == 1 { stats.repositories.subtract(1, ordering: .relaxed) }
             }
             s.history.removeLast(undone.count)
             s.pending.removeAll { $0.record.revision > revision }

@@ -1,10 +1,10 @@
-// ObsServer — one connection's requests: execution against the hub and reply encoding.
+// ObsServer — one connection's requests: access checks, limits, execution against the
+// hub, and reply encoding.
 //
 // A `Session` lives on its connection's event loop and handles requests in order. Every
-// request gets exactly one reply, appended to the connection's outbox in request order. A
-// reply that reports state at a revision not yet durable holds its place in the outbox
-// (a slot) and is sent when storage confirms that revision — or replaced by an error if
-// storage fails and the revision is undone. So nothing a client is told can be lost.
+// request gets exactly one reply, appended to the connection's outbox in request order
+// (see Session+Replies.swift for how replies wait for durability). Before each request it
+// picks up the current limits and access policy if a reload changed them.
 
 import Logging
 import NIOCore
@@ -15,25 +15,41 @@ import ObservableKit
 final class Session {
     let hub: Hub
     let outbox: Outbox
+    let peer: Peer
     let settings: SessionSettings
     let logger: Logger
-    private var nextSub: UInt64 = 1
+    var nextSub: UInt64 = 1
     /// Reused for encoding replies.
-    private var scratch: ByteBuffer
+    var scratch: ByteBuffer
+    /// The limits and policy this session last read, and what the policy grants per repository.
+    private var runtime: Runtime.Snapshot
+    private var permissions: [String: Permission] = [:]
+    private var deniedCount = 0
 
-    init(hub: Hub, outbox: Outbox, settings: SessionSettings, logger: Logger) {
+    init(hub: Hub, outbox: Outbox, peer: Peer, settings: SessionSettings, logger: Logger) {
         self.hub = hub
         self.outbox = outbox
+        self.peer = peer
         self.settings = settings
+        var logger = logger
+        logger[metadataKey: "peer.uid"] = "\(peer.uid)"
+        logger[metadataKey: "peer.pid"] = "\(peer.pid)"
         self.logger = logger
         self.scratch = ByteBufferAllocator().buffer(capacity: 1024)
+        self.runtime = hub.runtime.snapshot
     }
+
+    var limits: Limits { runtime.limits }
 
     // MARK: Input
 
     /// Handles one frame from the connection.
     func handle(_ frame: LineFramer.Frame) {
         hub.stats.requests.add(1, ordering: .relaxed)
+        if hub.runtime.generation != runtime.generation {
+            runtime = hub.runtime.snapshot
+            permissions.removeAll()
+        }
         switch frame {
         case .tooLarge:
             fail(id: .null, ProtocolError(.tooLarge, "line longer than \(settings.maxLine) bytes; the rest of it is discarded"))
@@ -56,6 +72,14 @@ final class Session {
 
     private func execute(_ request: Request) {
         let id = request.id
+        if let repo = request.command.repo {
+            let needed: Permission
+            switch request.command {
+            case .set, .delete, .batch: needed = .write
+            default: needed = .read
+            }
+            guard permits(repo, needed, op: request.command.op, id: id) else { return }
+        }
         switch request.command {
         case .hello:
             reply(id) { b in
@@ -66,50 +90,32 @@ final class Session {
         case .ping:
             reply(id) { _ in }
         case .get(let repo, let key):
-            guard let repository = hub.existing(repo) else {
-                return fail(id: id, ProtocolError(.notFound, "key \(key.debugDescription) does not exist in repository \(repo)"))
-            }
-            let (entry, sequence) = repository.get(key)
-            guard let entry else {
-                return fail(
-                    id: id, ProtocolError(.notFound, "key \(key.debugDescription) does not exist in repository \(repo)"),
-                    after: sequence, in: repository)
-            }
-            reply(id, after: sequence, in: repository) { b in
-                b.writeRaw(",\"value\":")
-                b.writeStored(entry.value)
-                b.writeMember(",\"rev\":", entry.revision)
-            }
+            get(id, repo: repo, key: key)
         case .set(let repo, let key, let value, let ifRev, let force):
-            write(id, repo: repo, [.set(key, StoredValue(value), ifRevision: ifRev, force: force)], single: true)
+            guard let stored = storedValue(value, key: key, id: id) else { return }
+            write(id, repo: repo, [.set(key, stored, ifRevision: ifRev, force: force)], single: true)
         case .delete(let repo, let key, let ifRev):
             write(id, repo: repo, [.delete(key, ifRevision: ifRev)], single: true)
         case .batch(let repo, let ops):
-            write(id, repo: repo, ops.map(Self.stored), single: false)
-        case .list(let repo, let prefix, let values):
-            let repository = hub.existing(repo)
-            let (revision, entries, sequence) = repository?.list(prefix: prefix) ?? (0, [], 0)
-            reply(id, after: sequence, in: repository) { b in
-                b.writeMember(",\"rev\":", revision)
-                b.writeRaw(",\"keys\":[")
-                for (i, e) in entries.enumerated() {
-                    if i > 0 { b.writeByte(UInt8(ascii: ",")) }
-                    b.writeJSONString(e.key)
-                }
-                b.writeByte(UInt8(ascii: "]"))
-                if values {
-                    b.writeRaw(",\"values\":{")
-                    for (i, e) in entries.enumerated() {
-                        if i > 0 { b.writeByte(UInt8(ascii: ",")) }
-                        b.writeJSONString(e.key)
-                        b.writeByte(UInt8(ascii: ":"))
-                        b.writeStored(e.value)
-                    }
-                    b.writeByte(UInt8(ascii: "}"))
+            guard ops.count <= limits.maxKeysPerRequest else {
+                return fail(id: id, ProtocolError(.tooLarge, "the batch has \(ops.count) operations; the limit is \(limits.maxKeysPerRequest)"))
+            }
+            var stored: [WriteOp<StoredValue>] = []
+            stored.reserveCapacity(ops.count)
+            for op in ops {
+                switch op {
+                case .set(let key, let value, let ifRev, let force):
+                    guard let v = storedValue(value, key: key, id: id) else { return }
+                    stored.append(.set(key, v, ifRevision: ifRev, force: force))
+                case .delete(let key, let ifRev):
+                    stored.append(.delete(key, ifRevision: ifRev))
                 }
             }
+            write(id, repo: repo, stored, single: false)
+        case .list(let repo, let prefix, let values):
+            list(id, repo: repo, prefix: prefix, values: values)
         case .repos:
-            let repos = hub.listed().map { ($0.name, $0.summary) }
+            let repos = hub.listed().filter { permission($0.name) >= .read }.map { ($0.name, $0.summary) }
             reply(id) { b in
                 b.writeRaw(",\"repos\":[")
                 for (i, (name, summary)) in repos.enumerated() {
@@ -122,6 +128,12 @@ final class Session {
                 b.writeByte(UInt8(ascii: "]"))
             }
         case .subscribe(let request):
+            if case .keys(let keys) = request.selection, keys.count > limits.maxKeysPerRequest {
+                return fail(id: id, ProtocolError(.tooLarge, "the subscription names \(keys.count) keys; the limit is \(limits.maxKeysPerRequest)"))
+            }
+            guard outbox.liveCount < limits.maxSubscriptionsPerConnection else {
+                return fail(id: id, ProtocolError(.overloaded, "this connection has \(outbox.liveCount) subscriptions; the limit is \(limits.maxSubscriptionsPerConnection)"))
+            }
             subscribe(id, request)
         case .unsubscribe(let sub):
             guard let subscription = outbox.unregister(sub) else {
@@ -130,44 +142,70 @@ final class Session {
             hub.subscriptionEnded(subscription)
             reply(id) { _ in }
         case .stats:
-            let s = hub.stats
-            let uptime = settings.startTime.duration(to: .now)
-            reply(id) { b in
-                b.writeMember(",\"connections\":", UInt64(s.connections.load(ordering: .relaxed)))
-                b.writeMember(",\"subscriptions\":", UInt64(max(0, s.subscriptions.load(ordering: .relaxed))))
-                b.writeMember(",\"repos\":", UInt64(hub.repositoryCount))
-                b.writeMember(",\"connectionsTotal\":", UInt64(s.connectionsTotal.load(ordering: .relaxed)))
-                b.writeMember(",\"requests\":", UInt64(s.requests.load(ordering: .relaxed)))
-                b.writeMember(",\"writes\":", UInt64(s.writes.load(ordering: .relaxed)))
-                b.writeMember(",\"eventsOut\":", UInt64(s.eventsOut.load(ordering: .relaxed)))
-                b.writeMember(",\"bytesOut\":", UInt64(s.bytesOut.load(ordering: .relaxed)))
-                b.writeMember(",\"overflows\":", UInt64(s.overflows.load(ordering: .relaxed)))
-                b.writeMember(",\"errors\":", UInt64(s.errors.load(ordering: .relaxed)))
-                b.writeMember(",\"uptimeSeconds\":", UInt64(max(0, uptime.components.seconds)))
-                b.writeMember(",\"storage\":", hub.storage.summary)
-                if let c = hub.storage.counters {
-                    b.writeMember(",\"storageCommits\":", UInt64(c.commits.load(ordering: .relaxed)))
-                    b.writeMember(",\"storageFsyncs\":", UInt64(c.fsyncs.load(ordering: .relaxed)))
-                    b.writeMember(",\"storageRecords\":", UInt64(c.records.load(ordering: .relaxed)))
-                    b.writeMember(",\"storageFailures\":", UInt64(c.failures.load(ordering: .relaxed)))
+            stats(id)
+        }
+    }
+
+    private func get(_ id: JSONValue, repo: String, key: Key) {
+        guard let repository = hub.existing(repo) else {
+            return fail(id: id, ProtocolError(.notFound, "key \(key.debugDescription) does not exist in repository \(repo)"))
+        }
+        let (entry, sequence) = repository.get(key)
+        guard let entry else {
+            return fail(
+                id: id, ProtocolError(.notFound, "key \(key.debugDescription) does not exist in repository \(repo)"),
+                after: sequence, in: repository)
+        }
+        reply(id, after: sequence, in: repository) { b in
+            b.writeRaw(",\"value\":")
+            b.writeStored(entry.value)
+            b.writeMember(",\"rev\":", entry.revision)
+        }
+    }
+
+    private func list(_ id: JSONValue, repo: String, prefix: String?, values: Bool) {
+        let repository = hub.existing(repo)
+        let (revision, entries, sequence) = repository?.list(prefix: prefix) ?? (0, [], 0)
+        reply(id, after: sequence, in: repository) { b in
+            b.writeMember(",\"rev\":", revision)
+            b.writeRaw(",\"keys\":[")
+            for (i, e) in entries.enumerated() {
+                if i > 0 { b.writeByte(UInt8(ascii: ",")) }
+                b.writeJSONString(e.key)
+            }
+            b.writeByte(UInt8(ascii: "]"))
+            if values {
+                b.writeRaw(",\"values\":{")
+                for (i, e) in entries.enumerated() {
+                    if i > 0 { b.writeByte(UInt8(ascii: ",")) }
+                    b.writeJSONString(e.key)
+                    b.writeByte(UInt8(ascii: ":"))
+                    b.writeStored(e.value)
                 }
-                b.writeMember(",\"server\":", "obsd/\(ObsServer.version)")
+                b.writeByte(UInt8(ascii: "}"))
             }
         }
     }
 
     private func write(_ id: JSONValue, repo: String, _ ops: [WriteOp<StoredValue>], single: Bool) {
         let now = WallClock.unixSeconds()
+        let limits = self.limits
+        let creates = (hub.existing(repo)?.revision ?? 0) == 0
+        if creates && hub.repositoryCount >= limits.maxRepositories {
+            return fail(id: id, ProtocolError(.overloaded, "creating repository \(repo) would exceed the limit of \(limits.maxRepositories) repositories"))
+        }
         let (repository, result) = hub.using(repo) { repository in
-            (repository, Result { () throws(WriteError) in try repository.write(ops, now: now) })
+            (repository, Result { () throws(WriteRefusal) in try repository.write(ops, now: now, maxKeys: limits.maxKeysPerRepository) })
         }
         let outcome: WriteOutcome
         switch result {
         case .success(let o):
             outcome = o
-        case .failure(let error):
+        case .failure(.rules(let error)):
             let code: ErrorCode = if case .conflict = error { .conflict } else { .badRequest }
             return fail(id: id, ProtocolError(code, error.description), after: repository.sequence, in: repository)
+        case .failure(.tooManyKeys(let limit)):
+            return fail(id: id, ProtocolError(.overloaded, "repository \(repo) would hold more than \(limit) keys"))
         }
         if outcome.changed { hub.stats.writes.add(1, ordering: .relaxed) }
         reply(id, after: outcome.sequence, in: repository) { b in
@@ -180,91 +218,63 @@ final class Session {
         }
     }
 
-    private func subscribe(_ id: JSONValue, _ request: SubscribeRequest) {
-        let number = nextSub
-        nextSub += 1
-        let now = WallClock.unixSeconds()
-        do {
-            try hub.using(request.repo) { (repository) throws(ProtocolError) in
-                let subscription = Subscription(id: number, repository: repository, outbox: outbox, once: request.once)
-                let (slot, bytes, events, sequence) = try repository.subscribe(subscription, request, replyID: id, now: now)
-                let (outbox, hub) = (self.outbox, self.hub)
-                let fail = { @Sendable (error: StorageError) in
-                    if let ended = outbox.unregister(subscription.id) { hub.subscriptionEnded(ended) }
-                    outbox.fill(slot, with: Self.storageFailure(id: id, error, repo: repository.name))
-                }
-                let status = repository.whenDurable(sequence) { result in
-                    switch result {
-                    case .success: outbox.fill(slot, with: bytes, events: events)
-                    case .failure(let error): fail(error)
-                    }
-                }
-                switch status {
-                case .durable: outbox.fill(slot, with: bytes, events: events)
-                case .pending: break
-                case .failed(let error): fail(error)
-                }
-            }
-        } catch {
-            fail(id: id, error)
+    /// The value with its encoding, or nil (after replying `too_large`) when it is too big.
+    private func storedValue(_ value: JSONValue, key: Key, id: JSONValue) -> StoredValue? {
+        let stored = StoredValue(value)
+        guard stored.bytes.count <= limits.maxValueBytes else {
+            fail(id: id, ProtocolError(.tooLarge, "the value of key \(key.debugDescription) is \(stored.bytes.count) bytes of JSON; the limit is \(limits.maxValueBytes)"))
+            return nil
         }
+        return stored
     }
 
-    // MARK: Replies
+    // MARK: Access
 
-    /// Appends a success reply — at once if the state it reports (`sequence`) is durable in
-    /// `repository` (or no repository is involved), else in a slot filled when it is.
-    private func reply(
-        _ id: JSONValue, after sequence: StateSequence = 0, in repository: Repository? = nil, _ members: (inout ByteBuffer) -> Void
-    ) {
-        scratch.clear()
-        ReplyEncoder.begin(&scratch, id: id)
-        members(&scratch)
-        ReplyEncoder.end(&scratch)
-        send(scratch, id: id, after: sequence, in: repository)
+    /// What the policy grants this peer on `repo` (cached until the policy changes).
+    func permission(_ repo: String) -> Permission {
+        if let known = permissions[repo] { return known }
+        let granted = runtime.policy.permission(of: peer, on: repo)
+        if permissions.count > 4096 { permissions.removeAll() }
+        permissions[repo] = granted
+        return granted
     }
 
-    /// Appends an error reply, held back like `reply` when it reports non-durable state.
-    private func fail(id: JSONValue, _ error: ProtocolError, after sequence: StateSequence = 0, in repository: Repository? = nil) {
-        hub.stats.errors.add(1, ordering: .relaxed)
-        scratch.clear()
-        ReplyEncoder.error(&scratch, id: id, error)
-        send(scratch, id: id, after: sequence, in: repository)
-    }
-
-    private func send(_ bytes: ByteBuffer, id: JSONValue, after sequence: StateSequence, in repository: Repository?) {
-        guard let repository, !repository.isDurable(sequence) else {
-            outbox.append(bytes)
-            return
+    /// Whether the peer may do `op` to `repo`; if not, replies `forbidden` and logs it.
+    private func permits(_ repo: String, _ needed: Permission, op: String, id: JSONValue) -> Bool {
+        if permission(repo) >= needed { return true }
+        hub.stats.denied.add(1, ordering: .relaxed)
+        deniedCount += 1
+        // A denied client can retry in a loop: log its first denials, then every 1000th.
+        if deniedCount <= 10 || deniedCount % 1000 == 0 {
+            logger.notice(
+                "access denied",
+                metadata: ["repo": "\(repo)", "op": "\(op)", "peer.gid": "\(peer.gid)", "denials": "\(deniedCount)"])
         }
-        let slot = outbox.reserveSlot()
-        let outbox = self.outbox
-        let status = repository.whenDurable(sequence) { result in
-            switch result {
-            case .success: outbox.fill(slot, with: bytes)
-            case .failure(let error): outbox.fill(slot, with: Self.storageFailure(id: id, error, repo: repository.name))
+        fail(id: id, ProtocolError(.forbidden, "\(peer) may not \(needed.verb) repository \(repo)"))
+        return false
+    }
+
+    /// After a reload: ends the subscriptions of repositories this peer may no longer read,
+    /// each with a final `revoked` event. Runs on the connection's event loop.
+    func revalidate() {
+        runtime = hub.runtime.snapshot
+        permissions.removeAll()
+        for subscription in outbox.liveSubscriptions where permission(subscription.repository.name) < .read {
+            var notice = ByteBuffer()
+            notice.writeMember("{\"event\":\"revoked\",\"sub\":", subscription.id)
+            notice.writeMember(",\"repo\":", subscription.repository.name)
+            notice.writeRaw(",\"error\":")
+            let error = ProtocolError(.forbidden, "\(peer) may no longer read repository \(subscription.repository.name)")
+            notice.writeRaw("{\"code\":")
+            notice.writeJSONString(error.code.rawValue)
+            notice.writeMember(",\"message\":", error.message)
+            notice.writeRaw("}}\n")
+            if let ended = outbox.revoke(subscription.id, notice: notice) {
+                hub.subscriptionEnded(ended)
+                logger.notice("subscription revoked by the access policy", metadata: ["repo": "\(subscription.repository.name)"])
             }
         }
-        switch status {
-        case .durable: outbox.fill(slot, with: bytes)
-        case .pending: break
-        case .failed(let error): outbox.fill(slot, with: Self.storageFailure(id: id, error, repo: repository.name))
-        }
-    }
-
-    /// The reply to a request whose outcome storage could not keep.
-    private static func storageFailure(id: JSONValue, _ error: StorageError, repo: String) -> ByteBuffer {
-        var buffer = ByteBuffer()
-        let message = "storage failure in repository \(repo): the change this reply depends on could not be stored and was undone (\(error.description)); retry once the cause is fixed"
-        ReplyEncoder.error(&buffer, id: id, ProtocolError(.internal, message))
-        return buffer
-    }
-
-    private static func stored(_ op: WriteOp<JSONValue>) -> WriteOp<StoredValue> {
-        switch op {
-        case .set(let key, let value, let ifRev, let force): return .set(key, StoredValue(value), ifRevision: ifRev, force: force)
-        case .delete(let key, let ifRev): return .delete(key, ifRevision: ifRev)
-        }
+        outbox.flush()
     }
 }
 

@@ -30,6 +30,7 @@ enum Launch {
         config.socketUser = s.socketUser
         config.socketGroup = s.socketGroup
         config.limits = limits(s)
+        config.policy = try policy(s)
         config.historyLimit = s.historyLimit
         config.historyMaxAge = s.historyMaxAgeSeconds > 0 ? .seconds(s.historyMaxAgeSeconds) : nil
         if s.threads > 0 { config.threads = s.threads }
@@ -50,14 +51,26 @@ enum Launch {
         return config
     }
 
-    /// The reloadable connection limits of `s`.
-    static func limits(_ s: DaemonSettings) -> ConnectionLimits {
-        var limits = ConnectionLimits()
+    /// The limits of `s`.
+    static func limits(_ s: DaemonSettings) -> Limits {
+        var limits = Limits()
         limits.maxLine = s.maxLine
         limits.queueBytes = s.queueBytes
         limits.queueEvents = s.queueEvents
         limits.overflowGrace = .seconds(s.overflowGraceSeconds)
+        limits.maxValueBytes = s.maxValueBytes
+        limits.maxKeysPerRequest = s.maxKeysPerRequest
+        limits.maxSubscriptionsPerConnection = s.maxSubscriptionsPerConnection
+        limits.maxKeysPerRepository = s.maxKeysPerRepository
+        limits.maxRepositories = s.maxRepositories
+        limits.maxConnections = s.maxConnections
+        limits.maxConnectionsPerUID = s.maxConnectionsPerUID
         return limits
+    }
+
+    /// The access policy of `s`; user and group names are looked up now.
+    static func policy(_ s: DaemonSettings) throws(AccessPolicyError) -> AccessPolicy {
+        try AccessPolicy(rules: s.accessRules.map { ($0.repos, $0.users, $0.groups, $0.allow) }, fallback: s.accessDefault)
     }
 }
 

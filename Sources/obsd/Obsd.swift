@@ -41,6 +41,12 @@ struct Obsd: AsyncParsableCommand {
     @Option(help: ArgumentHelp("Permission bits of the socket file, octal [socket.mode, 0660].", valueName: "mode"))
     var socketMode: String?
 
+    @Option(help: ArgumentHelp("Owner of the socket file: a user name or uid [socket.user].", valueName: "user"))
+    var socketUser: String?
+
+    @Option(help: ArgumentHelp("Group of the socket file: a group name or gid [socket.group].", valueName: "group"))
+    var socketGroup: String?
+
     @Option(help: ArgumentHelp("Directory for persistent data [storage.data-dir].", valueName: "dir"))
     var dataDir: String?
 
@@ -71,6 +77,30 @@ struct Obsd: AsyncParsableCommand {
     @Option(help: ArgumentHelp("Seconds an overflowed connection may take to read its last messages [limits.overflow-grace-seconds, 30].", valueName: "s"))
     var overflowGrace: Int?
 
+    @Option(help: ArgumentHelp("Largest value, in bytes of JSON [limits.max-value-bytes, 524288].", valueName: "bytes"))
+    var maxValueBytes: Int?
+
+    @Option(help: ArgumentHelp("Most keys in one subscribe or operations in one batch [limits.max-keys-per-request, 4096].", valueName: "n"))
+    var maxKeysPerRequest: Int?
+
+    @Option(help: ArgumentHelp("Most live subscriptions per connection [limits.max-subscriptions-per-connection, 1024].", valueName: "n"))
+    var maxSubscriptions: Int?
+
+    @Option(help: ArgumentHelp("Most keys per repository [limits.max-keys-per-repository, 1000000].", valueName: "n"))
+    var maxKeysPerRepository: Int?
+
+    @Option(help: ArgumentHelp("Most repositories [limits.max-repositories, 10000].", valueName: "n"))
+    var maxRepositories: Int?
+
+    @Option(help: ArgumentHelp("Most connections [limits.max-connections, 16384].", valueName: "n"))
+    var maxConnections: Int?
+
+    @Option(help: ArgumentHelp("Most connections per uid, root and obsd's uid exempt [limits.max-connections-per-uid, 1024].", valueName: "n"))
+    var maxConnectionsPerUid: Int?
+
+    @Option(help: ArgumentHelp("What peers no access rule matches may do: none, read or write [access.default, none].", valueName: "policy"))
+    var accessDefault: String?
+
     @Option(help: ArgumentHelp("trace, debug, info, notice, warning, error or critical [log.level, info].", valueName: "level"))
     var logLevel: String?
 
@@ -87,6 +117,8 @@ struct Obsd: AsyncParsableCommand {
         func put(_ key: String, _ value: Int?) { if let value { flags[key] = .integer(value) } }
         put("socket.path", socket)
         put("socket.mode", socketMode)
+        put("socket.user", socketUser)
+        put("socket.group", socketGroup)
         put("storage.data-dir", dataDir)
         if inMemory { flags["storage.in-memory"] = .boolean(true) }
         put("storage.sync", sync)
@@ -97,6 +129,14 @@ struct Obsd: AsyncParsableCommand {
         put("limits.queue-bytes", queueBytes)
         put("limits.queue-events", queueEvents)
         put("limits.overflow-grace-seconds", overflowGrace)
+        put("limits.max-value-bytes", maxValueBytes)
+        put("limits.max-keys-per-request", maxKeysPerRequest)
+        put("limits.max-subscriptions-per-connection", maxSubscriptions)
+        put("limits.max-keys-per-repository", maxKeysPerRepository)
+        put("limits.max-repositories", maxRepositories)
+        put("limits.max-connections", maxConnections)
+        put("limits.max-connections-per-uid", maxConnectionsPerUid)
+        put("access.default", accessDefault)
         put("log.level", logLevel)
         put("log.target", logTarget)
         put("server.threads", threads)
@@ -112,8 +152,14 @@ struct Obsd: AsyncParsableCommand {
         let flags = flagLayer
         if let checkConfig {
             let settings = try Self.orExit { () throws(ConfigError) in try Self.load(file: checkConfig, environment: [:], flags: flags) }
+            let policy = try Self.orExit { () throws(ConfigError) in
+                do throws(AccessPolicyError) { return try Launch.policy(settings) } catch { throw ConfigError("\(checkConfig): \(error)") }
+            }
             print("\(checkConfig): OK")
-            for setting in Setting.all { print("\(setting.key) = \(setting.describe(settings))") }
+            for setting in Setting.all {
+                print("\(setting.key) = \(setting.describe(settings))    # --\(setting.flag), $\(setting.environment)")
+            }
+            print("access rules: \(policy.rules.count)")
             return
         }
         let configPath = config ?? environment["OBSD_CONFIG"].flatMap { $0.isEmpty ? nil : $0 }

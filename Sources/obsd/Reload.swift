@@ -1,6 +1,7 @@
 // obsd — SIGHUP: re-read the configuration and apply what can change while running (log
-// level, connection limits), telling systemd RELOADING=1 … READY=1. Settings that need a
-// restart (socket, storage, threads) are reported, not applied.
+// level, limits, access policy — without dropping connections), telling systemd
+// RELOADING=1 … READY=1. Settings that need a restart (socket, storage, threads) are
+// reported, not applied.
 
 import Logging
 import ObsConfig
@@ -22,8 +23,9 @@ struct ReloadService: Service {
             notifier.reloading()
             do {
                 let settings = try reread()
+                let policy = try Launch.policy(settings)
                 level.current = Logger.Level(rawValue: settings.logLevel) ?? .info
-                server.reload(limits: Launch.limits(settings))
+                server.reload(limits: Launch.limits(settings), policy: policy)
                 if let previous = applied {
                     for setting in Setting.all where ["socket", "storage", "server"].contains(where: { setting.key.hasPrefix($0 + ".") }) {
                         if setting.describe(previous) != setting.describe(settings) {

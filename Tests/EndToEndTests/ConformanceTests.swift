@@ -198,7 +198,7 @@ import Testing
     }
 
     @Test func hostileInputsGetClearErrors() async throws {
-        let d = try await TestDaemon.start(["--max-line", "4000000"])
+        let d = try await TestDaemon.start(["--max-line", "4000000", "--max-value-bytes", "4000000"])
         let c = try d.connect()
         try c.send(String(repeating: "[", count: 100_000) + String(repeating: "]", count: 100_000))
         #expect(try c.receive().errorCode == "bad_json")

@@ -91,6 +91,22 @@ import Glibc
         #expect(second.stderr.contains("data directory \(d.directory)/data is in use by another obsd (pid \(d.pid))"))
     }
 
+    @Test func everySettingHasTheFlagItsTableEntryNames() throws {
+        let help = try run(BuildProducts.path("obsd"), ["--help"]).stdout
+        let settings = try run(BuildProducts.path("obsd"), ["--check-config", "/dev/null"]).stdout
+        var checked = 0
+        for line in settings.split(separator: "\n") {
+            // key = value    # --flag, $VARIABLE
+            guard let hash = line.range(of: "    # --") else { continue }
+            let key = line.prefix { $0 != " " }
+            let flag = line[hash.upperBound...].prefix { $0 != "," }
+            #expect(help.contains("--\(flag) ") || help.contains("--\(flag)\n"), "obsd --help offers --\(flag)")
+            #expect(help.contains("[\(key)"), "obsd --help names \(key)")
+            checked += 1
+        }
+        #expect(checked >= 25)
+    }
+
     @Test func badFlagsAreUsageErrors() throws {
         // Values that fail the settings' checks are configuration errors (78) naming the flag.
         let result = try run(BuildProducts.path("obsd"), ["--log-level", "loud"])

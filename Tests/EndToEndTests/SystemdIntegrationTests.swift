@@ -229,7 +229,7 @@ func awaitNotify(_ listener: DatagramListener, within: Duration = .seconds(20), 
         _ = try client.call(["op": "stats"])
         // strace blocks fatal signals (-o FILE PROG): stop obsd itself, gracefully, so the
         // trace covers shutdown too. Its pid starts the trace's first line (its execve).
-        let first = try String(contentsOfFile: trace, encoding: .utf8).prefix { $0 != " " }
+        let first = try String(contentsOfFile: trace, encoding: .utf8).prefix { $0.isNumber }
         let pid = try #require(Int32(first))
         kill(pid, SIGTERM)
         process.waitUntilExit()
@@ -237,10 +237,11 @@ func awaitNotify(_ listener: DatagramListener, within: Duration = .seconds(20), 
         let lines = try String(contentsOfFile: trace, encoding: .utf8).split(separator: "\n")
         var used = Set<String>()
         for line in lines {
-            let fields = line.split(separator: " ", maxSplits: 1)
-            guard fields.count == 2, let paren = fields[1].firstIndex(of: "(") else { continue }
-            let name = String(fields[1][..<paren])
-            if name.allSatisfy({ $0.isLowercase || $0.isNumber || $0 == "_" }) { used.insert(name) }
+            // "<pid> <spaces> name(args) = result"
+            let call = line.drop { $0.isNumber }.drop { $0 == " " }
+            guard let paren = call.firstIndex(of: "(") else { continue }
+            let name = String(call[..<paren])
+            if !name.isEmpty, name.allSatisfy({ $0.isLowercase || $0.isNumber || $0 == "_" }) { used.insert(name) }
         }
         let writableExecutable = lines.filter {
             ($0.contains("mmap(") || $0.contains("mprotect(")) && $0.contains("PROT_WRITE") && $0.contains("PROT_EXEC")

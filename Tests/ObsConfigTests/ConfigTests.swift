@@ -71,6 +71,46 @@ import Testing
         }
     }
 
+    @Test func accessRulesParse() throws {
+        let file = try ConfigFile.parse(
+            """
+            [access]
+            default = "read"
+            [[access.rule]]
+            repos = ["session.*", "ui"]
+            users = ["alice", 1001]
+            allow = "write"
+            [[access.rule]]
+            repos = "public.*"
+            groups = ["users"]
+            allow = "read"
+            """, path: "f")
+        let s = try DaemonSettings.resolve(file: file, environment: [:], flags: [:])
+        #expect(s.accessDefault == "read")
+        #expect(s.accessRules == [
+            AccessRuleSetting(repos: ["session.*", "ui"], users: ["alice", "1001"], groups: [], allow: "write"),
+            AccessRuleSetting(repos: ["public.*"], users: [], groups: ["users"], allow: "read"),
+        ])
+    }
+
+    @Test(arguments: [
+        ("[[access.rule]]\nusers = [\"a\"]\nallow = \"read\"\n", "needs repos"),
+        ("[[access.rule]]\nrepos = [\"x\"]\nallow = \"read\"\n", "needs users or groups"),
+        ("[[access.rule]]\nrepos = [\"x\"]\nusers = [\"a\"]\nallow = \"admin\"\n", "allow must be \"read\" or \"write\""),
+        ("[[access.rule]]\nrepos = [\"x y\"]\nusers = [\"a\"]\nallow = \"read\"\n", "may use only"),
+        ("[[access.rule]]\nrepos = [\"x\"]\nuser = [\"a\"]\nallow = \"read\"\n", "unknown key user"),
+        ("[access]\nrule = 3\n", "must be an array of tables"),
+        ("[access]\ndefault = \"all\"\n", "access.default must be one of none, read, write"),
+    ])
+    func badAccessRulesNameTheProblem(_ text: String, _ message: String) {
+        do {
+            _ = try DaemonSettings.resolve(file: try ConfigFile.parse(text, path: "f"), environment: [:], flags: [:])
+            Issue.record("accepted: \(text)")
+        } catch {
+            #expect(error.description.contains(message), "\(error.description)")
+        }
+    }
+
     @Test func missingFileIsAnError() {
         #expect(throws: ConfigError("cannot read configuration file /nonexistent/obsd.toml")) {
             try ConfigFile.load(path: "/nonexistent/obsd.toml")

@@ -1,0 +1,209 @@
+// ObsServer — who is connected, and what they may do.
+//
+// `Peer` is a connection's identity from `SO_PEERCRED` (uid, gid, pid) plus the uid's
+// groups from the user database (as dbus-daemon resolves `group=` policy). `AccessPolicy`
+// grants `read` (get, list, subscribe) or `write` (also set, delete, batch) on repository
+// name patterns to users and groups; the daemon's own uid and root may do everything;
+// everyone else gets the policy's default (none, unless configured).
+
+import Logging
+import NIOCore
+import ObsProtocol
+import ObservableKit
+import Synchronization
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A connected process, as the kernel vouches for it.
+public struct Peer: Sendable, Equatable, CustomStringConvertible {
+    public let uid: UInt32
+    public let gid: UInt32
+    public let pid: Int32
+    /// The uid's groups (primary and supplementary), from the user database.
+    public let groups: Set<UInt32>
+    /// root or the daemon's own uid: not subject to the access policy.
+    public let isPrivileged: Bool
+
+    public init(uid: UInt32, gid: UInt32, pid: Int32, groups: Set<UInt32>, daemonUID: UInt32 = getuid()) {
+        self.uid = uid
+        self.gid = gid
+        self.pid = pid
+        self.groups = groups.union([gid])
+        self.isPrivileged = uid == 0 || uid == daemonUID
+    }
+
+    public var description: String {
+        let name = UserDatabase.userName(uid).map { " (\($0))" } ?? ""
+        return "uid \(uid)\(name) pid \(pid)"
+    }
+
+    /// Log metadata: journal fields OBSD_PEER_UID, OBSD_PEER_GID, OBSD_PEER_PID.
+    var metadata: Logger.Metadata {
+        ["peer.uid": "\(uid)", "peer.gid": "\(gid)", "peer.pid": "\(pid)"]
+    }
+
+    /// The credentials of the process at the other end of a Unix socket channel (`SO_PEERCRED`).
+    /// Must run on the channel's event loop.
+    static func of(_ channel: any Channel, groups: UserDatabase) -> Peer? {
+        guard let provider = channel as? any SocketOptionProvider else { return nil }
+        let future: EventLoopFuture<Credentials> = provider.unsafeGetSocketOption(
+            level: SocketOptionLevel(SOL_SOCKET), name: SocketOptionName(SO_PEERCRED))
+        let credentials = Locked<Credentials?>(nil)
+        future.whenSuccess { c in credentials.withLock { $0 = c } }  // completes at once on the channel's loop
+        guard let c = credentials.withLock({ $0 }) else { return nil }
+        return Peer(uid: c.uid, gid: c.gid, pid: c.pid, groups: groups.groups(of: c.uid, primary: c.gid))
+    }
+
+    /// `struct ucred` (pid_t, uid_t, gid_t), which Glibc's Swift module hides behind _GNU_SOURCE.
+    struct Credentials: Sendable {
+        var pid: Int32 = 0
+        var uid: UInt32 = 0
+        var gid: UInt32 = 0
+    }
+}
+
+/// An access rule that cannot be used (an unknown user or group).
+public struct AccessPolicyError: Error, Sendable, CustomStringConvertible {
+    public let description: String
+}
+
+/// What a peer may do to a repository.
+public enum Permission: Int, Sendable, Comparable {
+    case none = 0, read, write
+
+    public static func < (a: Permission, b: Permission) -> Bool { a.rawValue < b.rawValue }
+
+    var verb: String {
+        switch self {
+        case .none: return "use"
+        case .read: return "read"
+        case .write: return "write"
+        }
+    }
+}
+
+/// Who may read or write which repositories.
+public struct AccessPolicy: Sendable {
+    public struct Rule: Sendable {
+        public let patterns: [String]
+        public let users: Set<UInt32>
+        public let groups: Set<UInt32>
+        public let allow: Permission
+    }
+
+    public let rules: [Rule]
+    /// For peers no rule matches.
+    public let fallback: Permission
+
+    /// Everyone may do everything (tests, private instances).
+    public static let open = AccessPolicy(rules: [], fallback: .write)
+
+    public init(rules: [Rule], fallback: Permission) {
+        self.rules = rules
+        self.fallback = fallback
+    }
+
+    /// A policy from configuration: user and group names are looked up now.
+    ///
+    /// - Throws: a message naming the rule when a name is unknown.
+    public init(rules settings: [(repos: [String], users: [String], groups: [String], allow: String)], fallback: String) throws(AccessPolicyError) {
+        var rules: [Rule] = []
+        for (i, s) in settings.enumerated() {
+            let users = try s.users.map { (name) throws(AccessPolicyError) -> UInt32 in
+                if let id = UInt32(name) { return id }
+                guard let id = UserDatabase.uid(named: name) else {
+                    throw AccessPolicyError(description: "access rule \(i + 1): no user named \(name)")
+                }
+                return id
+            }
+            let groups = try s.groups.map { (name) throws(AccessPolicyError) -> UInt32 in
+                if let id = UInt32(name) { return id }
+                guard let id = UserDatabase.gid(named: name) else {
+                    throw AccessPolicyError(description: "access rule \(i + 1): no group named \(name)")
+                }
+                return id
+            }
+            rules.append(Rule(patterns: s.repos, users: Set(users), groups: Set(groups), allow: s.allow == "write" ? .write : .read))
+        }
+        self.init(rules: rules, fallback: fallback == "write" ? .write : fallback == "read" ? .read : .none)
+    }
+
+    /// The most a matching rule grants (or the fallback when none matches).
+    public func permission(of peer: Peer, on repo: String) -> Permission {
+        if peer.isPrivileged { return .write }
+        var granted: Permission? = nil
+        for rule in rules where rule.users.contains(peer.uid) || !rule.groups.isDisjoint(with: peer.groups) {
+            if rule.patterns.contains(where: { Glob.matches($0, repo) }) {
+                granted = max(granted ?? .none, rule.allow)
+            }
+        }
+        return granted ?? fallback
+    }
+}
+
+/// `*` (any run of characters) and `?` (one character) over repository names.
+enum Glob {
+    static func matches(_ pattern: String, _ name: String) -> Bool {
+        let p = Array(pattern.utf8), n = Array(name.utf8)
+        var (pi, ni) = (0, 0)
+        var star: (p: Int, n: Int)? = nil
+        while ni < n.count {
+            if pi < p.count, p[pi] == UInt8(ascii: "?") || p[pi] == n[ni] {
+                pi += 1
+                ni += 1
+            } else if pi < p.count, p[pi] == UInt8(ascii: "*") {
+                star = (pi, ni)
+                pi += 1
+            } else if let s = star {
+                pi = s.p + 1
+                ni = s.n + 1
+                star = (s.p, s.n + 1)
+            } else {
+                return false
+            }
+        }
+        while pi < p.count, p[pi] == UInt8(ascii: "*") { pi += 1 }
+        return pi == p.count
+    }
+}
+
+/// User and group lookups, with the groups of each uid cached for a minute (a lookup can
+/// be slow with remote user databases, and runs on an event loop).
+final class UserDatabase: Sendable {
+    private let cache = Locked<[UInt32: (groups: Set<UInt32>, at: ContinuousClock.Instant)]>([:])
+
+    func groups(of uid: UInt32, primary: UInt32) -> Set<UInt32> {
+        let now = ContinuousClock.now
+        if let hit = cache.withLock({ $0[uid] }), now - hit.at < .seconds(60) { return hit.groups }
+        var result: Set<UInt32> = [primary]
+        if let name = Self.userName(uid) {
+            var count: Int32 = 64
+            var list = [gid_t](repeating: 0, count: Int(count))
+            if getgrouplist(name, primary, &list, &count) == -1 {
+                list = [gid_t](repeating: 0, count: Int(count))
+                _ = getgrouplist(name, primary, &list, &count)
+            }
+            result.formUnion(list.prefix(Int(max(0, count))))
+        }
+        cache.withLock { $0[uid] = (result, now) }
+        return result
+    }
+
+    static func userName(_ uid: UInt32) -> String? {
+        var entry = passwd()
+        var result: UnsafeMutablePointer<passwd>? = nil
+        var buffer = [CChar](repeating: 0, count: 4096)
+        guard getpwuid_r(uid, &entry, &buffer, buffer.count, &result) == 0, result != nil else { return nil }
+        return String(cString: entry.pw_name)
+    }
+
+    static func uid(named name: String) -> UInt32? {
+        getpwnam(name).map { $0.pointee.pw_uid }
+    }
+
+    static func gid(named name: String) -> UInt32? {
+        getgrnam(name).map { $0.pointee.gr_gid }
+    }
+}

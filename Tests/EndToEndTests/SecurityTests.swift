@@ -1,0 +1,199 @@
+// End-to-end security: access control by peer credentials, exercised from two real uids
+// (the tests run as root; `nobody` through setpriv), and every limit with its error code,
+// checked not to affect other clients.
+
+import Foundation
+import ObsClient
+import ObsProtocol
+import TestSupport
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Runs `obsctl` as `nobody` (uid 65534), with no supplementary groups.
+func obsctlAsNobody(_ arguments: [String], socket: String) throws -> CommandResult {
+    try run(which("setpriv")!, ["--reuid=nobody", "--regid=nogroup", "--clear-groups", BuildProducts.path("obsctl"), "--socket", socket] + arguments)
+}
+
+/// A daemon whose directory `nobody` can reach, with a configuration file.
+func daemonForTwoUsers(_ config: String, _ arguments: [String] = []) async throws -> TestDaemon {
+    let dir = TestDaemon.makeTemporaryDirectory()
+    chmod(dir, 0o755)
+    try ("[socket]\nmode = \"0666\"\n" + config).write(toFile: dir + "/obsd.toml", atomically: true, encoding: .utf8)
+    return try await TestDaemon.start(["--config", dir + "/obsd.toml"] + arguments, directory: dir)
+}
+
+let canSwitchUsers = getuid() == 0 && which("setpriv") != nil
+
+@Suite(.serialized, .timeLimit(.minutes(5)), .enabled(if: canSwitchUsers, "needs root and setpriv to act as nobody"))
+struct AccessControlTests {
+    static let policy = """
+        [[access.rule]]
+        repos = ["public.*"]
+        users = ["nobody"]
+        allow = "read"
+
+        [[access.rule]]
+        repos = ["nobody.*", "shared"]
+        groups = ["nogroup"]
+        allow = "write"
+        """
+
+    @Test func allowedAndDeniedOperationsFromTwoUIDs() async throws {
+        let d = try await daemonForTwoUsers(Self.policy)
+        let s = d.socketPath
+        // root (privileged) may do everything.
+        #expect(try obsctl(["set", "public.news", "headline", "hello"], socket: s).status == 0)
+        #expect(try obsctl(["set", "secret", "k", "1"], socket: s).status == 0)
+
+        // nobody: read public.*, write nobody.* and shared (through its group), nothing else.
+        #expect(try obsctlAsNobody(["get", "public.news", "headline"], socket: s).stdout == "\"hello\"\n")
+        let denied = try obsctlAsNobody(["set", "public.news", "headline", "bye"], socket: s)
+        #expect(denied.status == 3, "forbidden exits 3")
+        #expect(denied.stderr.contains("uid 65534 (nobody)") && denied.stderr.contains("may not write repository public.news"))
+        #expect(try obsctlAsNobody(["get", "secret", "k"], socket: s).status == 3)
+        #expect(try obsctlAsNobody(["list", "secret"], socket: s).status == 3)
+        #expect(try obsctlAsNobody(["watch", "secret"], socket: s).status == 3)
+        #expect(try obsctlAsNobody(["set", "nobody.box", "k", "mine"], socket: s).status == 0)
+        #expect(try obsctlAsNobody(["set", "shared", "k", "ours"], socket: s).status == 0)
+        #expect(try obsctl(["get", "public.news", "headline"], socket: s).stdout == "\"hello\"\n", "the denied write changed nothing")
+
+        // repos and stats show nobody only what it may read.
+        #expect(try obsctlAsNobody(["repos"], socket: s).stdout.split(separator: "\n").dropFirst().map { $0.split(separator: " ")[0] } == ["nobody.box", "public.news", "shared"])
+        let theirStats = try JSONParser.parse(try obsctlAsNobody(["stats", "--json"], socket: s).stdout)
+        #expect(theirStats.objectValue?["peer"]?.objectValue?["uid"] == 65534)
+        #expect(theirStats.objectValue?["peer"]?.objectValue?["privileged"] == false)
+        #expect(theirStats.objectValue?["repos"] == 3 && theirStats.objectValue?["clients"] == nil && theirStats.objectValue?["writes"] == nil)
+        let rootStats = try JSONParser.parse(try obsctl(["stats", "--json"], socket: s).stdout)
+        #expect(rootStats.objectValue?["repos"] == 4 && rootStats.objectValue?["denied"]?.int64Value == 4)
+        #expect(rootStats.objectValue?["peer"]?.objectValue?["privileged"] == true)
+        #expect(rootStats.objectValue?["clients"]?.arrayValue?.isEmpty == false)
+
+        // Every denial is logged with the peer's credentials (journal fields OBSD_PEER_*).
+        let log = d.log
+        #expect(log.contains("access denied") && log.contains("peer.uid=65534") && log.contains("peer.gid=65534") && log.contains("peer.pid="))
+    }
+
+    @Test func reloadRevokesSubscriptionsThatLostAccessWithoutDroppingConnections() async throws {
+        let d = try await daemonForTwoUsers(Self.policy)
+        let s = d.socketPath
+        _ = try obsctl(["set", "public.news", "headline", "hello"], socket: s)
+        // nobody watches public.news, and holds a connection to shared.
+        let watch = Process()
+        watch.executableURL = URL(fileURLWithPath: which("setpriv")!)
+        watch.arguments = ["--reuid=nobody", "--regid=nogroup", "--clear-groups", BuildProducts.path("obsctl"), "--socket", s, "watch", "public.news"]
+        let errPath = d.directory + "/watch.err"
+        _ = FileManager.default.createFile(atPath: errPath, contents: nil)
+        watch.standardError = try FileHandle(forWritingTo: URL(fileURLWithPath: errPath))
+        watch.standardOutput = FileHandle.nullDevice
+        try watch.startCleanly()
+        defer { watch.stop() }
+        let probe = try d.connect()
+        let deadline = ContinuousClock.now + .seconds(20)
+        while try probe.call(["op": "stats"])["subscriptions"] != 1, ContinuousClock.now < deadline { usleep(10_000) }
+
+        // The new policy drops nobody's read access to public.*.
+        try ("[socket]\nmode = \"0666\"\n[[access.rule]]\nrepos = [\"nobody.*\"]\nusers = [\"nobody\"]\nallow = \"write\"\n")
+            .write(toFile: d.directory + "/obsd.toml", atomically: true, encoding: .utf8)
+        d.signal(SIGHUP)
+        while watch.isRunning, ContinuousClock.now < deadline { usleep(10_000) }
+        #expect(!watch.isRunning, "the watch ended")
+        #expect(watch.terminationStatus == 3)
+        #expect(try String(contentsOfFile: errPath, encoding: .utf8).contains("may no longer read repository public.news"))
+        #expect(try probe.call(["op": "ping"]).ok, "other connections were not dropped")
+        #expect(try obsctlAsNobody(["set", "nobody.box", "k", "v"], socket: s).status == 0, "the new rule applies")
+        #expect(try obsctlAsNobody(["get", "public.news", "headline"], socket: s).status == 3)
+    }
+
+    @Test func defaultPolicyLetsOthersDoNothingUnlessConfigured() async throws {
+        let d = try await daemonForTwoUsers("")
+        #expect(try obsctlAsNobody(["get", "any", "k"], socket: d.socketPath).status == 3)
+        #expect(try obsctlAsNobody(["repos"], socket: d.socketPath).stdout == "NAME  REV         KEYS\n")
+        let read = try await daemonForTwoUsers("[access]\ndefault = \"read\"\n")
+        _ = try obsctl(["set", "any", "k", "1"], socket: read.socketPath)
+        #expect(try obsctlAsNobody(["get", "any", "k"], socket: read.socketPath).status == 0)
+        #expect(try obsctlAsNobody(["set", "any", "k", "2"], socket: read.socketPath).status == 3)
+    }
+
+    @Test func connectionsPerUIDAreLimitedButRootIsNot() async throws {
+        let d = try await daemonForTwoUsers("[limits]\nmax-connections-per-uid = 2\n[access]\ndefault = \"read\"\n")
+        var watches: [Process] = []
+        defer { for w in watches { w.stop() } }
+        for _ in 0..<2 {
+            let w = Process()
+            w.executableURL = URL(fileURLWithPath: which("setpriv")!)
+            w.arguments = ["--reuid=nobody", "--regid=nogroup", "--clear-groups", BuildProducts.path("obsctl"), "--socket", d.socketPath, "watch", "r"]
+            w.standardOutput = FileHandle.nullDevice
+            w.standardError = FileHandle.nullDevice
+            try w.startCleanly()
+            watches.append(w)
+        }
+        let probe = try d.connect()
+        let deadline = ContinuousClock.now + .seconds(20)
+        while try probe.call(["op": "stats"])["subscriptions"] != 2, ContinuousClock.now < deadline { usleep(10_000) }
+        let third = try obsctlAsNobody(["get", "r", "k"], socket: d.socketPath)
+        #expect(third.status != 0 && third.stderr.contains("too many connections from uid 65534 (limit 2)"))
+        let rootConnections = try (0..<5).map { _ in try d.connect() }
+        for c in rootConnections { #expect(try c.call(["op": "ping"]).ok, "root is not limited per uid") }
+        #expect(try probe.call(["op": "stats"])["connectionsRefused"] == 1)
+    }
+}
+
+@Suite(.timeLimit(.minutes(3))) struct LimitTests {
+    @Test func sizeLimitsAreTooLargeAndCountLimitsOverloaded() async throws {
+        let d = try await TestDaemon.start(
+            [
+                "--max-value-bytes", "100", "--max-keys-per-request", "3", "--max-subscriptions", "2",
+                "--max-keys-per-repository", "3", "--max-repositories", "2",
+            ], inMemory: true)
+        let c = try d.connect()
+        let other = try d.connect()
+        let big = JSONValue.string(String(repeating: "v", count: 150))
+
+        #expect(try c.call(["op": "set", "repo": "a", "key": "k", "value": big]).errorCode == "too_large")
+        #expect(try c.call(["op": "batch", "repo": "a", "ops": [["op": "set", "key": "x", "value": 1], ["op": "set", "key": "y", "value": big]]]).errorCode == "too_large")
+        #expect(try c.call(["op": "get", "repo": "a", "key": "x"]).errorCode == "not_found", "nothing of the refused batch applied")
+        #expect(try c.call(["op": "batch", "repo": "a", "ops": [["op": "delete", "key": "1"], ["op": "delete", "key": "2"], ["op": "delete", "key": "3"], ["op": "delete", "key": "4"]]]).errorCode == "too_large")
+        #expect(try c.call(["op": "subscribe", "repo": "a", "keys": ["1", "2", "3", "4"]]).errorCode == "too_large")
+
+        #expect(try c.call(["op": "subscribe", "repo": "a"]).ok)
+        let second = try c.call(["op": "subscribe", "repo": "b"])
+        #expect(try c.call(["op": "subscribe", "repo": "c"]).errorCode == "overloaded")
+        #expect(try other.call(["op": "subscribe", "repo": "c"]).ok, "the limit is per connection")
+        _ = try c.call(["op": "unsubscribe", "sub": second["sub"]!])
+        #expect(try c.call(["op": "subscribe", "repo": "c"]).ok)
+
+        for k in ["k1", "k2", "k3"] { #expect(try c.call(["op": "set", "repo": "a", "key": .string(k), "value": 1]).ok) }
+        #expect(try c.call(["op": "set", "repo": "a", "key": "k4", "value": 1]).errorCode == "overloaded")
+        #expect(try c.call(["op": "set", "repo": "a", "key": "k1", "value": 2]).ok, "updating an existing key is fine")
+        #expect(try c.call(["op": "batch", "repo": "a", "ops": [["op": "delete", "key": "k1"], ["op": "set", "key": "k4", "value": 1]]]).ok)
+
+        #expect(try c.call(["op": "set", "repo": "b", "key": "k", "value": 1]).ok)
+        #expect(try c.call(["op": "set", "repo": "c", "key": "k", "value": 1]).errorCode == "overloaded")
+        #expect(try other.call(["op": "set", "repo": "b", "key": "k", "value": 2]).ok, "existing repositories still take writes")
+    }
+
+    @Test func totalConnectionsAreLimitedAndRefusedClientsGetOneMessage() async throws {
+        let d = try await TestDaemon.start(["--max-connections", "3"], inMemory: true)
+        let first = try d.connect()
+        // Count connections one at a time (the start-up probe's close is asynchronous).
+        func waitForConnections(_ n: Int) throws {
+            let deadline = ContinuousClock.now + .seconds(10)
+            while try first.call(["op": "stats"])["connections"] != .number(UInt64(n)), ContinuousClock.now < deadline { usleep(10_000) }
+        }
+        try waitForConnections(1)
+        let held = try (0..<2).map { _ in try d.connect() }
+        try waitForConnections(3)
+        let refused = try d.connect()
+        let message = try refused.receive()
+        #expect(message.errorCode == "overloaded" && message["id"] == .null)
+        #expect(message["error"]?.objectValue?["message"] == "too many connections (limit 3)")
+        #expect(try refused.receiveLine() == nil, "then the connection is closed")
+        for c in held + [first] { #expect(try c.call(["op": "ping"]).ok, "admitted clients are unaffected") }
+        held[0].close()
+        try waitForConnections(2)
+        #expect(try d.connect().call(["op": "ping"]).ok, "a slot frees up when a client leaves")
+    }
+}
