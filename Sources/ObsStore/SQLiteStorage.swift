@@ -404,7 +404,10 @@ private enum Maintenance {
         var syncInterval: Duration? = nil
         if case .relaxed(let interval) = options.sync { syncInterval = interval }
         let tick = min(syncInterval ?? options.checkpointInterval, options.checkpointInterval)
-        var wal: Int32 = -1
+        // Open everything this thread will hold now, not at the first tick: a daemon's
+        // descriptor count is then the same idle, under load and after it (soak checks it).
+        try? connection.execute("PRAGMA wal_checkpoint(PASSIVE)")
+        var wal: Int32 = syncInterval == nil ? -1 : open(path + "-wal", O_RDONLY | O_CLOEXEC)
         var sinceCheckpoint = Duration.zero
         while stop.takeAll(timeout: tick) != nil {
             if syncInterval != nil, counters.dirty.exchange(false, ordering: .acquiringAndReleasing) {

@@ -3,7 +3,8 @@
 // Written for the purpose: one event loop, raw line handling (no JSON tree per event),
 // and every delivered event counted and checked for order — a fast-but-lossy run fails.
 // Scenarios: `fanout` (one key, N subscribers, pipelined writes), `writes` (acknowledged
-// writes/s for N pipelined writers, against obsd or Redis), `fill` (load many keys).
+// writes/s for N pipelined writers, against obsd or Redis), `fill` (load many keys),
+// `soak` (a bounded robustness run: churn, slow readers, memory and descriptors).
 
 import ArgumentParser
 import NIOCore
@@ -19,7 +20,7 @@ struct Obsbench: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "obsbench",
         abstract: "Load generator for obsd benchmarks.",
-        subcommands: [Fanout.self, Writes.self, Fill.self])
+        subcommands: [Fanout.self, Writes.self, Fill.self, Soak.self])
 }
 
 struct Fanout: AsyncParsableCommand {

@@ -8,6 +8,10 @@ import ObsServer
 import ObsStore
 import Systemd
 
+#if canImport(Glibc)
+import Glibc
+#endif
+
 enum Launch {
     struct Failure: Error, CustomStringConvertible {
         let description: String
@@ -66,6 +70,25 @@ enum Launch {
         limits.maxConnections = s.maxConnections
         limits.maxConnectionsPerUID = s.maxConnectionsPerUID
         return limits
+    }
+
+    /// Raises the soft descriptor limit to the hard one (the soft default of 1024 would cap
+    /// a daemon started by hand at about a thousand clients, far below limits.max-connections;
+    /// systemd's documentation asks services that need more to do exactly this), and warns
+    /// when even the hard limit cannot hold `maxConnections` plus the daemon's own files.
+    static func raiseDescriptorLimit(for maxConnections: Int, logger: Logger) {
+        var limit = rlimit()
+        guard getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit) == 0 else { return }
+        if limit.rlim_cur < limit.rlim_max {
+            var raised = limit
+            raised.rlim_cur = limit.rlim_max
+            if setrlimit(Int32(RLIMIT_NOFILE.rawValue), &raised) == 0 { limit = raised }
+        }
+        let needed = rlim_t(maxConnections) + 64
+        if limit.rlim_cur != rlim_t.max && limit.rlim_cur < needed {  // rlim_t.max is RLIM_INFINITY
+            logger.warning(
+                "the descriptor limit (\(limit.rlim_cur)) is below limits.max-connections (\(maxConnections)) plus the daemon's own files; connections past it are refused (raise LimitNOFILE= or ulimit -n)")
+        }
     }
 
     /// The access policy of `s`; user and group names are looked up now.

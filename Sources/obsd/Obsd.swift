@@ -171,6 +171,7 @@ struct Obsd: AsyncParsableCommand {
         let journal = Logging.useJournal(target: settings.logTarget, environment: environment)
         LoggingSystem.bootstrap { label in Logging.handler(label: label, journal: journal, level: level) }
         let logger = Logger(label: "obsd")
+        Launch.raiseDescriptorLimit(for: settings.maxConnections, logger: logger)
 
         let server: ObsServer
         do {
