@@ -3,7 +3,7 @@
 SWIFT ?= swift
 RELEASE := .build/release
 
-.PHONY: all build run test unit-test tsan bench deps install uninstall clean
+.PHONY: all build run test unit-test tsan fuzz fuzz-smoke bench soak deps install uninstall clean
 
 # Install layout (make install PREFIX=/usr DESTDIR=/tmp/pkg).
 PREFIX ?= /usr/local
@@ -39,8 +39,9 @@ build: deps
 run: build
 	$(RELEASE)/obsd $(ARGS)
 
-# Every test: unit, codec and end-to-end suites, then the observation core under ThreadSanitizer.
-test: unit-test tsan
+# Every test: unit, codec and end-to-end suites (with a short soak and the fuzz corpus
+# replayed), the observation core under ThreadSanitizer, then thirty seconds of fuzzing.
+test: unit-test tsan fuzz-smoke
 
 unit-test: deps
 	$(SWIFT) build --build-tests
@@ -48,6 +49,14 @@ unit-test: deps
 
 tsan: deps
 	$(SWIFT) test --scratch-path .build-tsan --sanitize=thread --filter ObservableKitTests
+
+# libFuzzer on the framer and request decoder (fuzz/run.sh); a finding fails the target.
+FUZZ_SECONDS ?= 600
+fuzz: deps
+	fuzz/run.sh $(FUZZ_SECONDS)
+
+fuzz-smoke: deps
+	fuzz/run.sh 30
 
 # Binaries, systemd units (system and user), the sysusers entry, and the configuration
 # file (kept if one is already installed). Then: systemd-sysusers; systemctl daemon-reload;
@@ -78,5 +87,11 @@ uninstall:
 bench: build
 	python3 bench/bench.py $(BENCH_ARGS)
 
+# A long soak of a release obsd: churn, slow readers, gap-checked subscribers; RSS and
+# descriptors must come back (bench/soak.sh).
+SOAK_SECONDS ?= 300
+soak: build
+	bench/soak.sh $(SOAK_SECONDS)
+
 clean:
-	rm -rf .build .build-tsan
+	rm -rf .build .build-tsan .build-fuzz

@@ -66,6 +66,9 @@ let package = Package(
                 "ObsClient",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]),
+        // libFuzzer harness for the framer and request decoder (fuzz/run.sh); a corpus
+        // replayer when built normally.
+        .executableTarget(name: "obsfuzz", dependencies: ["ObsProtocol", "ObservableKit"]),
         // The benchmark load generator (see README, "Performance").
         .executableTarget(
             name: "obsbench",
