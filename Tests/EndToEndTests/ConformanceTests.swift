@@ -4,6 +4,7 @@
 // (or another on the same connection and repository) selects; delivery is in revision
 // order, so anything earlier would have arrived before it.
 
+import Foundation
 import ObsProtocol
 import Testing
 
@@ -215,6 +216,30 @@ import Testing
         #expect(try c.receive(timeout: .seconds(30)).ok)
         #expect(try c.call(["op": "get", "repo": "r", "key": "big"], timeout: .seconds(30))["value"]?.arrayValue?.count == 1_000_000)
     }
+
+    @Test func aGibibyteLineWithoutNewlineIsRefusedInBoundedMemory() async throws {
+        let d = try await TestDaemon.start()
+        let c = try d.connect()
+        #expect(try c.call(["id": 1, "op": "ping"]).ok)
+        let before = try peakResidentKiB(d.pid)
+        let chunk = [UInt8](repeating: UInt8(ascii: "x"), count: 1 << 20)
+        try c.sendRaw(chunk + [UInt8(ascii: "x")])  // one byte over the default 1 MiB limit
+        #expect(try c.receive().errorCode == "too_large", "refused as soon as the line crosses the limit")
+        for _ in 1..<1024 { try c.sendRaw(chunk) }
+        try c.sendRaw([10])
+        #expect(try c.call(["id": 2, "op": "ping"], timeout: .seconds(60))["id"] == 2, "the rest of the line was discarded")
+        let grown = try peakResidentKiB(d.pid) - before
+        #expect(grown < 32 * 1024, "the daemon's peak RSS grew \(grown) KiB while discarding 1 GiB")
+    }
+}
+
+/// The peak resident set size of process `pid` (VmHWM), in KiB.
+func peakResidentKiB(_ pid: Int32) throws -> Int {
+    let status = try String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8)
+    guard let line = status.split(separator: "\n").first(where: { $0.hasPrefix("VmHWM:") }),
+        let kib = Int(line.split(separator: " ", omittingEmptySubsequences: true).dropFirst().first ?? "")
+    else { throw TestFailure("no VmHWM in /proc/\(pid)/status") }
+    return kib
 }
 
 @Suite(.timeLimit(.minutes(3))) struct SubscriptionConformance {
