@@ -1,8 +1,8 @@
 // ObsServer — the channel handler of one client connection.
 //
 // On connect: reads the peer's credentials (SO_PEERCRED) and asks the hub to admit the
-// connection (connection limits); a refused client gets one `overloaded` message and is
-// closed. Then frames bytes into lines, hands them to the connection's `Session`, and
+// connection (connection limits); a refused client gets one `overloaded` message and a
+// lingering close. Then frames bytes into lines, hands them to the connection's `Session`, and
 // flushes the outbox at the end of each read. Stops reading requests while the outbox is
 // congested (a client that does not read its replies is not read either) and resumes
 // when it drains.
@@ -107,12 +107,19 @@ final class ConnectionHandler: ChannelDuplexHandler {
         context.close(promise: nil)
     }
 
-    /// One error message, then close.
+    /// One error message, then a lingering close: the write side is shut down at once (the
+    /// client reads the message, then end of file), and whatever the client sends in the
+    /// meantime is read and discarded until it closes, or for a second at most. Closing
+    /// with the client's request unread would make the kernel reset the connection, and
+    /// the client could lose the message that says why.
     private func refuse(_ context: ChannelHandlerContext, _ reason: String) {
         var buffer = context.channel.allocator.buffer(capacity: 128)
         ReplyEncoder.error(&buffer, id: .null, ProtocolError(.overloaded, reason))
         let channel = context.channel
-        context.writeAndFlush(NIOAny(buffer)).whenComplete { _ in channel.close(promise: nil) }
+        context.writeAndFlush(NIOAny(buffer)).whenComplete { _ in
+            channel.close(mode: .output).whenFailure { _ in channel.close(promise: nil) }
+            channel.eventLoop.scheduleTask(in: .seconds(1)) { channel.close(promise: nil) }
+        }
     }
 
     private func resumeReading() {

@@ -134,7 +134,7 @@ struct AccessControlTests {
         let deadline = ContinuousClock.now + .seconds(20)
         while try probe.call(["op": "stats"])["subscriptions"] != 2, ContinuousClock.now < deadline { usleep(10_000) }
         let third = try obsctlAsNobody(["get", "r", "k"], socket: d.socketPath)
-        #expect(third.status != 0 && third.stderr.contains("too many connections from uid 65534 (limit 2)"))
+        #expect(third.status != 0 && third.stderr.contains("too many connections from uid 65534 (limit 2)"), "\(third.status): \(third.stderr)")
         let rootConnections = try (0..<5).map { _ in try d.connect() }
         for c in rootConnections { #expect(try c.call(["op": "ping"]).ok, "root is not limited per uid") }
         #expect(try probe.call(["op": "stats"])["connectionsRefused"] == 1)
@@ -178,12 +178,19 @@ struct AccessControlTests {
     @Test func totalConnectionsAreLimitedAndRefusedClientsGetOneMessage() async throws {
         let d = try await TestDaemon.start(["--max-connections", "3"], inMemory: true)
         let first = try d.connect()
-        // Count connections one at a time (the start-up probe's close is asynchronous).
-        func waitForConnections(_ n: Int) throws {
+        // Count connections one at a time. The start-up probe's connection may be admitted
+        // after `first` (two event loops) and its close is asynchronous: wait until it has
+        // been both admitted and let go.
+        func waitForConnections(_ n: Int, total: Int? = nil) throws {
             let deadline = ContinuousClock.now + .seconds(10)
-            while try first.call(["op": "stats"])["connections"] != .number(UInt64(n)), ContinuousClock.now < deadline { usleep(10_000) }
+            while ContinuousClock.now < deadline {
+                let stats = try first.call(["op": "stats"])
+                if stats["connections"] == .number(UInt64(n)), total.map({ stats["connectionsTotal"] == .number(UInt64($0)) }) ?? true { return }
+                usleep(10_000)
+            }
+            throw TestFailure("the daemon did not reach \(n) connections")
         }
-        try waitForConnections(1)
+        try waitForConnections(1, total: 2)
         let held = try (0..<2).map { _ in try d.connect() }
         try waitForConnections(3)
         let refused = try d.connect()

@@ -116,6 +116,7 @@ func awaitNotify(_ listener: DatagramListener, within: Duration = .seconds(20), 
         let d = try await TestDaemon.start(["--config", config], directory: dir, environment: ["NOTIFY_SOCKET": notify.path])
         _ = awaitNotify(notify) { $0.hasPrefix("READY=1") }
         let before = try d.connect()
+        #expect(try before.call(["op": "ping"]).ok)  // accepted (and so given its limits) before the reload
         let line200 = #"{"id":9,"op":"set","repo":"r","key":"k","value":""# + String(repeating: "x", count: 160) + #""}"#
 
         try "[limits]\nmax-line = 100\n[log]\nlevel = \"debug\"\n".write(toFile: config, atomically: true, encoding: .utf8)

@@ -10,7 +10,9 @@ import Glibc
 
 final class WireConnection: @unchecked Sendable {
     // @unchecked: used by one test task at a time; the descriptor and buffer are not shared.
-    private let fd: Int32
+    /// -1 once closed: a descriptor is closed exactly once, since closing a number twice
+    /// can close whatever reused it (a client's event loop, another test's socket).
+    private var fd: Int32
     private var buffer: [UInt8] = []
     private var nextID = 0
     /// Events that arrived while `call` waited for a reply; `receive` returns them first.
@@ -35,13 +37,18 @@ final class WireConnection: @unchecked Sendable {
         }
         guard result == 0 else {
             let e = errno
-            Glibc.close(fd)
+            close()
             throw TestFailure("connect \(path): \(String(cString: strerror(e)))")
         }
     }
 
-    func close() { Glibc.close(fd) }
-    deinit { Glibc.close(fd) }
+    func close() {
+        guard fd >= 0 else { return }
+        Glibc.close(fd)
+        fd = -1
+    }
+
+    deinit { close() }
 
     // MARK: Sending
 
