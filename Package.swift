@@ -66,6 +66,8 @@ let package = Package(
                 "ObsClient",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]),
+        // An example app of the client library (README, "The Swift client library").
+        .executableTarget(name: "obs-mirror", dependencies: ["ObsClient", "ObsProtocol", "ObservableKit"], path: "Examples/obs-mirror"),
         // libFuzzer harness for the framer and request decoder (fuzz/run.sh); a corpus
         // replayer when built normally.
         .executableTarget(name: "obsfuzz", dependencies: ["ObsProtocol", "ObservableKit"]),
@@ -86,6 +88,6 @@ let package = Package(
         .testTarget(name: "SystemdTests", dependencies: ["Systemd", "TestSupport", .product(name: "Logging", package: "swift-log")]),
         // Starts the real obsd binary on a temporary socket; drives it over raw sockets,
         // through ObsClient and through obsctl.
-        .testTarget(name: "EndToEndTests", dependencies: ["ObsClient", "ObsProtocol", "ObservableKit", "TestSupport", "obsd", "obsctl"]),
+        .testTarget(name: "EndToEndTests", dependencies: ["ObsClient", "ObsProtocol", "ObservableKit", "TestSupport", "obsd", "obsctl", "obs-mirror"]),
     ]
 )

@@ -57,7 +57,7 @@ public final class ObsClient: Sendable {
 
     /// Connects, runs `body`, and closes the connection, whatever `body` does.
     public static func withConnection<R: Sendable>(
-        socketPath: String? = nil, _ body: (ObsClient) async throws -> R
+        socketPath: String? = nil, isolation: isolated (any Actor)? = #isolation, _ body: (ObsClient) async throws -> R
     ) async throws -> R {
         let client = try await connect(socketPath: socketPath)
         do {
@@ -73,6 +73,19 @@ public final class ObsClient: Sendable {
     /// Closes the connection. Live subscriptions end with `connectionClosed`.
     public func close() async {
         try? await channel.close()
+    }
+
+    /// Starts closing without waiting (for `deinit`s and other synchronous contexts).
+    func closeSoon() {
+        channel.close(promise: nil)
+    }
+
+    /// Whether the connection is open.
+    public var isConnected: Bool { channel.isActive }
+
+    /// Returns once the connection has closed, for whatever reason.
+    public func waitUntilClosed() async {
+        try? await channel.closeFuture.get()
     }
 
     // MARK: Operations

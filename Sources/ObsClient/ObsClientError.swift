@@ -4,6 +4,7 @@
 // message a person understands.
 
 import ObsProtocol
+import ObservableKit
 
 /// Why a client call failed.
 public enum ObsClientError: Error, Sendable, CustomStringConvertible {
@@ -18,6 +19,15 @@ public enum ObsClientError: Error, Sendable, CustomStringConvertible {
     case overflowed(resumeAfter: UInt64)
     /// The daemon sent something the protocol does not allow.
     case protocolViolation(String)
+    /// A value could not be decoded as the type asked for (`key` is nil for a value that
+    /// is not a key's, such as a reply field).
+    case undecodable(key: Key?, type: String, reason: String)
+    /// A value could not be encoded as JSON (a non-finite number, a failing `encode(to:)`).
+    case unencodable(type: String, reason: String)
+    /// The `ObsSession` was closed.
+    case sessionClosed
+    /// The task waiting for the call was cancelled.
+    case cancelled
 
     /// The protocol error code, for `.server` errors.
     public var code: ErrorCode? {
@@ -37,6 +47,14 @@ public enum ObsClientError: Error, Sendable, CustomStringConvertible {
             return "obsd closed the connection because events were read too slowly (complete through revision \(rev))"
         case .protocolViolation(let text):
             return "protocol violation: \(text)"
+        case .undecodable(let key, let type, let reason):
+            return "\(key.map { "the value of key \($0.debugDescription)" } ?? "a value") is not a valid \(type): \(reason)"
+        case .unencodable(let type, let reason):
+            return "a \(type) could not be encoded as JSON: \(reason)"
+        case .sessionClosed:
+            return "the session was closed"
+        case .cancelled:
+            return "the call was cancelled"
         }
     }
 }

@@ -83,7 +83,8 @@ func fail(_ error: ObsClientError) -> ExitCode {
     switch error {
     case .cannotConnect, .connectionClosed: return Exit.unavailable
     case .overflowed: return Exit.tempFail
-    case .protocolViolation: return Exit.software
+    case .protocolViolation, .undecodable, .unencodable: return Exit.software
+    case .sessionClosed, .cancelled: return Exit.unavailable
     case .server(let e):
         switch e.code {
         case .notFound: return Exit.notFound

@@ -1,0 +1,130 @@
+// ObsClient — typed values: any `Codable` type read, written and watched as JSON values.
+// Encoding and decoding go through the standard JSONEncoder/JSONDecoder (FoundationEssentials
+// on Linux, no ICU); failures are errors that name the key and the type, never a silent nil.
+
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
+import Foundation
+#endif
+import ObsProtocol
+import ObservableKit
+
+extension JSONValue {
+    /// The JSON value `value` encodes to.
+    public init<T: Encodable>(encoding value: T) throws(ObsClientError) {
+        let data: Data
+        do {
+            data = try JSONEncoder().encode(value)
+        } catch {
+            throw .unencodable(type: "\(T.self)", reason: "\(error)")
+        }
+        do {
+            self = try data.withUnsafeBytes { bytes in try JSONParser.parse(bytes) }
+        } catch {
+            throw .unencodable(type: "\(T.self)", reason: "the encoder's output is not valid JSON: \(error)")
+        }
+    }
+
+    /// This value decoded as `T`; `key` names the value in the error.
+    public func decode<T: Decodable>(as type: T.Type = T.self, key: ObservableKit.Key? = nil) throws(ObsClientError) -> T {
+        do {
+            return try JSONDecoder().decode(T.self, from: Data(jsonBytes()))
+        } catch {
+            throw .undecodable(key: key, type: "\(T.self)", reason: Self.explain(error))
+        }
+    }
+
+    private static func explain(_ error: any Error) -> String {
+        guard let error = error as? DecodingError else { return "\(error)" }
+        switch error {
+        case .typeMismatch(_, let context), .valueNotFound(_, let context), .keyNotFound(_, let context), .dataCorrupted(let context):
+            let path = context.codingPath.map { $0.intValue.map { "[\($0)]" } ?? ".\($0.stringValue)" }.joined()
+            return path.isEmpty ? context.debugDescription : "\(path): \(context.debugDescription)"
+        @unknown default:
+            return "\(error)"
+        }
+    }
+}
+
+extension ObsClient {
+    /// The value of a key decoded as `T`, with its revision, or `nil` if the key does not exist.
+    public func get<T: Decodable>(_ repo: String, _ key: Key, as type: T.Type) async throws(ObsClientError) -> Entry<T>? {
+        guard let entry = try await get(repo, key) else { return nil }
+        return Entry(value: try entry.value.decode(as: T.self, key: key), revision: entry.revision)
+    }
+
+    /// Sets a key to the JSON encoding of `value` (see `set(_:_:_:ifRev:force:)`).
+    @discardableResult
+    public func set<T: Encodable>(
+        _ repo: String, _ key: Key, encoding value: T, ifRev: UInt64? = nil, force: Bool = false
+    ) async throws(ObsClientError) -> WriteReply {
+        try await set(repo, key, try JSONValue(encoding: value), ifRev: ifRev, force: force)
+    }
+}
+
+extension ObsSession {
+    /// The value of a key decoded as `T`, with its revision, or `nil` if the key does not exist.
+    public func get<T: Decodable>(_ repo: String, _ key: Key, as type: T.Type) async throws(ObsClientError) -> Entry<T>? {
+        try await client().get(repo, key, as: type)
+    }
+
+    /// Sets a key to the JSON encoding of `value`.
+    @discardableResult
+    public func set<T: Encodable>(
+        _ repo: String, _ key: Key, encoding value: T, ifRev: UInt64? = nil, force: Bool = false
+    ) async throws(ObsClientError) -> WriteReply {
+        try await client().set(repo, key, encoding: value, ifRev: ifRev, force: force)
+    }
+
+    /// Watches one key as `T`, across reconnections: first its current value, then every
+    /// change, each with the old and the new value (`nil` when the key does not exist).
+    public func watch<T: Decodable & Sendable>(_ repo: String, key: Key, as type: T.Type) -> TypedWatch<T> {
+        TypedWatch(base: watch(repo, .keys([key]), initial: true), key: key)
+    }
+}
+
+/// A key's value changing, as `T`.
+public struct TypedChange<T: Sendable>: Sendable {
+    public let key: Key
+    /// The repository revision of the change (or of the snapshot).
+    public let revision: UInt64
+    public let old: T?
+    public let new: T?
+    /// The key's state as first read, or re-read after a reconnection whose changes could
+    /// not be replayed, rather than one change.
+    public let isSnapshot: Bool
+}
+
+/// One key's values as `T`, across reconnections (see `ObsSession.watch(_:key:as:)`).
+/// A value that does not decode as `T` ends the sequence with `undecodable`.
+public struct TypedWatch<T: Decodable & Sendable>: AsyncSequence, Sendable {
+    public typealias Element = TypedChange<T>
+    let base: Watch
+    let key: Key
+
+    public func makeAsyncIterator() -> AsyncIterator { AsyncIterator(base: base.makeAsyncIterator(), key: key) }
+
+    public struct AsyncIterator: AsyncIteratorProtocol {
+        var base: Watch.AsyncIterator
+        let key: Key
+        var current: T?
+
+        public mutating func next() async throws -> TypedChange<T>? {
+            while let event = try await base.next() {
+                switch event {
+                case .snapshot(let revision, let values, _):
+                    let old = current
+                    current = try values[key].map { value throws(ObsClientError) in try value.decode(as: T.self, key: key) }
+                    return TypedChange(key: key, revision: revision, old: old, new: current, isSnapshot: true)
+                case .change(let changes):
+                    guard let change = changes.change(for: key) else { continue }
+                    let old = try change.old.map { value throws(ObsClientError) in try value.decode(as: T.self, key: key) }
+                    current = try change.new.map { value throws(ObsClientError) in try value.decode(as: T.self, key: key) }
+                    return TypedChange(key: key, revision: changes.revision, old: old, new: current, isSnapshot: false)
+                }
+            }
+            return nil
+        }
+    }
+}

@@ -1,0 +1,269 @@
+// ObsClient — a connection that comes back: `ObsSession` keeps one `ObsClient`
+// connected, reconnecting with exponential backoff after the daemon restarts or the
+// connection drops, and publishes its connection state. `watch` (Watch.swift) and the
+// Observation mirrors (RemoteRepository, RemoteValue) are built on it.
+
+import NIOCore
+import NIOPosix
+import ObsProtocol
+import ObservableKit
+
+/// The state of an `ObsSession`'s connection.
+public enum ConnectionState: Sendable, Equatable, CustomStringConvertible {
+    /// A connection attempt is under way.
+    case connecting
+    /// Connected; calls go straight to the daemon.
+    case connected
+    /// Not connected (`reason` says why); the next attempt starts after `retryIn`.
+    case waiting(retryIn: Duration, reason: String)
+    /// The session was closed; it will not connect again.
+    case closed
+
+    public var description: String {
+        switch self {
+        case .connecting: return "connecting"
+        case .connected: return "connected"
+        case .waiting(let delay, let reason):
+            let ms = delay.components.seconds * 1000 + delay.components.attoseconds / 1_000_000_000_000_000
+            return "disconnected (\(reason)); retrying in \(ms) ms"
+        case .closed: return "closed"
+        }
+    }
+}
+
+/// How long to wait between connection attempts: `initial`, doubling up to `maximum`,
+/// each delay shortened by up to `jitter` (a fraction) so that many clients of a restarted
+/// daemon do not reconnect in lockstep.
+public struct Backoff: Sendable, Equatable {
+    public var initial: Duration
+    public var maximum: Duration
+    public var jitter: Double
+
+    public init(initial: Duration = .milliseconds(50), maximum: Duration = .seconds(5), jitter: Double = 0.2) {
+        self.initial = initial
+        self.maximum = maximum
+        self.jitter = min(max(jitter, 0), 1)
+    }
+
+    /// The delay before attempt `attempt + 1` of a series of failures (0 for the first retry).
+    public func delay(after attempt: Int) -> Duration {
+        var delay = initial
+        for _ in 0..<min(attempt, 32) where delay < maximum { delay = min(delay * 2, maximum) }
+        return jitter > 0 ? delay * (1 - Double.random(in: 0...jitter)) : delay
+    }
+}
+
+/// A connection to obsd that reconnects by itself.
+///
+/// Calls wait for a connection (and can be cancelled); a call in flight when the
+/// connection drops fails with `connectionClosed` — it is not retried, since it may have
+/// been applied. Watches (`watch(_:_:initial:)`) resume without a gap or a duplicate.
+///
+/// ```swift
+/// let session = ObsSession()                       // OBSD_SOCKET, then the default path
+/// for try await event in session.watch("ui", .keys(["theme"])) { print(event) }
+/// ```
+public final class ObsSession: Sendable {
+    /// The socket the session connects to.
+    public let socketPath: String
+    let core: SessionCore
+
+    /// Starts connecting at once.
+    ///
+    /// - Parameter socketPath: the socket; `nil` resolves it as the contract says.
+    public init(
+        socketPath: String? = nil, backoff: Backoff = Backoff(),
+        eventLoopGroup: any EventLoopGroup = MultiThreadedEventLoopGroup.singleton
+    ) {
+        let path = SocketPath.resolve(explicit: socketPath, environment: ProcessEnvironment.current)
+        self.socketPath = path
+        self.core = SessionCore(path: path, backoff: backoff, group: eventLoopGroup)
+    }
+
+    deinit { core.close() }
+
+    /// A session on the default socket (`OBSD_SOCKET`, then the contract's default path),
+    /// created on first use — for apps that talk to one daemon.
+    public static let shared = ObsSession()
+
+    /// The connection's state now.
+    public var connectionState: ConnectionState { core.state }
+
+    /// The connection's state, now and at every change, until the session closes.
+    public func connectionStates() -> AsyncStream<ConnectionState> { core.states() }
+
+    /// The connected client, waiting for a connection if there is none.
+    public func client() async throws(ObsClientError) -> ObsClient { try await core.client() }
+
+    /// Closes the connection and stops reconnecting. Watches end with `sessionClosed`.
+    public func close() async {
+        let client = core.client
+        core.close()
+        await client?.waitUntilClosed()
+    }
+
+    // MARK: Operations on the current connection
+
+    /// The value and revision of a key, or `nil` if it does not exist.
+    public func get(_ repo: String, _ key: Key) async throws(ObsClientError) -> Entry<JSONValue>? {
+        try await client().get(repo, key)
+    }
+
+    /// Sets a key (see `ObsClient.set`).
+    @discardableResult
+    public func set(
+        _ repo: String, _ key: Key, _ value: JSONValue, ifRev: UInt64? = nil, force: Bool = false
+    ) async throws(ObsClientError) -> WriteReply {
+        try await client().set(repo, key, value, ifRev: ifRev, force: force)
+    }
+
+    /// Deletes a key (see `ObsClient.delete`).
+    @discardableResult
+    public func delete(_ repo: String, _ key: Key, ifRev: UInt64? = nil) async throws(ObsClientError) -> WriteReply {
+        try await client().delete(repo, key, ifRev: ifRev)
+    }
+
+    /// Applies writes atomically, as one revision.
+    @discardableResult
+    public func batch(_ repo: String, _ ops: [WriteOp<JSONValue>]) async throws(ObsClientError) -> BatchReply {
+        try await client().batch(repo, ops)
+    }
+}
+
+/// The session's state and its connection loop. Separate from `ObsSession` so that the
+/// loop's task does not keep the session alive: dropping the session closes it.
+final class SessionCore: Sendable {
+    private struct State {
+        var phase = ConnectionState.connecting
+        var client: ObsClient?
+        var waiters: [Int: CheckedContinuation<ObsClient, any Error>] = [:]
+        var observers: [Int: AsyncStream<ConnectionState>.Continuation] = [:]
+        var nextToken = 0
+        var task: Task<Void, Never>?
+    }
+
+    let path: String
+    private let backoff: Backoff
+    private let group: any EventLoopGroup
+    private let locked = Locked(State())
+
+    init(path: String, backoff: Backoff, group: any EventLoopGroup) {
+        self.path = path
+        self.backoff = backoff
+        self.group = group
+        let task = Task { [self] in await self.maintain() }
+        locked.withLock { $0.task = task }
+    }
+
+    var state: ConnectionState { locked.withLock { $0.phase } }
+    var client: ObsClient? { locked.withLock { $0.client } }
+
+    func states() -> AsyncStream<ConnectionState> {
+        let (stream, continuation) = AsyncStream.makeStream(of: ConnectionState.self)
+        let token: Int? = locked.withLock { s in
+            continuation.yield(s.phase)
+            guard s.phase != .closed else { return nil }
+            s.nextToken += 1
+            s.observers[s.nextToken] = continuation
+            return s.nextToken
+        }
+        guard let token else {
+            continuation.finish()
+            return stream
+        }
+        continuation.onTermination = { [weak self] _ in
+            _ = self?.locked.withLock { $0.observers.removeValue(forKey: token) }
+        }
+        return stream
+    }
+
+    func client() async throws(ObsClientError) -> ObsClient {
+        let token = locked.withLock { s in
+            s.nextToken += 1
+            return s.nextToken
+        }
+        do {
+            return try await withTaskCancellationHandler {
+                try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<ObsClient, any Error>) in
+                    let immediate: Result<ObsClient, ObsClientError>? = locked.withLock { s in
+                        if s.phase == .closed { return .failure(.sessionClosed) }
+                        if Task.isCancelled { return .failure(.cancelled) }
+                        if let client = s.client, client.isConnected { return .success(client) }
+                        s.waiters[token] = continuation
+                        return nil
+                    }
+                    if let immediate { continuation.resume(with: immediate) }
+                }
+            } onCancel: {
+                locked.withLock { $0.waiters.removeValue(forKey: token) }?.resume(throwing: ObsClientError.cancelled)
+            }
+        } catch let error as ObsClientError {
+            throw error
+        } catch {
+            throw .cancelled
+        }
+    }
+
+    func close() {
+        let (task, client, waiters, observers) = locked.withLock { s in
+            s.phase = .closed
+            defer { s.waiters = [:]; s.observers = [:] }
+            return (s.task, s.client, s.waiters.values, s.observers.values)
+        }
+        task?.cancel()
+        client?.closeSoon()
+        for waiter in waiters { waiter.resume(throwing: ObsClientError.sessionClosed) }
+        for observer in observers {
+            observer.yield(.closed)
+            observer.finish()
+        }
+    }
+
+    /// Connects, waits for the connection to end, backs off, and again, until closed.
+    private func maintain() async {
+        var failures = 0
+        while !Task.isCancelled {
+            publish(.connecting)
+            let reason: String
+            do throws(ObsClientError) {
+                let client = try await ObsClient.connect(socketPath: path, eventLoopGroup: group)
+                failures = 0
+                guard connected(client) else {
+                    await client.close()
+                    return
+                }
+                await client.waitUntilClosed()
+                locked.withLock { $0.client = nil }
+                reason = "the connection closed"
+            } catch {
+                reason = error.description
+            }
+            let delay = backoff.delay(after: failures)
+            failures += 1
+            publish(.waiting(retryIn: delay, reason: reason))
+            do { try await Task.sleep(for: delay) } catch { return }
+        }
+    }
+
+    /// Installs a new connection and hands it to the waiting calls; false once closed.
+    private func connected(_ client: ObsClient) -> Bool {
+        let waiters: [CheckedContinuation<ObsClient, any Error>]? = locked.withLock { s in
+            guard s.phase != .closed else { return nil }
+            s.client = client
+            defer { s.waiters = [:] }
+            return Array(s.waiters.values)
+        }
+        guard let waiters else { return false }
+        publish(.connected)
+        for waiter in waiters { waiter.resume(returning: client) }
+        return true
+    }
+
+    private func publish(_ phase: ConnectionState) {
+        locked.withLock { s in
+            guard s.phase != .closed, s.phase != phase else { return }
+            s.phase = phase
+            for observer in s.observers.values { observer.yield(phase) }
+        }
+    }
+}

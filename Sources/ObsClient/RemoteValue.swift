@@ -1,0 +1,118 @@
+// ObsClient — one remote key as a typed Swift Observation model: `RemoteValue<Value>`
+// holds the key's current value as `Value`, kept current from a resumable watch, with
+// typed writes and an optimistic read-modify-write (`update`) over compare-and-set.
+
+import Observation
+import ObsProtocol
+import ObservableKit
+
+/// One key of a repository, as a `Value`, kept current from the daemon.
+///
+/// ```swift
+/// enum Theme: String, Codable, Sendable { case light, dark }
+/// let theme = RemoteValue("ui", "theme", as: Theme.self, session: session)
+/// // SwiftUI: Text(theme.value?.rawValue ?? "default")
+/// try await theme.set(.dark)
+/// ```
+@MainActor @Observable
+public final class RemoteValue<Value: Codable & Sendable> {
+    /// The key's mirrored state: changes as a whole, once per revision.
+    public struct Current: Sendable {
+        /// The value; nil when the key does not exist or its value is not a `Value`.
+        public var value: Value?
+        /// Whether the key exists.
+        public var exists = false
+        /// The revision the value is at (0 before the first snapshot).
+        public var revision: UInt64 = 0
+        /// Whether the first snapshot has arrived.
+        public var isLoaded = false
+        /// Why the key's value is not a `Value`, when it is not.
+        public var decodingError: ObsClientError?
+    }
+
+    public let repository: String
+    public let key: Key
+    /// The mirrored state.
+    public private(set) var current = Current()
+    /// The session's connection state.
+    public private(set) var connection: ConnectionState
+    /// Why the value stopped following the daemon for good; nil while it follows.
+    public private(set) var failure: ObsClientError?
+
+    @ObservationIgnored private let session: ObsSession
+    @ObservationIgnored private let link = MirrorLink()
+
+    /// Starts mirroring `key` of `repository` through `session`.
+    public init(_ repository: String, _ key: Key, as type: Value.Type = Value.self, session: ObsSession) {
+        self.repository = repository
+        self.key = key
+        self.session = session
+        self.connection = session.connectionState
+        link.start(
+            session: session, watch: session.watch(repository, .keys([key]), initial: true),
+            apply: { [weak self] event in self?.apply(event) },
+            state: { [weak self] state in self?.connection = state },
+            end: { [weak self] error in self?.failure = error })
+    }
+
+    isolated deinit { link.stop() }
+
+    /// The value; nil when the key does not exist or its value is not a `Value`.
+    public var value: Value? { current.value }
+
+    /// Sets the key to `value`; with `ifRev`, only if the key's revision is still `ifRev`
+    /// (0: only if it does not exist). Returns once this mirror shows the write.
+    @discardableResult
+    public func set(_ value: Value, ifRev: UInt64? = nil, force: Bool = false) async throws(ObsClientError) -> WriteResult {
+        let json = try JSONValue(encoding: value)
+        return try await link.write(key: key, selected: true) { () async throws(ObsClientError) in
+            try await session.set(repository, key, json, ifRev: ifRev, force: force)
+        }
+    }
+
+    /// Deletes the key.
+    @discardableResult
+    public func delete(ifRev: UInt64? = nil) async throws(ObsClientError) -> WriteResult {
+        try await link.write(key: key, selected: true) { () async throws(ObsClientError) in
+            try await session.delete(repository, key, ifRev: ifRev)
+        }
+    }
+
+    /// Reads the key, computes its next value from it, and writes that only if nobody wrote
+    /// the key in between (compare-and-set on its revision). Returns `.conflict` if someone
+    /// did; call again to retry on the newer value.
+    @discardableResult
+    public func update(_ transform: (Value?) throws -> Value) async throws(ObsClientError) -> WriteResult {
+        let entry = try await session.get(repository, key, as: Value.self)
+        let next: Value
+        do {
+            next = try transform(entry?.value)
+        } catch let error as ObsClientError {
+            throw error
+        } catch {
+            throw .unencodable(type: "\(Value.self)", reason: "the update failed: \(error)")
+        }
+        return try await set(next, ifRev: entry?.revision ?? 0)
+    }
+
+    /// Stops following the daemon; the value stays as it is.
+    public func stop() { link.stop() }
+
+    private func apply(_ event: WatchEvent) {
+        let json: JSONValue?
+        switch event {
+        case .snapshot(_, let values, _): json = values[key]
+        case .change(let changes):
+            guard let change = changes.change(for: key) else { return }
+            json = change.new
+        }
+        var next = Current(exists: json != nil, revision: event.revision, isLoaded: true)
+        do {
+            next.value = try json.map { value throws(ObsClientError) in try value.decode(as: Value.self, key: key) }
+        } catch {
+            next.decodingError = error
+        }
+        current = next
+        link.reached(event)
+    }
+}

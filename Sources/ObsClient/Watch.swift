@@ -1,0 +1,139 @@
+// ObsClient — watches that survive reconnection. A `Watch` is an async sequence of one
+// selection's changes that outlives connections: after the session reconnects, it
+// resubscribes with `since` = the last revision it delivered, so the stream continues
+// with no gap and no duplicate; when the daemon cannot replay that far (`compacted`: its
+// history moved on, or it restarted without its data), it resubscribes with a snapshot
+// and says so (`resync`).
+
+import ObsProtocol
+import ObservableKit
+
+/// An event of a `Watch`.
+public enum WatchEvent: Sendable {
+    /// The selected keys' complete values at `revision`: first, when the watch asked for
+    /// `initial`; and with `resync: true` after a reconnection whose missed changes the
+    /// daemon could not replay — replace everything you hold for this selection.
+    case snapshot(revision: UInt64, values: [Key: JSONValue], resync: Bool)
+    /// One revision's changes to the selected keys: each exactly once, in order.
+    case change(ChangeSet<JSONValue>)
+
+    /// The revision the event is at.
+    public var revision: UInt64 {
+        switch self {
+        case .snapshot(let revision, _, _): return revision
+        case .change(let changes): return changes.revision
+        }
+    }
+}
+
+extension ObsSession {
+    /// Watches the keys `selection` includes, across reconnections.
+    ///
+    /// - Parameters:
+    ///   - initial: start with a `snapshot` of the selected keys.
+    ///   - since: start after this revision instead (replaying what followed it); with
+    ///     `initial`, `since` wins unless the daemon cannot replay that far.
+    /// - Returns: a sequence that ends when the consuming task is cancelled and throws
+    ///   when the session closes (`sessionClosed`) or the daemon ends the subscription
+    ///   for good (`forbidden` when access was revoked).
+    public func watch(_ repo: String, _ selection: Selection = .all, initial: Bool = false, since: UInt64? = nil) -> Watch {
+        Watch(core: core, repository: repo, selection: selection, initial: initial, since: since)
+    }
+}
+
+/// Changes to a selection of one repository, as an async sequence that survives
+/// reconnection (see `ObsSession.watch`). Each iterator is its own subscription.
+public struct Watch: AsyncSequence, Sendable {
+    public typealias Element = WatchEvent
+
+    public let repository: String
+    public let selection: Selection
+    let core: SessionCore
+    let initial: Bool
+    let since: UInt64?
+
+    init(core: SessionCore, repository: String, selection: Selection, initial: Bool, since: UInt64?) {
+        self.core = core
+        self.repository = repository
+        self.selection = selection
+        self.initial = initial
+        self.since = since
+    }
+
+    public func makeAsyncIterator() -> AsyncIterator {
+        AsyncIterator(watch: self, position: since)
+    }
+
+    public struct AsyncIterator: AsyncIteratorProtocol {
+        let watch: Watch
+        /// Every selected change through this revision has been delivered.
+        public private(set) var position: UInt64?
+        private var subscription: Subscription.AsyncIterator?
+        private var resyncing = false
+        private var finished = false
+
+        init(watch: Watch, position: UInt64?) {
+            self.watch = watch
+            self.position = position
+        }
+
+        public mutating func next() async throws -> WatchEvent? {
+            while !finished {
+                do throws(ObsClientError) {
+                    if subscription == nil { try await open() }
+                    guard let event = try await nextEvent() else {
+                        finished = true  // the consuming task was cancelled
+                        return nil
+                    }
+                    switch event {
+                    case .snapshot(let revision, let values):
+                        position = revision
+                        defer { resyncing = false }
+                        return .snapshot(revision: revision, values: values, resync: resyncing)
+                    case .change(let changes):
+                        position = changes.revision
+                        return .change(changes)
+                    case .synced(let revision):
+                        position = revision
+                    }
+                } catch .connectionClosed, .overflowed {
+                    subscription = nil  // the session reconnects; resume from `position`
+                } catch {
+                    finished = true
+                    throw error
+                }
+            }
+            return nil
+        }
+
+        private mutating func nextEvent() async throws(ObsClientError) -> SubscriptionEvent? {
+            do {
+                return try await subscription?.next()
+            } catch let error as ObsClientError {
+                throw error
+            } catch {
+                throw .cancelled
+            }
+        }
+
+        /// Subscribes on the session's current connection: from `position` when there is
+        /// one, else as asked; with a snapshot when the daemon cannot replay from there.
+        private mutating func open() async throws(ObsClientError) {
+            let client = try await watch.core.client()
+            let repo = watch.repository, selection = watch.selection
+            let subscription: Subscription
+            if let position {
+                do {
+                    subscription = try await client.subscribe(repo, selection, since: position)
+                } catch .server(let error) where error.code == .compacted {
+                    resyncing = true
+                    subscription = try await client.subscribe(repo, selection, initial: true)
+                }
+            } else {
+                subscription = try await client.subscribe(repo, selection, initial: watch.initial)
+                if !watch.initial { position = subscription.revision }
+            }
+            self.subscription = subscription.makeAsyncIterator()
+        }
+    }
+}

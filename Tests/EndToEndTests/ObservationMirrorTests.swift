@@ -1,0 +1,177 @@
+// End-to-end tests of the Observation mirrors (RemoteRepository, RemoteValue) and of the
+// example program built on them: one notification per revision, none for a write that
+// changed nothing, typed writes with compare-and-set, and following a daemon restart.
+
+import Foundation
+import ObsClient
+import ObsProtocol
+import ObservableKit
+import Observation
+import Testing
+import TestSupport
+
+@Suite(.timeLimit(.minutes(3))) struct ObservationMirrorTests {
+    @Test @MainActor func oneNotificationPerRevisionAndNoneForAWriteThatChangesNothing() async throws {
+        let d = try await TestDaemon.start(inMemory: true)
+        let session = ObsSession(socketPath: d.socketPath)
+        let ui = RemoteRepository("ui", session: session)
+        #expect(try await ui.set("a", 1) == .applied(revision: 1), "returns once the mirror shows it")
+        #expect(ui.values == ["a": 1] && ui.revision == 1 && ui.contents.isLoaded)
+
+        let notifications = NotificationCounter { _ = ui.values; _ = ui.revision }
+        try await session.batch("ui", [.set("b", 2), .set("c", 3), .delete("a")])  // one revision, three keys
+        #expect(try await ui.set("z", 0) == .applied(revision: 3))  // so revision 2 is applied too
+        #expect(notifications.count == 2, "the batch notified once, the set once")
+        #expect(try await ui.set("z", 0) == .unchanged(revision: 3))
+        #expect(try await ui.set("y", 1) == .applied(revision: 4))
+        #expect(notifications.count == 3, "the equal write notified nobody (onChange)")
+        #expect(try await ui.set("y", 1, force: true) == .applied(revision: 5))
+        #expect(notifications.count == 4, "a forced write is a change (didSet)")
+        #expect(try await ui.set("y", 2, ifRev: 4) == .conflict)
+        #expect(try await ui.set("y", 2, ifRev: 5) == .applied(revision: 6))
+        #expect(ui.values == ["b": 2, "c": 3, "z": 0, "y": 2])
+        #expect(try ui.value("c", as: Int.self) == 3)
+
+        let win = RemoteRepository("ui", selection: .prefix("win/"), session: session)
+        try await until("the first snapshot arrives") { win.contents.isLoaded }
+        let winNotifications = NotificationCounter { _ = win.values }
+        #expect(try await win.set("win/1", "open") == .applied(revision: 7))
+        #expect(try await ui.set("other", 1) == .applied(revision: 8))
+        #expect(try await win.set("win/2", "open") == .applied(revision: 9))
+        #expect(winNotifications.count == 2, "a keyed mirror is not notified of other keys")
+        #expect(win.values == ["win/1": "open", "win/2": "open"])
+        await session.close()
+    }
+
+    @Test @MainActor func remoteValueIsTypedComparesAndSetsAndFollowsARestart() async throws {
+        let d = try await TestDaemon.start()
+        let session = ObsSession(socketPath: d.socketPath, backoff: Backoff(initial: .milliseconds(50), maximum: .milliseconds(200)))
+        let theme = RemoteValue("ui", "theme", as: Theme.self, session: session)
+        let light = Theme(name: "light", accent: 3, tags: [])
+        #expect(try await theme.set(light) == .applied(revision: 1))
+        #expect(theme.value == light && theme.current.exists && theme.current.revision == 1)
+
+        let notifications = NotificationCounter { _ = theme.value }
+        let bumped = try await theme.update { current in
+            var next = current ?? light
+            next.accent += 1
+            return next
+        }
+        #expect(bumped == .applied(revision: 2) && theme.value?.accent == 4 && notifications.count == 1)
+        #expect(try await theme.set(light, ifRev: 1) == .conflict)
+        #expect(try await theme.set(Theme(name: "light", accent: 4, tags: [])) == .unchanged(revision: 2))
+        #expect(notifications.count == 1)
+
+        #expect(d.stop() == 0)
+        try await until("the mirror sees the daemon gone") { if case .waiting = theme.connection { true } else { false } }
+        try await d.launch()
+        try await ObsClient.withConnection(socketPath: d.socketPath) { client in
+            _ = try await client.set("ui", "theme", ["name": "odd", "accent": "high", "tags": []])
+        }
+        try await until("the undecodable value arrives") { theme.current.decodingError != nil }
+        #expect(theme.value == nil && theme.current.exists && theme.current.revision == 3)
+        #expect(theme.current.decodingError?.description.contains("not a valid Theme") == true)
+        #expect(try await theme.delete() == .applied(revision: 4))
+        #expect(!theme.current.exists && theme.current.decodingError == nil)
+        #expect(notifications.count == 3, "one per revision across the restart: nothing replayed twice")
+        try await until("connected") { theme.connection == .connected }
+        await session.close()
+        try await until("the mirror ends with the session") { theme.failure != nil }
+    }
+
+    @Test @MainActor func theExampleProgramMirrorsARepositoryLive() async throws {
+        let d = try await TestDaemon.start(inMemory: true)
+        try await ObsClient.withConnection(socketPath: d.socketPath) { client in _ = try await client.set("ui", "theme", "light") }
+        let example = try LineReadingProcess(BuildProducts.path("obs-mirror"), ["ui", "--socket", d.socketPath, "--count", "2"])
+        #expect(try example.line() == #"rev 1: {"theme":"light"}"#)
+        try await ObsClient.withConnection(socketPath: d.socketPath) { client in _ = try await client.set("ui", "lang", "fr") }
+        #expect(try example.line() == #"rev 2: {"lang":"fr","theme":"light"}"#)
+        #expect(example.waitForExit() == 0)
+        let usage = try run(BuildProducts.path("obs-mirror"), [])
+        #expect(usage.status == 64 && usage.stderr.contains("usage: obs-mirror REPO"))
+    }
+}
+
+/// Counts the notifications of everything `read` reads, re-registering after each one
+/// (inside the notification, so that no change can slip between two registrations).
+@MainActor final class NotificationCounter {
+    private(set) var count = 0
+    private let read: @MainActor () -> Void
+
+    init(_ read: @escaping @MainActor () -> Void) {
+        self.read = read
+        track()
+    }
+
+    private func track() {
+        withObservationTracking(read) { [weak self] in
+            MainActor.assumeIsolated {
+                self?.count += 1
+                self?.track()
+            }
+        }
+    }
+}
+
+/// Waits until `condition` holds, re-checking whenever something it reads changes.
+@MainActor func until(_ what: String, timeout: Duration = .seconds(20), _ condition: @escaping @MainActor () -> Bool) async throws {
+    let deadline = ContinuousClock.now + timeout
+    while !condition() {
+        guard ContinuousClock.now < deadline else { throw TestFailure("timed out waiting until \(what)") }
+        let resumed = Locked(false)
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            let resume: @Sendable () -> Void = {
+                if resumed.withLock({ done in defer { done = true }; return !done }) { continuation.resume() }
+            }
+            withObservationTracking { _ = condition() } onChange: { resume() }
+            Task {  // wake up now and then to check the deadline
+                try? await Task.sleep(for: .milliseconds(200))
+                resume()
+            }
+        }
+    }
+}
+
+/// A child process whose standard output is read line by line, with a deadline per line.
+final class LineReadingProcess {
+    private let process = Process()
+    private let output = Pipe()
+    private var buffer: [UInt8] = []
+
+    init(_ executable: String, _ arguments: [String]) throws {
+        process.executableURL = URL(fileURLWithPath: executable)
+        process.arguments = arguments
+        process.standardOutput = output
+        process.standardError = FileHandle.nullDevice
+        try process.startCleanly()
+    }
+
+    deinit { process.stop() }
+
+    func line(timeout: Duration = .seconds(20)) throws -> String {
+        let deadline = ContinuousClock.now + timeout
+        let fd = output.fileHandleForReading.fileDescriptor
+        while true {
+            if let newline = buffer.firstIndex(of: 10) {
+                defer { buffer.removeSubrange(...newline) }
+                return String(decoding: buffer[..<newline], as: UTF8.self)
+            }
+            let remaining = deadline - ContinuousClock.now
+            guard remaining > .zero else { throw TestFailure("no line within \(timeout); got \(String(decoding: buffer, as: UTF8.self))") }
+            var pfd = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
+            guard poll(&pfd, 1, Int32(remaining.components.seconds * 1000 + 10)) > 0 else { continue }
+            var chunk = [UInt8](repeating: 0, count: 4096)
+            let n = read(fd, &chunk, chunk.count)
+            guard n > 0 else { throw TestFailure("output ended; got \(String(decoding: buffer, as: UTF8.self))") }
+            buffer += chunk[..<n]
+        }
+    }
+
+    /// Waits for the process to exit on its own (SIGTERM after `timeout`); its status.
+    func waitForExit(timeout: Duration = .seconds(20)) -> Int32 {
+        let deadline = ContinuousClock.now + timeout
+        while process.isRunning, ContinuousClock.now < deadline { usleep(10_000) }
+        process.stop()
+        return process.terminationStatus
+    }
+}
