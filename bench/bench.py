@@ -8,7 +8,16 @@ systems round by round, with the server pinned to one CPU and the load generator
 rounds of each system's figure and the median of the per-round ratios obsd / Redis —
 these machines drift 15-40 % within minutes, so only same-round ratios are compared.
 
-Usage: make bench            (builds release, runs everything)
+Scenarios (obsd --in-memory against Redis without persistence, unless stated):
+  fanout   one key, 1/10/100/1000 subscribers, 64 writes in flight: delivered events/s
+  keyed    10/100/1000 subscribers each on its own key, writes round-robin: events/s
+  latency  writes at 2,000/s, one subscriber: p50/p99/p99.9 from send to event
+  idle     10,000 connections each subscribed to its own key: server RSS per connection
+  writes   acknowledged writes/s, 1x1, 1x64 and 16x16 in flight, per durability policy
+Every event is checked for order and loss (obsbench fails the run otherwise).
+
+Usage: make bench            (builds release, runs everything, about 12 minutes)
+       bench/bench.py --only fanout --rounds 5
        bench/bench.py --help
 """
 
@@ -65,19 +74,21 @@ class Server:
 
     def __init__(self, kind, config, cpu):
         self.kind, self.config, self.cpu = kind, config, cpu
+        self.pid = None
         self.dir = tempfile.mkdtemp(prefix="obsd-bench-")
         self.socket = os.path.join(self.dir, "s.sock")
 
     def __enter__(self):
         if self.kind == "obsd":
-            cmd = [os.path.join(BIN, "obsd"), "--socket", self.socket, "--log-level", "warning"]
+            cmd = [os.path.join(BIN, "obsd"), "--socket", self.socket, "--log-level", "warning", "--max-connections-per-uid", "20000"]
             cmd += ["--in-memory"] if self.config == "memory" else ["--data-dir", os.path.join(self.dir, "data"), "--sync", self.config]
         else:
             cmd = ["redis-server", "--port", "0", "--unixsocket", self.socket, "--dir", self.dir, "--save", "",
-                   "--daemonize", "no", "--logfile", os.path.join(self.dir, "redis.log")]
+                   "--daemonize", "no", "--logfile", os.path.join(self.dir, "redis.log"), "--maxclients", "20000"]
             cmd += ["--appendonly", "no"] if self.config == "none" else ["--appendonly", "yes", "--appendfsync", self.config]
         self.proc = subprocess.Popen(["taskset", "-c", str(self.cpu)] + cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_for_socket(self.socket, self.proc)
+        self.pid = self.proc.pid  # taskset execs the server in place
         return self
 
     def __exit__(self, *exc):
@@ -95,12 +106,14 @@ def obsbench(cpu, *args):
 
 
 # Pairs of comparable durability settings: (label, obsd --sync, redis appendfsync).
+FAMILIES = ["fanout", "keyed", "latency", "idle", "writes"]
+
 WRITE_POLICIES = [
     ("durable: fsync before ack", "always", "always"),
     ("relaxed: fsync every second", "relaxed", "everysec"),
     ("memory: no persistence", "memory", "none"),
 ]
-WRITERS = [(1, 64), (16, 16)]
+WRITERS = [(1, 1), (1, 64), (16, 16)]
 
 
 def bench_writes(rounds, seconds, server_cpu, load_cpu):
@@ -133,8 +146,76 @@ def bench_writes(rounds, seconds, server_cpu, load_cpu):
     return rows
 
 
+def alternate(rounds, run):
+    """Runs `run(kind)` for obsd and Redis once per round, alternating which goes first."""
+    results = []
+    for r in range(rounds):
+        order = ["obsd", "redis"] if r % 2 == 0 else ["redis", "obsd"]
+        results.append({kind: run(kind) for kind in order})
+    return results
+
+
+def summarize(scenario, results, key, unit, note="", lower_is_better=False):
+    obsd = [float(r["obsd"][key]) for r in results]
+    redis = [float(r["redis"][key]) for r in results]
+    loadgen = max(max(float(r[k].get("loadgen-cpu", 0)) for k in ("obsd", "redis")) for r in results)
+    row = {
+        "scenario": scenario, "obsd": statistics.median(obsd), "redis": statistics.median(redis),
+        "ratio": statistics.median(o / r for o, r in zip(obsd, redis)), "unit": unit,
+        "note": "; ".join(part for part in (note, f"loadgen CPU <= {loadgen:.0f}%" if loadgen else "",
+                                             "lower is better" if lower_is_better else "") if part),
+    }
+    print_row(row)
+    return row
+
+
+def bench_fanout(rounds, seconds, server_cpu, load_cpu):
+    rows = []
+    for subscribers in (1, 10, 100, 1000):
+        def run(kind):
+            with Server(kind, "memory" if kind == "obsd" else "none", server_cpu) as server:
+                return obsbench(load_cpu, "pubsub", "--target", kind, "--socket", server.socket, "--mode", "fanout",
+                                "--subscribers", str(subscribers), "--seconds", str(seconds))
+        rows.append(summarize(f"fan-out: 1 key, {subscribers} subscriber{'s' if subscribers > 1 else ''}, 64 writes in flight",
+                              alternate(rounds, run), "events/s", "events/s"))
+    return rows
+
+
+def bench_keyed(rounds, seconds, server_cpu, load_cpu):
+    rows = []
+    for keys in (10, 100, 1000):
+        def run(kind):
+            with Server(kind, "memory" if kind == "obsd" else "none", server_cpu) as server:
+                return obsbench(load_cpu, "pubsub", "--target", kind, "--socket", server.socket, "--mode", "keyed",
+                                "--subscribers", str(keys), "--seconds", str(seconds))
+        rows.append(summarize(f"keyed: {keys} subscribers, one key each, writes round-robin",
+                              alternate(rounds, run), "events/s", "events/s"))
+    return rows
+
+
+def bench_latency(rounds, seconds, server_cpu, load_cpu, rate=2000):
+    def run(kind):
+        with Server(kind, "memory" if kind == "obsd" else "none", server_cpu) as server:
+            return obsbench(load_cpu, "pubsub", "--target", kind, "--socket", server.socket, "--mode", "latency",
+                            "--rate", str(rate), "--seconds", str(max(seconds, 5)))
+    results = alternate(rounds, run)
+    return [summarize(f"latency set → event at {rate}/s, {label}", results, key, "µs", lower_is_better=True)
+            for label, key in (("p50", "p50-us"), ("p99", "p99-us"), ("p99.9", "p999-us"))]
+
+
+def bench_idle(rounds, server_cpu, load_cpu, connections=10_000):
+    def run(kind):
+        with Server(kind, "memory" if kind == "obsd" else "none", server_cpu) as server:
+            return obsbench(load_cpu, "idle", "--target", kind, "--socket", server.socket, "--pid", str(server.pid),
+                            "--connections", str(connections))
+    return [summarize(f"idle: {connections:,} connections, each subscribed to its own key", alternate(rounds, run),
+                      "KiB/connection", "KiB RSS/connection", lower_is_better=True)]
+
+
 def print_row(row):
-    print(f"| {row['scenario']} | {row['obsd']:,.0f} | {row['redis']:,.0f} | {row['ratio']:.2f} | {row['note']} |", flush=True)
+    digits = 1 if row["obsd"] < 100 else 0
+    print(f"| {row['scenario']} ({row['unit']}) | {row['obsd']:,.{digits}f} | {row['redis']:,.{digits}f} | {row['ratio']:.2f} "
+          f"| {row['note']} |", flush=True)
 
 
 def main():
@@ -143,7 +224,7 @@ def main():
     parser.add_argument("--seconds", type=float, default=3, help="measured seconds per run")
     parser.add_argument("--server-cpu", type=int, default=0)
     parser.add_argument("--load-cpu", type=int, default=1)
-    parser.add_argument("--only", choices=["writes"], help="run one scenario family")
+    parser.add_argument("--only", choices=FAMILIES, help="run one scenario family")
     parser.add_argument("--json", help="also write the rows to this file")
     args = parser.parse_args()
 
@@ -153,8 +234,17 @@ def main():
           f"{args.rounds} rounds x {args.seconds}s, medians", flush=True)
     print("| scenario | obsd | Redis | obsd/Redis | notes |\n|---|---:|---:|---:|---|", flush=True)
     rows = []
+    cpus = (args.server_cpu, args.load_cpu)
+    if args.only in (None, "fanout"):
+        rows += bench_fanout(args.rounds, args.seconds, *cpus)
+    if args.only in (None, "keyed"):
+        rows += bench_keyed(args.rounds, args.seconds, *cpus)
+    if args.only in (None, "latency"):
+        rows += bench_latency(args.rounds, args.seconds, *cpus)
+    if args.only in (None, "idle"):
+        rows += bench_idle(args.rounds, *cpus)
     if args.only in (None, "writes"):
-        rows += bench_writes(args.rounds, args.seconds, args.server_cpu, args.load_cpu)
+        rows += bench_writes(args.rounds, args.seconds, *cpus)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=2)

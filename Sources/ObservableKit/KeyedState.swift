@@ -70,27 +70,33 @@ extension WriteError: CustomStringConvertible {
 }
 
 /// The keys, values and revision of one repository, with its write rules.
+///
+/// `apply` and `install` are `@inlinable` so that a client module specializes them for its
+/// value type: they run on every write.
 public struct KeyedState<Value: Equatable & Sendable>: Sendable {
+    @usableFromInline var _revision: UInt64
+    @usableFromInline var _entries: [Key: Entry<Value>]
+
     /// The repository revision: 0 until the first change, then raised by 1 per change.
-    public private(set) var revision: UInt64
+    @inlinable public var revision: UInt64 { _revision }
     /// The current entries.
-    public private(set) var entries: [Key: Entry<Value>]
+    @inlinable public var entries: [Key: Entry<Value>] { _entries }
 
     /// An empty state at revision 0.
     public init() {
-        self.revision = 0
-        self.entries = [:]
+        self._revision = 0
+        self._entries = [:]
     }
 
     /// A state restored from storage.
     public init(revision: UInt64, entries: [Key: Entry<Value>]) {
-        self.revision = revision
-        self.entries = entries
+        self._revision = revision
+        self._entries = entries
     }
 
     /// The entry for `key`, if the key exists.
     @inlinable
-    public subscript(key: Key) -> Entry<Value>? { entries[key] }
+    public subscript(key: Key) -> Entry<Value>? { _entries[key] }
 
     /// The number of keys.
     public var count: Int { entries.count }
@@ -112,6 +118,7 @@ public struct KeyedState<Value: Equatable & Sendable>: Sendable {
     /// - Returns: the changes with their new revision, or `nil` when nothing changed
     ///   (equal values, absent keys deleted, or no operations); the revision is then not raised.
     /// - Throws: `WriteError` and applies nothing when a key repeats or a condition fails.
+    @inlinable
     public mutating func apply(_ ops: [WriteOp<Value>]) throws(WriteError) -> ChangeSet<Value>? {
         if ops.count > 1 {
             var seen = Set<Key>(minimumCapacity: ops.count)
@@ -121,7 +128,7 @@ public struct KeyedState<Value: Equatable & Sendable>: Sendable {
         }
         for op in ops {
             if let expected = op.ifRevision {
-                let actual = entries[op.key]?.revision ?? 0
+                let actual = _entries[op.key]?.revision ?? 0
                 if actual != expected { throw .conflict(key: op.key, expected: expected, actual: actual) }
             }
         }
@@ -130,18 +137,18 @@ public struct KeyedState<Value: Equatable & Sendable>: Sendable {
         for op in ops {
             switch op {
             case .set(let key, let value, _, let force):
-                let old = entries[key]?.value
+                let old = _entries[key]?.value
                 if force || old != value {
                     changes.append(Change(key: key, old: old, new: value))
                 }
             case .delete(let key, _):
-                if let old = entries[key]?.value {
+                if let old = _entries[key]?.value {
                     changes.append(Change(key: key, old: old, new: nil))
                 }
             }
         }
         guard !changes.isEmpty else { return nil }
-        let changeSet = ChangeSet(revision: revision + 1, changes: changes)
+        let changeSet = ChangeSet(revision: _revision + 1, changes: changes)
         install(changeSet)
         return changeSet
     }
@@ -150,15 +157,15 @@ public struct KeyedState<Value: Equatable & Sendable>: Sendable {
     /// read back from storage, whose write rules were checked when it was first applied.
     ///
     /// - Returns: `false`, changing nothing, when `changeSet.revision` is not above the current revision.
-    @discardableResult
+    @inlinable @discardableResult
     public mutating func install(_ changeSet: ChangeSet<Value>) -> Bool {
-        guard changeSet.revision > revision else { return false }
-        revision = changeSet.revision
+        guard changeSet.revision > _revision else { return false }
+        _revision = changeSet.revision
         for change in changeSet.changes {
             if let new = change.new {
-                entries[change.key] = Entry(value: new, revision: revision)
+                _entries[change.key] = Entry(value: new, revision: _revision)
             } else {
-                entries.removeValue(forKey: change.key)
+                _entries.removeValue(forKey: change.key)
             }
         }
         return true
@@ -170,11 +177,11 @@ public struct KeyedState<Value: Equatable & Sendable>: Sendable {
     /// - Returns: `false`, changing nothing, unless `changeSet` is the current revision.
     @discardableResult
     public mutating func revert(_ changeSet: ChangeSet<Value>, previous: [Entry<Value>?]) -> Bool {
-        guard changeSet.revision == revision, previous.count == changeSet.changes.count else { return false }
+        guard changeSet.revision == _revision, previous.count == changeSet.changes.count else { return false }
         for (change, entry) in zip(changeSet.changes, previous).reversed() {
-            entries[change.key] = entry
+            _entries[change.key] = entry
         }
-        revision -= 1
+        _revision -= 1
         return true
     }
 }

@@ -20,7 +20,7 @@ struct Obsbench: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "obsbench",
         abstract: "Load generator for obsd benchmarks.",
-        subcommands: [Fanout.self, Writes.self, Fill.self, Soak.self])
+        subcommands: [Fanout.self, Writes.self, PubSub.self, Idle.self, Fill.self, Soak.self])
 }
 
 struct Fanout: AsyncParsableCommand {
