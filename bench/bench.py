@@ -158,11 +158,11 @@ def alternate(rounds, run):
 def summarize(scenario, results, key, unit, note="", lower_is_better=False):
     obsd = [float(r["obsd"][key]) for r in results]
     redis = [float(r["redis"][key]) for r in results]
-    loadgen = max(max(float(r[k].get("loadgen-cpu", 0)) for k in ("obsd", "redis")) for r in results)
+    loadgen = {k: max(float(r[k].get("loadgen-cpu", 0)) for r in results) for k in ("obsd", "redis")}
     row = {
         "scenario": scenario, "obsd": statistics.median(obsd), "redis": statistics.median(redis),
         "ratio": statistics.median(o / r for o, r in zip(obsd, redis)), "unit": unit,
-        "note": "; ".join(part for part in (note, f"loadgen CPU <= {loadgen:.0f}%" if loadgen else "",
+        "note": "; ".join(part for part in (note, f"loadgen CPU <= {loadgen['obsd']:.0f}% / {loadgen['redis']:.0f}%" if loadgen["redis"] else "",
                                              "lower is better" if lower_is_better else "") if part),
     }
     print_row(row)

@@ -129,7 +129,7 @@ private struct Parser {
     ) -> Int? {
         if index == nil {
             if members.count < 16 {
-                return members.firstIndex { $0.name.utf8.elementsEqual(name.utf8) }
+                return members.firstIndex { sameUTF8($0.name, name) }
             }
             var map = [Key: Int](minimumCapacity: members.count * 2)
             for (i, m) in members.enumerated() { map[Key(m.name)] = i }
@@ -365,7 +365,8 @@ private struct Parser {
     }
 }
 
-private func memcmp(_ a: UnsafePointer<UInt8>, _ b: UnsafePointer<UInt8>, _ n: Int) -> Int {
+/// Compares `n` bytes (the parser's literals are a few bytes: no call into libc).
+func memcmp(_ a: UnsafePointer<UInt8>, _ b: UnsafePointer<UInt8>, _ n: Int) -> Int {
     for i in 0..<n where a[i] != b[i] { return Int(a[i]) - Int(b[i]) }
     return 0
 }

@@ -39,11 +39,11 @@ public struct JSONObject: Sendable {
     /// The value of member `name` (compared by bytes), if present.
     public subscript(name: String) -> JSONValue? {
         get {
-            for m in members where m.name.utf8.elementsEqual(name.utf8) { return m.value }
+            for m in members where sameUTF8(m.name, name) { return m.value }
             return nil
         }
         set {
-            if let i = members.firstIndex(where: { $0.name.utf8.elementsEqual(name.utf8) }) {
+            if let i = members.firstIndex(where: { sameUTF8($0.name, name) }) {
                 if let newValue { members[i].value = newValue } else { members.remove(at: i) }
             } else if let newValue {
                 members.append((name, newValue))
@@ -65,7 +65,7 @@ extension JSONValue: Equatable {
         case (.double(let a), .double(let b)): return a == b
         case (.int(let a), .double(let b)), (.double(let b), .int(let a)):
             return Int64(exactly: b) == a
-        case (.string(let a), .string(let b)): return a.utf8.elementsEqual(b.utf8)
+        case (.string(let a), .string(let b)): return sameUTF8(a, b)
         case (.array(let a), .array(let b)): return a == b
         case (.object(let a), .object(let b)): return a == b
         default: return false
@@ -192,4 +192,18 @@ extension JSONValue: ExpressibleByNilLiteral, ExpressibleByBooleanLiteral, Expre
 extension JSONValue: CustomStringConvertible {
     /// The compact JSON text of the value.
     public var description: String { String(decoding: jsonBytes(), as: UTF8.self) }
+}
+
+/// Whether two strings have the same UTF-8 bytes (code-point equality, not Swift's
+/// canonical equivalence). Compares contiguous storage directly; element by element
+/// through `UTF8View` (many times slower) only for strings without it. On the request
+/// path for every member lookup.
+func sameUTF8(_ a: String, _ b: String) -> Bool {
+    let fast = a.utf8.withContiguousStorageIfAvailable { pa in
+        b.utf8.withContiguousStorageIfAvailable { pb in
+            pa.count == pb.count && (pa.isEmpty || memcmp(pa.baseAddress!, pb.baseAddress!, pa.count) == 0)
+        }
+    }
+    if let fast, let result = fast { return result }
+    return a.utf8.elementsEqual(b.utf8)
 }
