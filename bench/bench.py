@@ -169,33 +169,36 @@ def summarize(scenario, results, key, unit, note="", lower_is_better=False):
     return row
 
 
-def bench_fanout(rounds, seconds, server_cpu, load_cpu):
+def in_memory(kind, cpu):
+    """obsd --in-memory, or Redis without persistence."""
+    return Server(kind, "memory" if kind == "obsd" else "none", cpu)
+
+
+def bench_pubsub(mode, counts, label, rounds, seconds, server_cpu, load_cpu):
     rows = []
-    for subscribers in (1, 10, 100, 1000):
+    for n in counts:
         def run(kind):
-            with Server(kind, "memory" if kind == "obsd" else "none", server_cpu) as server:
-                return obsbench(load_cpu, "pubsub", "--target", kind, "--socket", server.socket, "--mode", "fanout",
-                                "--subscribers", str(subscribers), "--seconds", str(seconds))
-        rows.append(summarize(f"fan-out: 1 key, {subscribers} subscriber{'s' if subscribers > 1 else ''}, 64 writes in flight",
-                              alternate(rounds, run), "events/s", "events/s"))
+            with in_memory(kind, server_cpu) as server:
+                return obsbench(load_cpu, "pubsub", "--target", kind, "--socket", server.socket, "--mode", mode,
+                                "--subscribers", str(n), "--seconds", str(seconds))
+        rows.append(summarize(label(n), alternate(rounds, run), "events/s", "events/s"))
     return rows
+
+
+def bench_fanout(rounds, seconds, server_cpu, load_cpu):
+    return bench_pubsub("fanout", (1, 10, 100, 1000),
+                        lambda n: f"fan-out: 1 key, {n} subscriber{'s' if n > 1 else ''}, 64 writes in flight",
+                        rounds, seconds, server_cpu, load_cpu)
 
 
 def bench_keyed(rounds, seconds, server_cpu, load_cpu):
-    rows = []
-    for keys in (10, 100, 1000):
-        def run(kind):
-            with Server(kind, "memory" if kind == "obsd" else "none", server_cpu) as server:
-                return obsbench(load_cpu, "pubsub", "--target", kind, "--socket", server.socket, "--mode", "keyed",
-                                "--subscribers", str(keys), "--seconds", str(seconds))
-        rows.append(summarize(f"keyed: {keys} subscribers, one key each, writes round-robin",
-                              alternate(rounds, run), "events/s", "events/s"))
-    return rows
+    return bench_pubsub("keyed", (10, 100, 1000), lambda n: f"keyed: {n} subscribers, one key each, writes round-robin",
+                        rounds, seconds, server_cpu, load_cpu)
 
 
 def bench_latency(rounds, seconds, server_cpu, load_cpu, rate=2000):
     def run(kind):
-        with Server(kind, "memory" if kind == "obsd" else "none", server_cpu) as server:
+        with in_memory(kind, server_cpu) as server:
             return obsbench(load_cpu, "pubsub", "--target", kind, "--socket", server.socket, "--mode", "latency",
                             "--rate", str(rate), "--seconds", str(max(seconds, 5)))
     results = alternate(rounds, run)
@@ -205,7 +208,7 @@ def bench_latency(rounds, seconds, server_cpu, load_cpu, rate=2000):
 
 def bench_idle(rounds, server_cpu, load_cpu, connections=10_000):
     def run(kind):
-        with Server(kind, "memory" if kind == "obsd" else "none", server_cpu) as server:
+        with in_memory(kind, server_cpu) as server:
             return obsbench(load_cpu, "idle", "--target", kind, "--socket", server.socket, "--pid", str(server.pid),
                             "--connections", str(connections))
     return [summarize(f"idle: {connections:,} connections, each subscribed to its own key", alternate(rounds, run),
