@@ -80,6 +80,16 @@ final class SubscriptionStream: Sendable {
     }
 }
 
+/// Why a connection ended, as the handler saw it, for calls made after it ended: a
+/// refused connection (`overloaded`) is reported as that, not as "the connection closed".
+final class ConnectionFate: Sendable {
+    private let reason = Locked<ObsClientError?>(nil)
+
+    func record(_ error: ObsClientError) { reason.withLock { if $0 == nil { $0 = error } } }
+
+    func error(path: String) -> ObsClientError { reason.withLock { $0 } ?? .connectionClosed(path: path) }
+}
+
 /// Counts events delivered to streams but not yet consumed, for backpressure.
 final class FlowControl: Sendable {
     static let highWater = 8192
@@ -120,14 +130,16 @@ final class ClientHandler: ChannelDuplexHandler {
 
     private let path: String
     private let flow: FlowControl
+    private let fate: ConnectionFate
     private var framer = LineFramer(maxLine: 1 << 30)
     private var pending = CircularBuffer<OutboundRequest>()
     private var streams: [UInt64: SubscriptionStream] = [:]
     private var failure: ObsClientError?
 
-    init(path: String, flow: FlowControl) {
+    init(path: String, flow: FlowControl, fate: ConnectionFate) {
         self.path = path
         self.flow = flow
+        self.fate = fate
     }
 
     func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
@@ -235,6 +247,7 @@ final class ClientHandler: ChannelDuplexHandler {
 
     private func shutDown(_ error: ObsClientError) {
         if failure == nil { failure = error }
+        fate.record(failure ?? error)
         while let request = pending.popFirst() {
             if case .subscribe(let stream) = request.purpose { stream.continuation.finish(throwing: error) }
             request.reply.fail(error)

@@ -22,12 +22,14 @@ public final class ObsClient: Sendable {
     public let socketPath: String
     private let channel: any Channel
     private let flow: FlowControl
+    private let fate: ConnectionFate
     private let nextID = Atomic<Int64>(0)
 
-    private init(socketPath: String, channel: any Channel, flow: FlowControl) {
+    private init(socketPath: String, channel: any Channel, flow: FlowControl, fate: ConnectionFate) {
         self.socketPath = socketPath
         self.channel = channel
         self.flow = flow
+        self.fate = fate
     }
 
     /// Connects to the daemon.
@@ -40,16 +42,17 @@ public final class ObsClient: Sendable {
     ) async throws(ObsClientError) -> ObsClient {
         let path = SocketPath.resolve(explicit: socketPath, environment: ProcessEnvironment.current)
         let flow = FlowControl()
+        let fate = ConnectionFate()
         do {
             let channel = try await ClientBootstrap(group: eventLoopGroup)
                 .channelInitializer { channel in
                     channel.eventLoop.makeCompletedFuture {
-                        try channel.pipeline.syncOperations.addHandler(ClientHandler(path: path, flow: flow))
+                        try channel.pipeline.syncOperations.addHandler(ClientHandler(path: path, flow: flow, fate: fate))
                     }
                 }
                 .connect(unixDomainSocketPath: path).get()
             flow.attach(channel)
-            return ObsClient(socketPath: path, channel: channel, flow: flow)
+            return ObsClient(socketPath: path, channel: channel, flow: flow, fate: fate)
         } catch {
             throw .cannotConnect(path: path, reason: Self.explain(error))
         }
@@ -224,9 +227,9 @@ public final class ObsClient: Sendable {
         var encoded = JSONValue.object(command.requestObject(id: .int(id))).jsonBytes()
         encoded.append(UInt8(ascii: "\n"))
         let bytes = channel.allocator.buffer(bytes: encoded)
-        let path = socketPath
+        let (path, fate) = (socketPath, fate)
         channel.writeAndFlush(OutboundRequest(bytes: bytes, reply: promise, purpose: purpose)).whenFailure { _ in
-            promise.fail(ObsClientError.connectionClosed(path: path))
+            promise.fail(fate.error(path: path))  // e.g. refused before this request was sent
         }
     }
 
