@@ -170,9 +170,9 @@ final class Outbox: Sendable {
                 schedule = Self.claimFlush(&s)
                 return .overflowed(victims)
             }
-            var buffer = allocator.buffer(capacity: record.body.count + 48)
-            record.writeEvent(&buffer, sub: subscription.id, selected: selected)
-            Self.push(buffer, events: 1, into: &s)
+            Self.append(into: &s, allocator: allocator, capacity: record.body.count + 48) { buffer in
+                record.writeEvent(&buffer, sub: subscription.id, selected: selected)
+            }
             schedule = Self.claimFlush(&s)
             if subscription.once {
                 s.live[subscription.id] = nil
@@ -277,6 +277,26 @@ final class Outbox: Sendable {
             s.chunks[lastIndex] = .ready(tail, events: n + events)
         } else {
             s.chunks.append(.ready(bytes, events: events))
+        }
+    }
+
+    /// Encodes one event straight into the tail chunk when it has room (no buffer of its
+    /// own per event and subscriber: this runs once per delivered event), else into a new chunk.
+    private static func append(
+        into s: inout State, allocator: ByteBufferAllocator, capacity: Int, _ write: (inout ByteBuffer) -> Void
+    ) {
+        s.queuedEvents += 1
+        if let lastIndex = s.chunks.indices.last, case .ready(var tail, let n) = s.chunks[lastIndex], tail.readableBytes < 64 * 1024 {
+            s.chunks[lastIndex] = .ready(ByteBuffer(), events: 0)  // `tail` is now the only reference: no copy
+            let before = tail.readableBytes
+            write(&tail)
+            s.queuedBytes += tail.readableBytes - before
+            s.chunks[lastIndex] = .ready(tail, events: n + 1)
+        } else {
+            var buffer = allocator.buffer(capacity: capacity)
+            write(&buffer)
+            s.queuedBytes += buffer.readableBytes
+            s.chunks.append(.ready(buffer, events: 1))
         }
     }
 

@@ -192,7 +192,7 @@ final class Repository: DurabilityListener, Sendable {
             s.history.append(record)
             if storage.isImmediate {
                 durableSequence.store(s.applied, ordering: .releasing)
-                delivery.enqueue(record)
+                enqueueForDelivery(record)
             } else {
                 let beforeByKey = Dictionary(zip(ops.map(\.key), before), uniquingKeysWith: { first, _ in first })
                 s.pending.append(
@@ -277,7 +277,7 @@ final class Repository: DurabilityListener, Sendable {
         var confirmed = 0
         for p in s.pending {
             guard p.record.revision <= revision else { break }
-            delivery.enqueue(p.record)
+            enqueueForDelivery(p.record)
             confirmed += 1
         }
         guard confirmed > 0 else { return [] }
@@ -288,6 +288,13 @@ final class Repository: DurabilityListener, Sendable {
         let ready = s.waiters.filter { $0.sequence <= durable }.map(\.waiter)
         s.waiters.removeAll { $0.sequence <= durable }
         return ready
+    }
+
+    /// Queues a revision for delivery — unless nobody subscribes to the repository. Runs
+    /// under the state lock, as subscribing does: a subscription registered later starts
+    /// at or above this revision and would not be sent it anyway.
+    private func enqueueForDelivery(_ record: RevisionRecord) {
+        if index.count > 0 { delivery.enqueue(record) }
     }
 
     private func scheduleDelivery() {
