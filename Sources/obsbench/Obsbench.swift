@@ -3,8 +3,10 @@
 // Written for the purpose: one event loop, raw line handling (no JSON tree per event),
 // and every delivered event counted and checked for order — a fast-but-lossy run fails.
 // Scenarios: `fanout` (one key, N subscribers, pipelined writes), `writes` (acknowledged
-// writes/s for N pipelined writers, against obsd or Redis), `fill` (load many keys),
-// `soak` (a bounded robustness run: churn, slow readers, memory and descriptors).
+// writes/s for N pipelined writers, against obsd or Redis), `pubsub` (fan-out, keyed
+// and latency, against obsd or Redis), `idle` (memory per idle subscribed connection),
+// `fill` (load many keys), `soak` (a bounded robustness run: churn, slow readers, memory
+// and descriptors).
 
 import ArgumentParser
 import NIOCore
