@@ -25,6 +25,18 @@ struct Obsbench: AsyncParsableCommand {
         subcommands: [Fanout.self, Writes.self, PubSub.self, Idle.self, Fill.self, Soak.self])
 }
 
+/// The server a scenario runs against: obsd or Redis, on a Unix socket.
+struct ServerOptions: ParsableArguments {
+    @Option(help: "obsd or redis.") var target: String = "obsd"
+    @Option(help: "The server's socket.") var socket: String
+
+    var redis: Bool { target == "redis" }
+
+    func validate() throws {
+        guard target == "obsd" || target == "redis" else { throw ValidationError("--target must be obsd or redis") }
+    }
+}
+
 struct Fanout: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "One writer sets one key; N subscribers of that key receive every change.")

@@ -15,8 +15,7 @@ struct PubSub: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "pubsub", abstract: "Keyed fan-out and latency, against obsd or Redis; prints events/s or percentiles.")
 
-    @Option(help: "obsd or redis.") var target: String = "obsd"
-    @Option(help: "The server's socket.") var socket: String
+    @OptionGroup var server: ServerOptions
     @Option(help: "fanout, keyed or latency.") var mode: String = "fanout"
     @Option(help: "Subscribers (keyed: one key each; latency: 1).") var subscribers: Int = 100
     @Option(help: "Writes in flight (fanout, keyed).") var inflight: Int = 64
@@ -25,7 +24,6 @@ struct PubSub: AsyncParsableCommand {
     @Option(help: "Repository (obsd).") var repo: String = "ps"
 
     func validate() throws {
-        guard target == "obsd" || target == "redis" else { throw ValidationError("--target must be obsd or redis") }
         guard ["fanout", "keyed", "latency"].contains(mode) else { throw ValidationError("--mode must be fanout, keyed or latency") }
     }
 
@@ -33,15 +31,15 @@ struct PubSub: AsyncParsableCommand {
         let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
         let loop = group.next()
         let count = mode == "latency" ? 1 : subscribers
-        let state = PubSubState(redis: target == "redis", repo: repo, subscribers: count, keys: mode == "keyed" ? count : 1, loop: loop)
+        let state = PubSubState(redis: server.redis, repo: repo, subscribers: count, keys: mode == "keyed" ? count : 1, loop: loop)
         var channels: [any Channel] = []
         for i in 0..<count {
-            channels.append(try await connect(socket, loop: loop) { SubscriberHandler(index: i, state: state) })
+            channels.append(try await connect(server.socket, loop: loop) { SubscriberHandler(index: i, state: state) })
         }
         try await state.subscribed.futureResult.get()
 
         let cpu0 = cpuSeconds()
-        let publisher = try await connect(socket, loop: loop) {
+        let publisher = try await connect(server.socket, loop: loop) {
             PublisherHandler(state: state, inflight: mode == "latency" ? nil : inflight, rate: rate)
         }
         try await publisher.writeAndFlush(ByteBuffer())  // start
@@ -50,7 +48,7 @@ struct PubSub: AsyncParsableCommand {
         try await state.delivered.futureResult.get()
         let cpu = cpuSeconds() - cpu0
         let summary = try await loop.submit { state.summary(mode: mode, cpu: cpu) }.get()
-        print("pubsub target=\(target) mode=\(mode) subscribers=\(count) " + summary)
+        print("pubsub target=\(server.target) mode=\(mode) subscribers=\(count) " + summary)
         for channel in channels + [publisher] { try? await channel.close() }
         try await group.shutdownGracefully()
     }

@@ -11,33 +11,28 @@ struct Writes: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "N writers keep K writes in flight each; prints acknowledged writes/s.")
 
-    @Option(help: "obsd or redis.") var target: String = "obsd"
-    @Option(help: "The server's socket.") var socket: String
+    @OptionGroup var server: ServerOptions
     @Option(help: "Writer connections.") var writers: Int = 1
     @Option(help: "Writes in flight per writer.") var inflight: Int = 64
     @Option(help: "Measured seconds (after one second of warm-up).") var seconds: Double = 5
     @Option(help: "Repository (obsd) or key prefix (redis).") var repo: String = "w"
 
-    func validate() throws {
-        guard target == "obsd" || target == "redis" else { throw ValidationError("--target must be obsd or redis") }
-    }
-
     func run() async throws {
         let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
         let loop = group.next()
         let counter = AckCounter()
-        let redis = target == "redis"
+        let redis = server.redis
         var channels: [any Channel] = []
         for w in 0..<writers {
             let prefix = "\(repo)\(w)"
-            let channel = try await connect(socket, loop: loop) {
+            let channel = try await connect(server.socket, loop: loop) {
                 KeepInFlight(redis: redis, repo: repo, prefix: prefix, inflight: inflight, counter: counter)
             }
             try await channel.writeAndFlush(ByteBuffer())  // kick
             channels.append(channel)
         }
         // obsd reports its fsyncs; read them at both ends of the measured window.
-        let stats = redis ? nil : try await ObsClient.connect(socketPath: socket, eventLoopGroup: group)
+        let stats = redis ? nil : try await ObsClient.connect(socketPath: server.socket, eventLoopGroup: group)
         try await Task.sleep(for: .seconds(1))
         let fsyncs0 = try await stats?.stats()["storageFsyncs"]?.int64Value ?? 0
         let (acks0, cpu0, start) = (try await counter.count(on: loop), cpuSeconds(), ContinuousClock.now)
@@ -47,7 +42,7 @@ struct Writes: AsyncParsableCommand {
         let elapsed = (end - start).seconds
         if let failure = try await counter.failure(on: loop) { throw BenchError(failure) }
         print(
-            "writes target=\(target) writers=\(writers) inflight=\(inflight) seconds=\(fmt(elapsed)) "
+            "writes target=\(server.target) writers=\(writers) inflight=\(inflight) seconds=\(fmt(elapsed)) "
                 + "acks/s=\(Int(Double(acks1 - acks0) / elapsed)) fsyncs/s=\(fmt(Double(fsyncs1 - fsyncs0) / elapsed)) "
                 + "loadgen-cpu=\(Int((cpu1 - cpu0) / elapsed * 100))%")
         await stats?.close()
