@@ -266,7 +266,7 @@ final class GapChecker: ChannelInboundHandler, @unchecked Sendable {
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         lines(unwrapInboundIn(data), &framer, run, "fast subscriber \(index)") { line in
-            guard let rev = revision(in: line) else { return }
+            guard let rev = valueAfter(#""rev":"#, in: line).map(UInt64.init) else { return }
             guard let previous = last else {
                 last = rev  // the subscribe reply: events start above this revision
                 return

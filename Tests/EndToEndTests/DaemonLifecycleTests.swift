@@ -32,16 +32,7 @@ import Glibc
         let dir = TestDaemon.makeTemporaryDirectory()
         // A stale socket: bound, then abandoned.
         let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
-        var address = sockaddr_un()
-        address.sun_family = sa_family_t(AF_UNIX)
-        withUnsafeMutableBytes(of: &address.sun_path) { raw in
-            let bytes = Array((dir + "/obsd.sock").utf8)
-            raw.copyBytes(from: bytes)
-            raw[bytes.count] = 0
-        }
-        _ = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
-        }
+        _ = withUnixAddress(dir + "/obsd.sock", fd) { bind($0, $1, $2) }
         close(fd)
         let d = try await TestDaemon.start(directory: dir)
         #expect(try d.connect().call(["op": "ping"]).ok)

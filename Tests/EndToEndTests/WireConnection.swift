@@ -3,6 +3,7 @@
 
 import Foundation
 import ObsProtocol
+import TestSupport
 
 #if canImport(Glibc)
 import Glibc
@@ -25,16 +26,7 @@ final class WireConnection: @unchecked Sendable {
         if var size = receiveBuffer {
             setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &size, socklen_t(MemoryLayout<Int32>.size))
         }
-        var address = sockaddr_un()
-        address.sun_family = sa_family_t(AF_UNIX)
-        withUnsafeMutableBytes(of: &address.sun_path) { raw in
-            let bytes = Array(path.utf8)
-            raw.copyBytes(from: bytes)
-            raw[bytes.count] = 0
-        }
-        let result = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
-        }
+        let result = withUnixAddress(path, fd) { connect($0, $1, $2) }
         guard result == 0 else {
             let e = errno
             close()
