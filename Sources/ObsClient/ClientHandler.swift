@@ -80,12 +80,18 @@ final class SubscriptionStream: Sendable {
     }
 }
 
-/// Why a connection ended, as the handler saw it, for calls made after it ended: a
-/// refused connection (`overloaded`) is reported as that, not as "the connection closed".
+/// Why a connection ended, as the handler saw it: the one record the handler and the
+/// client consult, so that a call made after the end — even one that never reached the
+/// handler — fails with the real reason (a refused connection's `overloaded`), not just
+/// "the connection closed".
 final class ConnectionFate: Sendable {
     private let reason = Locked<ObsClientError?>(nil)
 
+    /// Records why the connection ended; the first reason stays.
     func record(_ error: ObsClientError) { reason.withLock { if $0 == nil { $0 = error } } }
+
+    /// The recorded reason, if the connection ended.
+    var current: ObsClientError? { reason.withLock { $0 } }
 
     func error(path: String) -> ObsClientError { reason.withLock { $0 } ?? .connectionClosed(path: path) }
 }
@@ -134,7 +140,6 @@ final class ClientHandler: ChannelDuplexHandler {
     private var framer = LineFramer(maxLine: 1 << 30)
     private var pending = CircularBuffer<OutboundRequest>()
     private var streams: [UInt64: SubscriptionStream] = [:]
-    private var failure: ObsClientError?
 
     init(path: String, flow: FlowControl, fate: ConnectionFate) {
         self.path = path
@@ -144,7 +149,7 @@ final class ClientHandler: ChannelDuplexHandler {
 
     func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
         let request = unwrapOutboundIn(data)
-        if let failure {
+        if let failure = fate.current {
             request.reply.fail(failure)
             promise?.fail(failure)
             return
@@ -176,7 +181,7 @@ final class ClientHandler: ChannelDuplexHandler {
     }
 
     func channelInactive(context: ChannelHandlerContext) {
-        shutDown(failure ?? .connectionClosed(path: path))
+        shutDown(fate.error(path: path))
         context.fireChannelInactive()
     }
 
@@ -229,7 +234,7 @@ final class ClientHandler: ChannelDuplexHandler {
         case .synced(let sub, _, let rev):
             streams[sub]?.yield(.synced(revision: rev))
         case .overflow(let revs):
-            failure = .connectionClosed(path: path)
+            fate.record(.connectionClosed(path: path))
             for (sub, stream) in streams {
                 if let rev = revs[sub] {
                     stream.continuation.finish(throwing: ObsClientError.overflowed(resumeAfter: rev))
@@ -246,8 +251,7 @@ final class ClientHandler: ChannelDuplexHandler {
     }
 
     private func shutDown(_ error: ObsClientError) {
-        if failure == nil { failure = error }
-        fate.record(failure ?? error)
+        fate.record(error)
         while let request = pending.popFirst() {
             if case .subscribe(let stream) = request.purpose { stream.continuation.finish(throwing: error) }
             request.reply.fail(error)

@@ -264,20 +264,13 @@ final class Outbox: Sendable {
 
     // MARK: Helpers
 
+    /// Queues encoded bytes: small ones are copied into the tail chunk, larger ones become
+    /// a chunk of their own.
     private static func push(_ bytes: ByteBuffer, events: Int, into s: inout State) {
+        if bytes.readableBytes < 4096, appendToTail(&s, events: events, { tail in tail.writeImmutableBuffer(bytes) }) { return }
         s.queuedBytes += bytes.readableBytes
         s.queuedEvents += events
-        // Coalesce small appends into the tail chunk.
-        if bytes.readableBytes < 4096, let lastIndex = s.chunks.indices.last,
-            case .ready(var tail, let n) = s.chunks[lastIndex], tail.readableBytes < 64 * 1024
-        {
-            s.chunks[lastIndex] = .ready(ByteBuffer(), events: 0)  // release the reference before mutating
-            var copy = bytes
-            tail.writeBuffer(&copy)
-            s.chunks[lastIndex] = .ready(tail, events: n + events)
-        } else {
-            s.chunks.append(.ready(bytes, events: events))
-        }
+        s.chunks.append(.ready(bytes, events: events))
     }
 
     /// Encodes one event straight into the tail chunk when it has room (no buffer of its
@@ -285,19 +278,26 @@ final class Outbox: Sendable {
     private static func append(
         into s: inout State, allocator: ByteBufferAllocator, capacity: Int, _ write: (inout ByteBuffer) -> Void
     ) {
+        if appendToTail(&s, events: 1, write) { return }
+        var buffer = allocator.buffer(capacity: capacity)
+        write(&buffer)
+        s.queuedBytes += buffer.readableBytes
         s.queuedEvents += 1
-        if let lastIndex = s.chunks.indices.last, case .ready(var tail, let n) = s.chunks[lastIndex], tail.readableBytes < 64 * 1024 {
-            s.chunks[lastIndex] = .ready(ByteBuffer(), events: 0)  // `tail` is now the only reference: no copy
-            let before = tail.readableBytes
-            write(&tail)
-            s.queuedBytes += tail.readableBytes - before
-            s.chunks[lastIndex] = .ready(tail, events: n + 1)
-        } else {
-            var buffer = allocator.buffer(capacity: capacity)
-            write(&buffer)
-            s.queuedBytes += buffer.readableBytes
-            s.chunks.append(.ready(buffer, events: 1))
-        }
+        s.chunks.append(.ready(buffer, events: 1))
+    }
+
+    /// Writes into the tail chunk, in place, if it is ready and under 64 KiB; `false`
+    /// (nothing written) otherwise.
+    private static func appendToTail(_ s: inout State, events: Int, _ write: (inout ByteBuffer) -> Void) -> Bool {
+        guard let last = s.chunks.indices.last, case .ready(var tail, let n) = s.chunks[last], tail.readableBytes < 64 * 1024
+        else { return false }
+        s.chunks[last] = .ready(ByteBuffer(), events: 0)  // `tail` is now the only reference: no copy
+        let before = tail.readableBytes
+        write(&tail)
+        s.queuedBytes += tail.readableBytes - before
+        s.queuedEvents += events
+        s.chunks[last] = .ready(tail, events: n + events)
+        return true
     }
 
     /// Marks a flush as scheduled; `true` if the caller must schedule it.
