@@ -63,6 +63,8 @@ enum WriteRefusal: Error, Sendable {
     case rules(WriteError)
     /// The write would create keys beyond the repository's limit.
     case tooManyKeys(limit: Int)
+    /// The write would create this repository, and no more may be created.
+    case tooManyRepositories
 }
 
 /// Called once when a state is durable (`.success`) or will never be (`.failure`).
@@ -166,9 +168,15 @@ final class Repository: DurabilityListener, Sendable {
     /// Applies `ops` atomically. The resulting revision (if any) is delivered to
     /// subscribers once durable; `whenDurable` tells the writer.
     ///
-    /// - Parameter maxKeys: refuse a write that would leave more keys than this.
-    func write(_ ops: [WriteOp<StoredValue>], now: Int64, maxKeys: Int) throws(WriteRefusal) -> WriteOutcome {
+    /// The write rules are checked first: a write that fails them, or changes nothing, gets
+    /// that answer whatever the limits.
+    ///
+    /// - Parameters:
+    ///   - maxKeys: refuse a write that would leave more keys than this.
+    ///   - mayCreate: whether a write may bring this repository into existence.
+    func write(_ ops: [WriteOp<StoredValue>], now: Int64, maxKeys: Int, mayCreate: Bool) throws(WriteRefusal) -> WriteOutcome {
         let outcome = try state.withLock { (s) throws(WriteRefusal) -> WriteOutcome in
+            do throws(WriteError) { try s.data.validate(ops) } catch { throw .rules(error) }
             let before = ops.map { s.data[$0.key] }
             let previous = ops.count == 1 ? before[0]?.value : nil
             var created = 0
@@ -180,6 +188,8 @@ final class Repository: DurabilityListener, Sendable {
                 }
             }
             if created > 0, s.data.count + created - removed > maxKeys { throw .tooManyKeys(limit: maxKeys) }
+            // Only a `set` brings an empty repository into existence.
+            if created > 0, s.data.revision == 0, !mayCreate { throw .tooManyRepositories }
             let applied: ChangeSet<StoredValue>?
             do throws(WriteError) { applied = try s.data.apply(ops) } catch { throw .rules(error) }
             guard let changeSet = applied else {

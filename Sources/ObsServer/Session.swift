@@ -190,12 +190,11 @@ final class Session {
     private func write(_ id: JSONValue, repo: String, _ ops: [WriteOp<StoredValue>], single: Bool) {
         let now = WallClock.unixSeconds()
         let limits = self.limits
-        let creates = (hub.existing(repo)?.revision ?? 0) == 0
-        if creates && hub.repositoryCount >= limits.maxRepositories {
-            return fail(id: id, ProtocolError(.overloaded, "creating repository \(repo) would exceed the limit of \(limits.maxRepositories) repositories"))
-        }
+        let mayCreate = hub.repositoryCount < limits.maxRepositories
         let (repository, result) = hub.using(repo) { repository in
-            (repository, Result { () throws(WriteRefusal) in try repository.write(ops, now: now, maxKeys: limits.maxKeysPerRepository) })
+            (repository, Result { () throws(WriteRefusal) in
+                try repository.write(ops, now: now, maxKeys: limits.maxKeysPerRepository, mayCreate: mayCreate)
+            })
         }
         let outcome: WriteOutcome
         switch result {
@@ -206,6 +205,8 @@ final class Session {
             return fail(id: id, ProtocolError(code, error.description), after: repository.sequence, in: repository)
         case .failure(.tooManyKeys(let limit)):
             return fail(id: id, ProtocolError(.overloaded, "repository \(repo) would hold more than \(limit) keys"))
+        case .failure(.tooManyRepositories):
+            return fail(id: id, ProtocolError(.overloaded, "creating repository \(repo) would exceed the limit of \(limits.maxRepositories) repositories"))
         }
         if outcome.changed { hub.stats.writes.add(1, ordering: .relaxed) }
         reply(id, after: outcome.sequence, in: repository) { b in

@@ -113,13 +113,10 @@ public struct KeyedState<Value: Equatable & Sendable>: Sendable {
         return keys
     }
 
-    /// Applies `ops` atomically.
-    ///
-    /// - Returns: the changes with their new revision, or `nil` when nothing changed
-    ///   (equal values, absent keys deleted, or no operations); the revision is then not raised.
-    /// - Throws: `WriteError` and applies nothing when a key repeats or a condition fails.
+    /// Checks `ops` against the write rules without applying them: no key twice, every
+    /// `ifRevision` condition met.
     @inlinable
-    public mutating func apply(_ ops: [WriteOp<Value>]) throws(WriteError) -> ChangeSet<Value>? {
+    public func validate(_ ops: [WriteOp<Value>]) throws(WriteError) {
         if ops.count > 1 {
             var seen = Set<Key>(minimumCapacity: ops.count)
             for op in ops where !seen.insert(op.key).inserted {
@@ -132,6 +129,16 @@ public struct KeyedState<Value: Equatable & Sendable>: Sendable {
                 if actual != expected { throw .conflict(key: op.key, expected: expected, actual: actual) }
             }
         }
+    }
+
+    /// Applies `ops` atomically.
+    ///
+    /// - Returns: the changes with their new revision, or `nil` when nothing changed
+    ///   (equal values, absent keys deleted, or no operations); the revision is then not raised.
+    /// - Throws: `WriteError` and applies nothing when a key repeats or a condition fails.
+    @inlinable
+    public mutating func apply(_ ops: [WriteOp<Value>]) throws(WriteError) -> ChangeSet<Value>? {
+        try validate(ops)
         var changes: [Change<Value>] = []
         changes.reserveCapacity(ops.count)
         for op in ops {

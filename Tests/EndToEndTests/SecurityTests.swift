@@ -172,6 +172,11 @@ struct AccessControlTests {
 
         #expect(try c.call(["op": "set", "repo": "b", "key": "k", "value": 1]).ok)
         #expect(try c.call(["op": "set", "repo": "c", "key": "k", "value": 1]).errorCode == "overloaded")
+        // The write rules come first: what would not create the repository is answered as usual.
+        let absent = try c.call(["op": "delete", "repo": "c", "key": "k"])
+        #expect(absent.ok && absent["changed"] == false && absent["rev"] == 0)
+        #expect(try c.call(["op": "set", "repo": "c", "key": "k", "value": 1, "ifRev": 5]).errorCode == "conflict")
+        #expect(try c.call(["op": "batch", "repo": "c", "ops": [["op": "delete", "key": "x"]]])["changed"] == false)
         #expect(try other.call(["op": "set", "repo": "b", "key": "k", "value": 2]).ok, "existing repositories still take writes")
     }
 
