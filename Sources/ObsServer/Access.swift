@@ -25,6 +25,9 @@ public struct Peer: Sendable, Equatable, CustomStringConvertible {
     public let groups: Set<UInt32>
     /// root or the daemon's own uid: not subject to the access policy.
     public let isPrivileged: Bool
+    /// The uid's user name, looked up once when the peer connects (a denial names it
+    /// without a user-database lookup on the event loop).
+    public let userName: String?
 
     public init(uid: UInt32, gid: UInt32, pid: Int32, groups: Set<UInt32>, daemonUID: UInt32 = getuid()) {
         self.uid = uid
@@ -32,11 +35,11 @@ public struct Peer: Sendable, Equatable, CustomStringConvertible {
         self.pid = pid
         self.groups = groups.union([gid])
         self.isPrivileged = uid == 0 || uid == daemonUID
+        self.userName = UserDatabase.userName(uid)
     }
 
     public var description: String {
-        let name = UserDatabase.userName(uid).map { " (\($0))" } ?? ""
-        return "uid \(uid)\(name) pid \(pid)"
+        "uid \(uid)\(userName.map { " (\($0))" } ?? "") pid \(pid)"
     }
 
     /// Log metadata: journal fields OBSD_PEER_UID, OBSD_PEER_GID, OBSD_PEER_PID.

@@ -3,13 +3,19 @@
 // On connect: reads the peer's credentials (SO_PEERCRED) and asks the hub to admit the
 // connection (connection limits); a refused client gets one `overloaded` message and a
 // lingering close. Then frames bytes into lines, hands them to the connection's `Session`, and
-// flushes the outbox at the end of each read. Stops reading requests while the outbox is
-// congested (a client that does not read its replies is not read either) and resumes
-// when it drains.
+// flushes the outbox at the end of each read. Stops handling requests — even part-way
+// through what one read brought — while the outbox is congested (a client that does not
+// read its replies is not read either) and resumes when it drains.
 
 import Logging
 import NIOCore
 import ObsProtocol
+
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
 
 final class ConnectionHandler: ChannelDuplexHandler {
     typealias InboundIn = ByteBuffer
@@ -26,6 +32,9 @@ final class ConnectionHandler: ChannelDuplexHandler {
     private var context: ChannelHandlerContext?
     /// A read was requested while congested; issue it once the outbox drains.
     private var readPending = false
+    /// Input read but not yet handled because the outbox became congested part-way: at most
+    /// one read cycle's bytes, handled once the outbox drains.
+    private var held: ByteBuffer?
 
     init(hub: Hub, limits: Limits, startTime: ContinuousClock.Instant, logger: Logger) {
         self.hub = hub
@@ -78,15 +87,38 @@ final class ConnectionHandler: ChannelDuplexHandler {
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
-        guard let session else { return }
-        let buffer = unwrapInboundIn(data)
-        buffer.withUnsafeReadableBytes { bytes in
-            framer.feed(bytes) { frame in
-                // After an overflow the connection only drains and closes.
-                guard session.outbox.isOpen else { return }
-                session.handle(frame)
-            }
+        guard session != nil else { return }
+        var buffer = unwrapInboundIn(data)
+        if held != nil {
+            held!.writeBuffer(&buffer)
+        } else {
+            handle(buffer)
         }
+    }
+
+    /// Hands `input` to the session a line at a time, and stops — holding the rest — as soon
+    /// as the outbox is congested: one read can carry thousands of pipelined requests, and
+    /// a client that sends them without reading must not make the daemon queue every reply.
+    private func handle(_ input: ByteBuffer) {
+        guard let session else { return }
+        var buffer = input
+        while buffer.readableBytes > 0 {
+            if session.outbox.isCongested {
+                held = buffer
+                return
+            }
+            let consumed = buffer.withUnsafeReadableBytes { bytes -> Int in
+                let end = memchr(bytes.baseAddress!, 0x0A, bytes.count).map { UnsafeRawPointer($0) - bytes.baseAddress! + 1 } ?? bytes.count
+                framer.feed(UnsafeRawBufferPointer(rebasing: bytes[..<end])) { frame in
+                    // After an overflow the connection only drains and closes.
+                    guard session.outbox.isOpen else { return }
+                    session.handle(frame)
+                }
+                return end
+            }
+            buffer.moveReaderIndex(forwardBy: consumed)
+        }
+        held = nil
     }
 
     func channelReadComplete(context: ChannelHandlerContext) {
@@ -95,7 +127,7 @@ final class ConnectionHandler: ChannelDuplexHandler {
     }
 
     func read(context: ChannelHandlerContext) {
-        if let outbox = session?.outbox, outbox.isCongested {
+        if held != nil || session?.outbox.isCongested == true {
             readPending = true
         } else {
             context.read()
@@ -123,7 +155,13 @@ final class ConnectionHandler: ChannelDuplexHandler {
     }
 
     private func resumeReading() {
-        guard readPending, let context else { return }
+        guard let context else { return }
+        if let input = held {
+            handle(input)
+            session?.outbox.flush()
+            if held != nil { return }  // congested again: the next drain resumes
+        }
+        guard readPending else { return }
         readPending = false
         context.read()
     }

@@ -20,7 +20,7 @@ extension Session {
         ReplyEncoder.begin(&scratch, id: id)
         members(&scratch)
         ReplyEncoder.end(&scratch)
-        send(scratch, id: id, after: sequence, in: repository)
+        send(takeEncoded(), id: id, after: sequence, in: repository)
     }
 
     /// Appends an error reply, held back like `reply` when it reports non-durable state.
@@ -28,7 +28,17 @@ extension Session {
         hub.stats.errors.add(1, ordering: .relaxed)
         scratch.clear()
         ReplyEncoder.error(&scratch, id: id, error)
-        send(scratch, id: id, after: sequence, in: repository)
+        send(takeEncoded(), id: id, after: sequence, in: repository)
+    }
+
+    /// The reply just encoded in `scratch`. A small one is `scratch` itself (the outbox
+    /// copies it into its tail); a large one is handed over whole and `scratch` starts
+    /// afresh, so a queued reply never shares the scratch buffer's storage — otherwise the
+    /// next `clear()` would reallocate its peak capacity, once per reply.
+    private func takeEncoded() -> ByteBuffer {
+        guard scratch.readableBytes >= 4096 else { return scratch }
+        defer { scratch = ByteBufferAllocator().buffer(capacity: 1024) }
+        return scratch
     }
 
     private func send(_ bytes: ByteBuffer, id: JSONValue, after sequence: StateSequence, in repository: Repository?) {

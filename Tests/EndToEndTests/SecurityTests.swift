@@ -180,6 +180,27 @@ struct AccessControlTests {
         #expect(try other.call(["op": "set", "repo": "b", "key": "k", "value": 2]).ok, "existing repositories still take writes")
     }
 
+    @Test func pipelinedRequestsWithoutReadingAreHeldBackByTheQueueLimit() async throws {
+        let d = try await TestDaemon.start(["--queue-bytes", "1048576"], inMemory: true)
+        let c = try d.connect()
+        let value = JSONValue.string(String(repeating: "v", count: 64 * 1024))
+        #expect(try c.call(["op": "set", "repo": "r", "key": "big", "value": value]).ok)
+        let before = try peakResidentKiB(d.pid)
+        // 4,000 gets of a 64 KiB value, sent at once (they fit in a few reads) and not read:
+        // 250 MiB of replies if every request of a read were handled.
+        let count = 4000
+        let request = #"{"op":"get","repo":"r","key":"big"}"# + "\n"
+        try c.sendRaw(Array(String(repeating: request, count: count).utf8))
+        var replies = 0
+        while replies < count, let line = try c.receiveLine() {
+            #expect(line.count > 64 * 1024, "every get is answered with the value")
+            replies += 1
+        }
+        #expect(replies == count)
+        let grown = try peakResidentKiB(d.pid) - before
+        #expect(grown < 64 * 1024, "the daemon's peak RSS grew \(grown) KiB for a 1 MiB queue limit")
+    }
+
     @Test func totalConnectionsAreLimitedAndRefusedClientsGetOneMessage() async throws {
         let d = try await TestDaemon.start(["--max-connections", "3"], inMemory: true)
         let first = try d.connect()
