@@ -6,6 +6,7 @@
 
 import Foundation
 import ObsProtocol
+import TestSupport
 import Testing
 
 @Suite(.timeLimit(.minutes(3))) struct RequestReplyConformance {
@@ -376,15 +377,13 @@ func peakResidentKiB(_ pid: Int32) throws -> Int {
             #expect(try observer.call(["op": "stats"])["subscriptions"] == 2)
             c.close()
         }
-        // The daemon notices the close asynchronously; wait for the counter, bounded.
-        let deadline = ContinuousClock.now + .seconds(10)
-        var subscriptions: JSONValue? = nil
-        while ContinuousClock.now < deadline {
-            subscriptions = try observer.call(["op": "stats"])["subscriptions"]
-            if subscriptions == 0 { break }
-            try await Task.sleep(for: .milliseconds(5))
+        // The daemon notices the close asynchronously: it ends the subscriptions, then counts
+        // the connection out. Wait for both, bounded.
+        var last = JSONObject()
+        let settled = try await eventually(timeout: .seconds(10)) {
+            last = try observer.call(["op": "stats"])
+            return last["subscriptions"] == 0 && last["connections"] == 1
         }
-        #expect(subscriptions == 0)
-        #expect(try observer.call(["op": "stats"])["connections"] == 1)
+        #expect(settled, "subscriptions \(String(describing: last["subscriptions"])), connections \(String(describing: last["connections"]))")
     }
 }

@@ -24,8 +24,7 @@ import Glibc
     @Test func sigintAlsoExitsZero() async throws {
         let d = try await TestDaemon.start()
         d.signal(SIGINT)
-        d.process.waitUntilExit()
-        #expect(d.process.terminationStatus == 0)
+        #expect(await d.waitForExit() == 0)
     }
 
     @Test func staleSocketIsReplacedButALiveDaemonIsNot() async throws {
@@ -58,11 +57,7 @@ import Glibc
         let dir = TestDaemon.makeTemporaryDirectory()
         defer { try? FileManager.default.removeItem(atPath: dir) }
         let nested = dir + "/a/b/obsd.sock"
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: BuildProducts.path("obsd"))
-        process.arguments = ["--socket", nested, "--in-memory"]
-        process.standardError = FileHandle.nullDevice
-        try process.startCleanly()
+        let process = try ChildProcess(BuildProducts.path("obsd"), ["--socket", nested, "--in-memory"])
         defer { process.stop() }
         let deadline = ContinuousClock.now + .seconds(20)
         while !FileManager.default.fileExists(atPath: nested), ContinuousClock.now < deadline {
@@ -171,21 +166,13 @@ import Glibc
         let s = d.socketPath
         _ = try obsctl(["set", "ui", "theme", "light"], socket: s)
         // A watch that stops after its first change; started before the write it reports.
-        let watch = Process()
-        watch.executableURL = URL(fileURLWithPath: BuildProducts.path("obsctl"))
-        watch.arguments = ["--socket", s, "watch", "ui", "theme", "--once"]
         let outPath = d.directory + "/watch.out"
-        _ = FileManager.default.createFile(atPath: outPath, contents: nil)
-        watch.standardOutput = try FileHandle(forWritingTo: URL(fileURLWithPath: outPath))
-        try watch.startCleanly()
+        let watch = try ChildProcess(BuildProducts.path("obsctl"), ["--socket", s, "watch", "ui", "theme", "--once"], stdout: .file(outPath))
         // Wait until the watch's subscription is live (the daemon counts it), then write.
         let probe = try d.connect()
-        let deadline = ContinuousClock.now + .seconds(20)
-        while try probe.call(["op": "stats"])["subscriptions"] != 1, ContinuousClock.now < deadline {
-            try await Task.sleep(for: .milliseconds(10))
-        }
+        #expect(try await eventually { try probe.call(["op": "stats"])["subscriptions"] == 1 })
         _ = try obsctl(["set", "ui", "theme", "dark"], socket: s)
-        watch.waitUntilExit()
+        await watch.exit(timeout: .seconds(20))
         let text = try String(contentsOfFile: outPath, encoding: .utf8)
         #expect(watch.terminationStatus == 0)
         #expect(text == "2  ui/theme  \"light\" → \"dark\"\n")
@@ -211,13 +198,7 @@ func obsctl(_ arguments: [String], socket: String, stopAfterLines: Int) throws -
     let dir = TestDaemon.makeTemporaryDirectory()
     defer { try? FileManager.default.removeItem(atPath: dir) }
     let outPath = dir + "/stdout"
-    _ = FileManager.default.createFile(atPath: outPath, contents: nil)
-    let process = Process()
-    process.executableURL = URL(fileURLWithPath: BuildProducts.path("obsctl"))
-    process.arguments = ["--socket", socket] + arguments
-    process.standardOutput = try FileHandle(forWritingTo: URL(fileURLWithPath: outPath))
-    process.standardError = FileHandle.nullDevice
-    try process.startCleanly()
+    let process = try ChildProcess(BuildProducts.path("obsctl"), ["--socket", socket] + arguments, stdout: .file(outPath))
     let deadline = ContinuousClock.now + .seconds(20)
     var text = ""
     while ContinuousClock.now < deadline {

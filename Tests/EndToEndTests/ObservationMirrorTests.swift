@@ -134,44 +134,40 @@ import TestSupport
 
 /// A child process whose standard output is read line by line, with a deadline per line.
 final class LineReadingProcess {
-    private let process = Process()
-    private let output = Pipe()
-    private var buffer: [UInt8] = []
+    private let process: ChildProcess
+    private let outPath: String
+    private var consumed = 0
 
     init(_ executable: String, _ arguments: [String]) throws {
-        process.executableURL = URL(fileURLWithPath: executable)
-        process.arguments = arguments
-        process.standardOutput = output
-        process.standardError = FileHandle.nullDevice
-        try process.startCleanly()
+        outPath = TestDaemon.makeTemporaryDirectory() + "/stdout"
+        process = try ChildProcess(executable, arguments, stdout: .file(outPath))
     }
 
-    deinit { process.stop() }
+    deinit {
+        process.stop()
+        try? FileManager.default.removeItem(atPath: (outPath as NSString).deletingLastPathComponent)
+    }
 
     func line(timeout: Duration = .seconds(20)) throws -> String {
         let deadline = ContinuousClock.now + timeout
-        let fd = output.fileHandleForReading.fileDescriptor
         while true {
-            if let newline = buffer.firstIndex(of: 10) {
-                defer { buffer.removeSubrange(...newline) }
-                return String(decoding: buffer[..<newline], as: UTF8.self)
+            let running = process.isRunning  // before reading: a line written just before exiting is still read
+            let bytes = Array((FileManager.default.contents(atPath: outPath) ?? Data()).dropFirst(consumed))
+            if let newline = bytes.firstIndex(of: 10) {
+                consumed += newline + 1
+                return String(decoding: bytes[..<newline], as: UTF8.self)
             }
-            let remaining = deadline - ContinuousClock.now
-            guard remaining > .zero else { throw TestFailure("no line within \(timeout); got \(String(decoding: buffer, as: UTF8.self))") }
-            var pfd = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
-            guard poll(&pfd, 1, Int32(remaining.components.seconds * 1000 + 10)) > 0 else { continue }
-            var chunk = [UInt8](repeating: 0, count: 4096)
-            let n = read(fd, &chunk, chunk.count)
-            guard n > 0 else { throw TestFailure("output ended; got \(String(decoding: buffer, as: UTF8.self))") }
-            buffer += chunk[..<n]
+            guard ContinuousClock.now < deadline else {
+                throw TestFailure("no line within \(timeout); got \(String(decoding: bytes, as: UTF8.self))")
+            }
+            guard running else { throw TestFailure("output ended; got \(String(decoding: bytes, as: UTF8.self))") }
+            usleep(10_000)
         }
     }
 
     /// Waits for the process to exit on its own (SIGTERM after `timeout`); its status.
     func waitForExit(timeout: Duration = .seconds(20)) -> Int32 {
-        let deadline = ContinuousClock.now + timeout
-        while process.isRunning, ContinuousClock.now < deadline { usleep(10_000) }
-        process.stop()
+        if process.wait(timeout: timeout) == nil { process.stop() }
         return process.terminationStatus
     }
 }

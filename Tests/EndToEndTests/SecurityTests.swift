@@ -81,25 +81,20 @@ struct AccessControlTests {
         let s = d.socketPath
         _ = try obsctl(["set", "public.news", "headline", "hello"], socket: s)
         // nobody watches public.news, and holds a connection to shared.
-        let watch = Process()
-        watch.executableURL = URL(fileURLWithPath: which("setpriv")!)
-        watch.arguments = ["--reuid=nobody", "--regid=nogroup", "--clear-groups", BuildProducts.path("obsctl"), "--socket", s, "watch", "public.news"]
         let errPath = d.directory + "/watch.err"
-        _ = FileManager.default.createFile(atPath: errPath, contents: nil)
-        watch.standardError = try FileHandle(forWritingTo: URL(fileURLWithPath: errPath))
-        watch.standardOutput = FileHandle.nullDevice
-        try watch.startCleanly()
+        let watch = try ChildProcess(
+            which("setpriv")!,
+            ["--reuid=nobody", "--regid=nogroup", "--clear-groups", BuildProducts.path("obsctl"), "--socket", s, "watch", "public.news"],
+            stderr: .file(errPath))
         defer { watch.stop() }
         let probe = try d.connect()
-        let deadline = ContinuousClock.now + .seconds(20)
-        while try probe.call(["op": "stats"])["subscriptions"] != 1, ContinuousClock.now < deadline { usleep(10_000) }
+        #expect(try eventually { try probe.call(["op": "stats"])["subscriptions"] == 1 })
 
         // The new policy drops nobody's read access to public.*.
         try ("[socket]\nmode = \"0666\"\n[[access.rule]]\nrepos = [\"nobody.*\"]\nusers = [\"nobody\"]\nallow = \"write\"\n")
             .write(toFile: d.directory + "/obsd.toml", atomically: true, encoding: .utf8)
         d.signal(SIGHUP)
-        while watch.isRunning, ContinuousClock.now < deadline { usleep(10_000) }
-        #expect(!watch.isRunning, "the watch ended")
+        #expect(await watch.exit(timeout: .seconds(20)) != nil, "the watch ended")
         #expect(watch.terminationStatus == 3)
         #expect(try String(contentsOfFile: errPath, encoding: .utf8).contains("may no longer read repository public.news"))
         #expect(try probe.call(["op": "ping"]).ok, "other connections were not dropped")
@@ -119,20 +114,16 @@ struct AccessControlTests {
 
     @Test func connectionsPerUIDAreLimitedButRootIsNot() async throws {
         let d = try await daemonForTwoUsers("[limits]\nmax-connections-per-uid = 2\n[access]\ndefault = \"read\"\n")
-        var watches: [Process] = []
+        var watches: [ChildProcess] = []
         defer { for w in watches { w.stop() } }
         for _ in 0..<2 {
-            let w = Process()
-            w.executableURL = URL(fileURLWithPath: which("setpriv")!)
-            w.arguments = ["--reuid=nobody", "--regid=nogroup", "--clear-groups", BuildProducts.path("obsctl"), "--socket", d.socketPath, "watch", "r"]
-            w.standardOutput = FileHandle.nullDevice
-            w.standardError = FileHandle.nullDevice
-            try w.startCleanly()
-            watches.append(w)
+            watches.append(
+                try ChildProcess(
+                    which("setpriv")!,
+                    ["--reuid=nobody", "--regid=nogroup", "--clear-groups", BuildProducts.path("obsctl"), "--socket", d.socketPath, "watch", "r"]))
         }
         let probe = try d.connect()
-        let deadline = ContinuousClock.now + .seconds(20)
-        while try probe.call(["op": "stats"])["subscriptions"] != 2, ContinuousClock.now < deadline { usleep(10_000) }
+        #expect(try eventually { try probe.call(["op": "stats"])["subscriptions"] == 2 })
         let third = try obsctlAsNobody(["get", "r", "k"], socket: d.socketPath)
         #expect(third.status != 0 && third.stderr.contains("too many connections from uid 65534 (limit 2)"), "\(third.status): \(third.stderr)")
         let rootConnections = try (0..<5).map { _ in try d.connect() }
@@ -208,13 +199,11 @@ struct AccessControlTests {
         // after `first` (two event loops) and its close is asynchronous: wait until it has
         // been both admitted and let go.
         func waitForConnections(_ n: Int, total: Int? = nil) throws {
-            let deadline = ContinuousClock.now + .seconds(10)
-            while ContinuousClock.now < deadline {
+            let reached = try eventually(timeout: .seconds(10)) {
                 let stats = try first.call(["op": "stats"])
-                if stats["connections"] == .number(UInt64(n)), total.map({ stats["connectionsTotal"] == .number(UInt64($0)) }) ?? true { return }
-                usleep(10_000)
+                return stats["connections"] == .number(UInt64(n)) && (total.map { stats["connectionsTotal"] == .number(UInt64($0)) } ?? true)
             }
-            throw TestFailure("the daemon did not reach \(n) connections")
+            if !reached { throw TestFailure("the daemon did not reach \(n) connections") }
         }
         try waitForConnections(1, total: 2)
         let held = try (0..<2).map { _ in try d.connect() }

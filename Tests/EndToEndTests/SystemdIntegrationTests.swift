@@ -37,11 +37,9 @@ func awaitNotify(_ listener: DatagramListener, within: Duration = .seconds(20), 
         defer { try? FileManager.default.removeItem(atPath: dir) }
         let socketPath = dir + "/obsd.sock"
         let notify = try DatagramListener(path: dir + "/notify")
-        let activator = Process()
-        activator.executableURL = URL(fileURLWithPath: which("systemd-socket-activate")!)
-        activator.arguments = ["-l", socketPath, "-E", "NOTIFY_SOCKET=\(notify.path)", BuildProducts.path("obsd"), "--data-dir", dir + "/data"]
-        activator.standardError = FileHandle.nullDevice
-        try activator.startCleanly()
+        let activator = try ChildProcess(
+            which("systemd-socket-activate")!,
+            ["-l", socketPath, "-E", "NOTIFY_SOCKET=\(notify.path)", BuildProducts.path("obsd"), "--data-dir", dir + "/data"])
         defer { activator.stop() }
         // The socket exists before obsd runs; a client connects and sends at once.
         let deadline = ContinuousClock.now + .seconds(20)
@@ -104,8 +102,7 @@ func awaitNotify(_ listener: DatagramListener, within: Duration = .seconds(20), 
 
         d.signal(SIGTERM)
         #expect(awaitNotify(notify) { $0 == "STOPPING=1" } != nil)
-        d.process.waitUntilExit()
-        #expect(d.process.terminationStatus == 0)
+        #expect(await d.waitForExit() == 0)
     }
 
     @Test func sighupReloadsLogLevelAndLimits() async throws {
@@ -208,14 +205,12 @@ func awaitNotify(_ listener: DatagramListener, within: Duration = .seconds(20), 
         chmod(dir, 0o777)
         let trace = dir + "/trace"
         // As the unit runs it: a non-root user, durable storage.
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: which("setpriv")!)
-        process.arguments = [
-            "--reuid=nobody", "--regid=nogroup", "--clear-groups", which("strace")!, "-f", "-qq", "-o", trace,
-            BuildProducts.path("obsd"), "--socket", dir + "/s.sock", "--data-dir", dir + "/data",
-        ]
-        process.standardError = FileHandle.nullDevice
-        try process.startCleanly()
+        let process = try ChildProcess(
+            which("setpriv")!,
+            [
+                "--reuid=nobody", "--regid=nogroup", "--clear-groups", which("strace")!, "-f", "-qq", "-o", trace,
+                BuildProducts.path("obsd"), "--socket", dir + "/s.sock", "--data-dir", dir + "/data",
+            ])
         defer { process.stop(grace: .seconds(5)) }
         var c: WireConnection? = nil
         let deadline = ContinuousClock.now + .seconds(30)
@@ -233,7 +228,7 @@ func awaitNotify(_ listener: DatagramListener, within: Duration = .seconds(20), 
         let first = try String(contentsOfFile: trace, encoding: .utf8).prefix { $0.isNumber }
         let pid = try #require(Int32(first))
         kill(pid, SIGTERM)
-        process.waitUntilExit()
+        await process.exit(timeout: .seconds(30))
 
         let lines = try String(contentsOfFile: trace, encoding: .utf8).split(separator: "\n")
         var used = Set<String>()

@@ -41,7 +41,8 @@ final class TestDaemon: @unchecked Sendable {
     var environment: [String: String] = [:]
     /// The data directory (`<directory>/data`), or nil with `--in-memory`.
     let dataDirectory: String?
-    private(set) var process: Process
+    /// The running (or last) process; nil before the first launch.
+    private(set) var process: ChildProcess!
 
     /// Starts obsd with `arguments` added to `--socket` (and `--data-dir` unless `inMemory`),
     /// and waits until it accepts connections.
@@ -63,7 +64,6 @@ final class TestDaemon: @unchecked Sendable {
         self.logPath = directory + "/obsd.log"
         self.arguments = arguments
         self.dataDirectory = dataDirectory
-        self.process = Process()
     }
 
     /// The arguments obsd is started with.
@@ -74,19 +74,9 @@ final class TestDaemon: @unchecked Sendable {
 
     /// Starts (or restarts) the process and waits until the socket answers.
     func launch() async throws {
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: BuildProducts.path("obsd"))
-        process.arguments = commandLine
-        if !environment.isEmpty {
-            process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 }
-        }
-        _ = FileManager.default.createFile(atPath: logPath, contents: nil)
-        let log = try FileHandle(forWritingTo: URL(fileURLWithPath: logPath))
-        log.seekToEndOfFile()
-        process.standardError = log
-        process.standardOutput = log
-        try process.startCleanly()
-        self.process = process
+        let env = environment.isEmpty ? nil : ProcessInfo.processInfo.environment.merging(environment) { $1 }
+        process = try ChildProcess(
+            BuildProducts.path("obsd"), commandLine, environment: env, stdout: .file(logPath), stderr: .file(logPath))
         try await waitUntilServing()
     }
 
@@ -113,16 +103,18 @@ final class TestDaemon: @unchecked Sendable {
     }
 
     /// Kills the process with SIGKILL.
-    func kill9() {
-        guard process.isRunning else { return }
-        kill(process.processIdentifier, SIGKILL)
-        process.waitUntilExit()
-    }
+    func kill9() { process.kill9() }
 
     /// Sends a signal.
-    func signal(_ sig: Int32) { kill(process.processIdentifier, sig) }
+    func signal(_ sig: Int32) { process.signal(sig) }
 
-    var pid: Int32 { process.processIdentifier }
+    /// Waits up to `timeout` for the process to exit by itself; its status (-1 if it still runs).
+    func waitForExit(timeout: Duration = .seconds(20)) async -> Int32 {
+        await process.exit(timeout: timeout)
+        return process.terminationStatus
+    }
+
+    var pid: Int32 { process.pid }
 
     var log: String { (try? String(contentsOfFile: logPath, encoding: .utf8)) ?? "" }
 
@@ -134,10 +126,7 @@ final class TestDaemon: @unchecked Sendable {
     }
 
     deinit {
-        if process.isRunning {
-            kill(process.processIdentifier, SIGKILL)
-            process.waitUntilExit()
-        }
+        process?.kill9()
         try? FileManager.default.removeItem(atPath: directory)
     }
 
@@ -159,23 +148,17 @@ func obsctl(_ arguments: [String], socket: String) throws -> CommandResult {
     try run(BuildProducts.path("obsctl"), ["--socket", socket] + arguments)
 }
 
-func run(_ executable: String, _ arguments: [String], environment: [String: String]? = nil) throws -> CommandResult {
+func run(_ executable: String, _ arguments: [String], environment: [String: String]? = nil, timeout: Duration = .seconds(60)) throws -> CommandResult {
     // Output goes to files, read after the process exits: a pipe's end of file can be held
-    // off indefinitely by a process another test spawns at the same moment (it inherits
-    // the pipe's write end).
+    // off by a process another test spawns at the same moment.
     let dir = TestDaemon.makeTemporaryDirectory()
     defer { try? FileManager.default.removeItem(atPath: dir) }
     let (outPath, errPath) = (dir + "/stdout", dir + "/stderr")
-    _ = FileManager.default.createFile(atPath: outPath, contents: nil)
-    _ = FileManager.default.createFile(atPath: errPath, contents: nil)
-    let process = Process()
-    process.executableURL = URL(fileURLWithPath: executable)
-    process.arguments = arguments
-    if let environment { process.environment = environment }
-    process.standardOutput = try FileHandle(forWritingTo: URL(fileURLWithPath: outPath))
-    process.standardError = try FileHandle(forWritingTo: URL(fileURLWithPath: errPath))
-    try process.startCleanly()
-    process.waitUntilExit()
+    let process = try ChildProcess(executable, arguments, environment: environment, stdout: .file(outPath), stderr: .file(errPath))
+    guard process.wait(timeout: timeout) != nil else {
+        process.kill9()
+        throw TestFailure("\(executable) \(arguments.joined(separator: " ")) did not exit within \(timeout)")
+    }
     return CommandResult(
         status: process.terminationStatus, stdout: (try? String(contentsOfFile: outPath, encoding: .utf8)) ?? "",
         stderr: (try? String(contentsOfFile: errPath, encoding: .utf8)) ?? "")
