@@ -154,7 +154,9 @@ public final class ObsClient: Sendable {
         if values, let object = o["values"]?.objectValue {
             valueMap = Dictionary(object.members.map { (Key($0.name), $0.value) }, uniquingKeysWith: { $1 })
         }
-        return Listing(revision: rev, keys: keys.compactMap { $0.stringValue.map { Key($0) } }, values: valueMap)
+        return Listing(
+            revision: rev, epoch: o["epoch"]?.stringValue ?? "", keys: keys.compactMap { $0.stringValue.map { Key($0) } },
+            values: valueMap)
     }
 
     /// The repositories that exist, sorted by name.
@@ -165,7 +167,7 @@ public final class ObsClient: Sendable {
             guard let r = item.objectValue, let name = r["name"]?.stringValue, let rev = r["rev"]?.uint64Value,
                 let keys = r["keys"]?.int64Value
             else { return nil }
-            return RepositoryInfo(name: name, revision: rev, keys: Int(keys))
+            return RepositoryInfo(name: name, revision: rev, keys: Int(keys), epoch: r["epoch"]?.stringValue ?? "")
         }
     }
 
@@ -180,21 +182,26 @@ public final class ObsClient: Sendable {
     ///   - initial: first deliver a `snapshot` of the selected keys.
     ///   - since: first replay every selected change above this revision, then `synced`.
     ///     Fails with `compacted` if the daemon's history no longer reaches back that far.
+    ///   - epoch: with `since`, the epoch revision `since` belongs to (`Subscription.epoch`
+    ///     of the subscription being resumed); another epoch fails with `compacted`.
     ///   - once: end after the first `change`.
     /// - Returns: the subscription, an async sequence of its events. Iterating it ends
     ///   after `cancel()`, after a `once` change, or throws when the connection ends.
     public func subscribe(
-        _ repo: String, _ selection: Selection = .all, initial: Bool = false, since: UInt64? = nil, once: Bool = false
+        _ repo: String, _ selection: Selection = .all, initial: Bool = false, since: UInt64? = nil, epoch: String? = nil,
+        once: Bool = false
     ) async throws(ObsClientError) -> Subscription {
         let (events, continuation) = AsyncThrowingStream.makeStream(of: SubscriptionEvent.self, throwing: (any Error).self)
         let stream = SubscriptionStream(continuation: continuation, once: once, flow: flow)
-        let request = SubscribeRequest(repo: repo, selection: selection, initial: initial, since: since, once: once)
+        let request = SubscribeRequest(repo: repo, selection: selection, initial: initial, since: since, epoch: epoch, once: once)
         let o = try await call(.subscribe(request), purpose: .subscribe(stream))
         guard let sub = o["sub"]?.uint64Value, let rev = o["rev"]?.uint64Value else {
             throw .protocolViolation("subscribe reply without sub or rev")
         }
         stream.setOnCancel { [weak self] in self?.sendUnsubscribe(sub) }
-        return Subscription(id: sub, repository: repo, revision: rev, events: events, stream: stream, client: self)
+        return Subscription(
+            id: sub, repository: repo, revision: rev, epoch: o["epoch"]?.stringValue ?? "", events: events, stream: stream,
+            client: self)
     }
 
     /// Ends a subscription. Its sequence finishes; no event follows.
@@ -263,17 +270,20 @@ public struct Subscription: AsyncSequence, Sendable {
     public let repository: String
     /// The repository revision when the subscription began.
     public let revision: UInt64
+    /// The history its revisions belong to: resume with `since` and this epoch.
+    public let epoch: String
     private let events: AsyncThrowingStream<SubscriptionEvent, any Error>
     private let stream: SubscriptionStream
     private let client: ObsClient
 
     init(
-        id: UInt64, repository: String, revision: UInt64, events: AsyncThrowingStream<SubscriptionEvent, any Error>,
+        id: UInt64, repository: String, revision: UInt64, epoch: String, events: AsyncThrowingStream<SubscriptionEvent, any Error>,
         stream: SubscriptionStream, client: ObsClient
     ) {
         self.id = id
         self.repository = repository
         self.revision = revision
+        self.epoch = epoch
         self.events = events
         self.stream = stream
         self.client = client

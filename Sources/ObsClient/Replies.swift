@@ -46,6 +46,8 @@ public struct BatchReply: Sendable, Equatable {
 /// The reply to `list`.
 public struct Listing: Sendable {
     public let revision: UInt64
+    /// The history `revision` belongs to.
+    public let epoch: String
     /// Keys in byte order.
     public let keys: [Key]
     /// Values by key, when asked for.
@@ -57,11 +59,14 @@ public struct RepositoryInfo: Sendable, Equatable {
     public let name: String
     public let revision: UInt64
     public let keys: Int
+    /// The history `revision` belongs to.
+    public let epoch: String
 
-    public init(name: String, revision: UInt64, keys: Int) {
+    public init(name: String, revision: UInt64, keys: Int, epoch: String) {
         self.name = name
         self.revision = revision
         self.keys = keys
+        self.epoch = epoch
     }
 }
 

@@ -1,9 +1,10 @@
 // ObsClient — watches that survive reconnection. A `Watch` is an async sequence of one
 // selection's changes that outlives connections: after the session reconnects, it
-// resubscribes with `since` = the last revision it delivered, so the stream continues
-// with no gap and no duplicate; when the daemon cannot replay that far (`compacted`: its
-// history moved on, or it restarted without its data), it resubscribes with a snapshot
-// and says so (`resync`).
+// resubscribes with `since` = the last revision it delivered and the epoch that revision
+// belongs to, so the stream continues with no gap and no duplicate; when the daemon cannot
+// replay that far (`compacted`: its history moved on, or it is another history — it
+// restarted without its data, its data was replaced), it resubscribes with a snapshot and
+// says so (`resync`).
 
 import ObsProtocol
 import ObservableKit
@@ -33,11 +34,16 @@ extension ObsSession {
     ///   - initial: start with a `snapshot` of the selected keys.
     ///   - since: start after this revision instead (replaying what followed it); with
     ///     `initial`, `since` wins unless the daemon cannot replay that far.
+    ///   - epoch: the epoch `since` belongs to (as a subscription or an earlier watch
+    ///     reported it); if the repository's history is another one, the watch starts with a
+    ///     resync snapshot instead of a replay.
     /// - Returns: a sequence that ends when the consuming task is cancelled and throws
     ///   when the session closes (`sessionClosed`) or the daemon ends the subscription
     ///   for good (`forbidden` when access was revoked).
-    public func watch(_ repo: String, _ selection: Selection = .all, initial: Bool = false, since: UInt64? = nil) -> Watch {
-        Watch(core: core, repository: repo, selection: selection, initial: initial, since: since)
+    public func watch(
+        _ repo: String, _ selection: Selection = .all, initial: Bool = false, since: UInt64? = nil, epoch: String? = nil
+    ) -> Watch {
+        Watch(core: core, repository: repo, selection: selection, initial: initial, since: since, epoch: epoch)
     }
 }
 
@@ -51,30 +57,35 @@ public struct Watch: AsyncSequence, Sendable {
     let core: SessionCore
     let initial: Bool
     let since: UInt64?
+    let epoch: String?
 
-    init(core: SessionCore, repository: String, selection: Selection, initial: Bool, since: UInt64?) {
+    init(core: SessionCore, repository: String, selection: Selection, initial: Bool, since: UInt64?, epoch: String?) {
         self.core = core
         self.repository = repository
         self.selection = selection
         self.initial = initial
         self.since = since
+        self.epoch = epoch
     }
 
     public func makeAsyncIterator() -> AsyncIterator {
-        AsyncIterator(watch: self, position: since)
+        AsyncIterator(watch: self, position: since, epoch: epoch)
     }
 
     public struct AsyncIterator: AsyncIteratorProtocol {
         let watch: Watch
         /// Every selected change through this revision has been delivered.
         public private(set) var position: UInt64?
+        /// The history `position` belongs to (nil until the first subscription, unless given).
+        public private(set) var epoch: String?
         private var subscription: Subscription.AsyncIterator?
         private var resyncing = false
         private var finished = false
 
-        init(watch: Watch, position: UInt64?) {
+        init(watch: Watch, position: UInt64?, epoch: String?) {
             self.watch = watch
             self.position = position
+            self.epoch = epoch
         }
 
         public mutating func next() async throws -> WatchEvent? {
@@ -124,7 +135,7 @@ public struct Watch: AsyncSequence, Sendable {
             let subscription: Subscription
             if let position {
                 do {
-                    subscription = try await client.subscribe(repo, selection, since: position)
+                    subscription = try await client.subscribe(repo, selection, since: position, epoch: epoch)
                 } catch .server(let error) where error.code == .compacted {
                     resyncing = true
                     subscription = try await client.subscribe(repo, selection, initial: true)
@@ -133,6 +144,7 @@ public struct Watch: AsyncSequence, Sendable {
                 subscription = try await client.subscribe(repo, selection, initial: watch.initial)
                 if !watch.initial { position = subscription.revision }
             }
+            epoch = subscription.epoch
             self.subscription = subscription.makeAsyncIterator()
         }
     }

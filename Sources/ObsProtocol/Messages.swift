@@ -175,6 +175,7 @@ extension Command {
             }
             if s.initial { o["initial"] = true }
             if let since = s.since { o["since"] = .number(since) }
+            if let epoch = s.epoch, s.since != nil { o["epoch"] = .string(epoch) }
             if s.once { o["once"] = true }
         case .unsubscribe(let sub):
             o["sub"] = .number(sub)

@@ -72,14 +72,20 @@ public struct SubscribeRequest: Sendable, Equatable {
     public var initial: Bool
     /// Replay selected changes above this revision, then `synced`.
     public var since: UInt64?
+    /// With `since`: the epoch the client saw revision `since` in; another epoch is `compacted`.
+    public var epoch: String?
     /// End after the first `change` event.
     public var once: Bool
 
-    public init(repo: String, selection: Selection = .all, initial: Bool = false, since: UInt64? = nil, once: Bool = false) {
+    public init(
+        repo: String, selection: Selection = .all, initial: Bool = false, since: UInt64? = nil, epoch: String? = nil,
+        once: Bool = false
+    ) {
         self.repo = repo
         self.selection = selection
         self.initial = initial
         self.since = since
+        self.epoch = epoch
         self.once = once
     }
 }
@@ -283,7 +289,9 @@ private struct Fields {
         if initial && since != nil {
             throw fail("\"since\" and \"initial\" cannot be used together: resume with since, or start over with initial")
         }
+        // `epoch` is read only with `since` (without it, it has no meaning and is ignored).
+        let epoch = since == nil ? nil : try optionalString("epoch")
         return SubscribeRequest(
-            repo: repo, selection: selection, initial: initial, since: since, once: try optionalBool("once") ?? false)
+            repo: repo, selection: selection, initial: initial, since: since, epoch: epoch, once: try optionalBool("once") ?? false)
     }
 }

@@ -42,6 +42,10 @@ struct ConnectedPeer: Sendable {
 
 final class Hub: Sendable {
     let stats = ServerStats()
+    /// The epoch of every repository this daemon has not stored yet — at revision 0 there
+    /// is no history to tell apart — and that repositories created by this process keep.
+    /// New at every start, so no other daemon or run hands it out.
+    let freshEpoch = Epoch.random()
     let historyLimit: Int
     let historyMaxAge: Int64?
     let storage: any Storage

@@ -165,6 +165,7 @@ public final class ObsServer: Service, Sendable {
                 "storage": "\(storage.summary)", "repositories": "\(repositories)", "keys": "\(keys)",
                 "loadSeconds": "\(ContinuousClock.now - opened)",
             ])
+        for notice in storage.notices { logger.notice("\(notice)") }
 
         let connections = ConnectionRegistry()
         let listeners: [any Channel]

@@ -81,6 +81,9 @@ enum Durability {
 
 final class Repository: DurabilityListener, Sendable {
     let name: String
+    /// The history this repository's revisions belong to (see `Epoch`): loaded with it, or
+    /// the hub's fresh epoch for one this daemon has not stored.
+    let epoch: String
 
     private struct Pending: Sendable {
         let record: RevisionRecord
@@ -124,6 +127,7 @@ final class Repository: DurabilityListener, Sendable {
         deliveryLoop: (any EventLoop)?, hub: Hub
     ) {
         self.name = name
+        self.epoch = loaded?.epoch ?? hub.freshEpoch
         self.storage = storage
         self.stats = hub.stats
         self.deliveryLoop = storage.isImmediate ? nil : deliveryLoop
@@ -153,6 +157,7 @@ final class Repository: DurabilityListener, Sendable {
     }
 
     /// The keys (optionally with a prefix) in byte order, with their values, at the current revision.
+    /// Replies that report them carry `epoch` too.
     func list(prefix: String?) -> (revision: UInt64, entries: [(key: Key, value: StoredValue)], sequence: StateSequence) {
         state.withLock { s in
             let keys = s.data.keys(prefix: prefix)
@@ -329,6 +334,12 @@ final class Repository: DurabilityListener, Sendable {
             let revision = s.data.revision
             var replay: [RevisionRecord] = []
             if let since = request.since {
+                if let seen = request.epoch, seen != epoch {
+                    throw ProtocolError(
+                        .compacted,
+                        "epoch \(JSONValue.string(String(seen.prefix(80))).jsonText) is not repository \(name)'s history (its epoch is \(epoch)): revision \(since) of that history means nothing here; subscribe with initial: true"
+                    )
+                }
                 guard since <= revision else {
                     throw ProtocolError(
                         .compacted,
@@ -348,6 +359,7 @@ final class Repository: DurabilityListener, Sendable {
             ReplyEncoder.begin(&buffer, id: replyID)
             buffer.writeMember(",\"sub\":", subscription.id)
             buffer.writeMember(",\"rev\":", revision)
+            buffer.writeMember(",\"epoch\":", epoch)
             ReplyEncoder.end(&buffer)
             var events = 0
             if request.initial {

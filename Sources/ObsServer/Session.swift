@@ -115,14 +115,15 @@ final class Session {
         case .list(let repo, let prefix, let values):
             list(id, repo: repo, prefix: prefix, values: values)
         case .repos:
-            let repos = hub.listed().filter { permission($0.name) >= .read }.map { ($0.name, $0.summary) }
+            let repos = hub.listed().filter { permission($0.name) >= .read }.map { ($0.name, $0.epoch, $0.summary) }
             reply(id) { b in
                 b.writeRaw(",\"repos\":[")
-                for (i, (name, summary)) in repos.enumerated() {
+                for (i, (name, epoch, summary)) in repos.enumerated() {
                     if i > 0 { b.writeByte(UInt8(ascii: ",")) }
                     b.writeMember("{\"name\":", name)
                     b.writeMember(",\"rev\":", summary.revision)
                     b.writeMember(",\"keys\":", UInt64(summary.keys))
+                    b.writeMember(",\"epoch\":", epoch)
                     b.writeByte(UInt8(ascii: "}"))
                 }
                 b.writeByte(UInt8(ascii: "]"))
@@ -166,8 +167,10 @@ final class Session {
     private func list(_ id: JSONValue, repo: String, prefix: String?, values: Bool) {
         let repository = hub.existing(repo)
         let (revision, entries, sequence) = repository?.list(prefix: prefix) ?? (0, [], 0)
+        let epoch = repository?.epoch ?? hub.freshEpoch
         reply(id, after: sequence, in: repository) { b in
             b.writeMember(",\"rev\":", revision)
+            b.writeMember(",\"epoch\":", epoch)
             b.writeRaw(",\"keys\":[")
             for (i, e) in entries.enumerated() {
                 if i > 0 { b.writeByte(UInt8(ascii: ",")) }

@@ -71,7 +71,7 @@ public final class SQLiteStorage: Storage {
     public static let fileName = "obsd.db"
     /// `PRAGMA application_id` of obsd databases: "obsd".
     static let applicationID: Int64 = 0x6F62_7364
-    static let schemaVersion: Int64 = 1
+    static let schemaVersion: Int64 = 2
 
     public let options: Options
     public let path: String
@@ -79,6 +79,7 @@ public final class SQLiteStorage: Storage {
     private let queue = BlockingQueue<Queued>()
     private let lock: DirectoryLock
     private let loaded: Locked<[LoadedRepository]?>
+    public let notices: [String]
     private let committer: DedicatedThread
     private let maintenance: DedicatedThread
     private let stopMaintenance = BlockingQueue<Bool>()
@@ -96,7 +97,7 @@ public final class SQLiteStorage: Storage {
         path = options.directory + "/" + Self.fileName
 
         // The committer opens the connection and loads on its own thread, then keeps it.
-        let handoff = BlockingQueue<Result<[LoadedRepository], StorageError>>()
+        let handoff = BlockingQueue<Result<([LoadedRepository], renewed: String?), StorageError>>()
         let (queue, counters) = (self.queue, self.counters!)
         let (path, options) = (self.path, self.options)
         committer = DedicatedThread {
@@ -107,8 +108,9 @@ public final class SQLiteStorage: Storage {
             throw StorageError(.other, "\(path): the store did not open")
         }
         switch result {
-        case .success(let repositories):
+        case .success(let (repositories, renewed)):
             loaded = Locked(repositories)
+            notices = renewed.map { ["every repository starts a new epoch (clients resync instead of resuming): \($0)"] } ?? []
         case .failure(let error):
             committer.join()
             throw error
@@ -169,15 +171,16 @@ private final class Committer {
 
     static func run(
         path: String, options: SQLiteStorage.Options, queue: BlockingQueue<SQLiteStorage.Queued>, counters: StorageCounters,
-        handoff: BlockingQueue<Result<[LoadedRepository], StorageError>>
+        handoff: BlockingQueue<Result<([LoadedRepository], renewed: String?), StorageError>>
     ) {
         let committer: Committer
         do {
-            let connection = try Schema.open(path: path, options: options)
+            let (connection, migrated) = try Schema.open(path: path, options: options)
+            let renewed = try Provenance.claim(connection, sync: options.sync, migrated: migrated)
             let repositories = try Loader.load(connection, options: options)
             committer = try Committer(connection: connection, options: options, counters: counters)
             for repo in repositories { committer.seed(repo) }
-            handoff.append(.success(repositories))
+            handoff.append(.success((repositories, renewed)))
         } catch {
             handoff.append(.failure(error))
             return
@@ -189,6 +192,7 @@ private final class Committer {
                 committer.commit(batch)
             }
         }
+        Provenance.release(committer.connection)
         try? committer.connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         committer.connection.close()
     }
@@ -198,7 +202,7 @@ private final class Committer {
         self.options = options
         self.counters = counters
         setRepoRevision = try connection.prepare("UPDATE repos SET rev = ?2 WHERE id = ?1")
-        insertRepo = try connection.prepare("INSERT INTO repos (name, rev) VALUES (?1, 0)")
+        insertRepo = try connection.prepare("INSERT INTO repos (name, rev, epoch) VALUES (?1, 0, ?2)")
         upsertEntry = try connection.prepare(
             "INSERT INTO entries (repo, key, value, rev) VALUES (?1, ?2, ?3, ?4) ON CONFLICT (repo, key) DO UPDATE SET value = excluded.value, rev = excluded.rev")
         deleteEntry = try connection.prepare("DELETE FROM entries WHERE repo = ?1 AND key = ?2")
@@ -210,7 +214,7 @@ private final class Committer {
     }
 
     func seed(_ repo: LoadedRepository) {
-        if let id = try? repoID(repo.name) { repoIDs[repo.name] = id }
+        if let id = try? repoID(repo.name, epoch: repo.epoch) { repoIDs[repo.name] = id }
     }
 
     /// Writes a batch in one transaction, then reports durability (or failure) per repository.
@@ -246,7 +250,7 @@ private final class Committer {
         for item in batch {
             let record = item.record
             if repos[record.repo] == nil {
-                repos[record.repo] = (try repoID(record.repo), 0, [:])
+                repos[record.repo] = (try repoID(record.repo, epoch: item.listener.epoch), 0, [:])
                 order.append(record.repo)
             }
             let id = repos[record.repo]!.id
@@ -286,7 +290,7 @@ private final class Committer {
         }
     }
 
-    private func repoID(_ name: String) throws(StorageError) -> Int64 {
+    private func repoID(_ name: String, epoch: String) throws(StorageError) -> Int64 {
         if let id = repoIDs[name] { return id }
         let lookup = try connection.prepare("SELECT id FROM repos WHERE name = ?1")
         lookup.bind(1, name)
@@ -296,6 +300,7 @@ private final class Committer {
             return id
         }
         insertRepo.bind(1, name)
+        insertRepo.bind(2, epoch)
         try insertRepo.run()
         let id = sqlite3_last_insert_rowid(connection.handle)
         repoIDs[name] = id
@@ -425,150 +430,5 @@ private enum Maintenance {
             close(wal)
         }
         connection.close()
-    }
-}
-
-// MARK: - Schema and loading
-
-private enum Schema {
-    /// Opens the database, creating its schema if the file is new; refuses foreign files.
-    static func open(path: String, options: SQLiteStorage.Options) throws(StorageError) -> SQLiteConnection {
-        let connection = try SQLiteConnection(path: path, create: true)
-        do throws(StorageError) {
-            try connection.execute("PRAGMA busy_timeout = 5000")
-            let mode = try connection.prepare("PRAGMA journal_mode = WAL")
-            guard try mode.step(), mode.text(0) == "wal" else {
-                throw StorageError(.other, "\(path): cannot switch to WAL mode")
-            }
-        } catch {
-            throw explain(error, path: path)
-        }
-        try connection.execute(options.sync == .always ? "PRAGMA synchronous = FULL" : "PRAGMA synchronous = NORMAL")
-        try connection.execute("PRAGMA wal_autocheckpoint = 0; PRAGMA journal_size_limit = 67108864; PRAGMA cache_size = -32768; PRAGMA temp_store = MEMORY")
-        let application = try connection.integer("PRAGMA application_id")
-        let version = try connection.integer("PRAGMA user_version")
-        let tables = try connection.integer("SELECT count(*) FROM sqlite_master")
-        if application == 0 && version == 0 && tables == 0 {
-            try connection.execute(
-                """
-                BEGIN;
-                PRAGMA application_id = \(SQLiteStorage.applicationID);
-                PRAGMA user_version = \(SQLiteStorage.schemaVersion);
-                CREATE TABLE repos (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE, rev INTEGER NOT NULL);
-                CREATE TABLE entries (
-                    repo INTEGER NOT NULL, key BLOB NOT NULL, value BLOB NOT NULL, rev INTEGER NOT NULL,
-                    PRIMARY KEY (repo, key)) WITHOUT ROWID;
-                CREATE TABLE history (
-                    repo INTEGER NOT NULL, rev INTEGER NOT NULL, time INTEGER NOT NULL, changes BLOB NOT NULL,
-                    PRIMARY KEY (repo, rev)) WITHOUT ROWID;
-                CREATE INDEX history_time ON history (time);
-                COMMIT;
-                """)
-            return connection
-        }
-        guard application == SQLiteStorage.applicationID else {
-            throw StorageError(.corrupt, "\(path) is not an obsd database (SQLite application_id \(application)); refusing to use it")
-        }
-        guard version == SQLiteStorage.schemaVersion else {
-            throw StorageError(.corrupt, "\(path) has schema version \(version); this obsd reads version \(SQLiteStorage.schemaVersion)")
-        }
-        return connection
-    }
-
-    static func explain(_ error: StorageError, path: String) -> StorageError {
-        guard error.kind == .corrupt else { return error }
-        return StorageError(.corrupt, "\(path) is not an obsd database or is damaged (\(error.description)); refusing to start")
-    }
-}
-
-private enum Loader {
-    /// Reads every repository: entries and retained history.
-    static func load(_ connection: SQLiteConnection, options: SQLiteStorage.Options) throws(StorageError) -> [LoadedRepository] {
-        do throws(StorageError) {
-            return try read(connection, options: options)
-        } catch {
-            throw Schema.explain(error, path: connection.path)
-        }
-    }
-
-    private static func read(_ connection: SQLiteConnection, options: SQLiteStorage.Options) throws(StorageError) -> [LoadedRepository] {
-        let path = connection.path
-        var names: [Int64: String] = [:]
-        var revisions: [Int64: UInt64] = [:]
-        let repos = try connection.prepare("SELECT id, name, rev FROM repos")
-        while try repos.step() {
-            names[repos.int64(0)] = repos.text(1)
-            revisions[repos.int64(0)] = UInt64(bitPattern: repos.int64(2))
-        }
-
-        var entries: [Int64: [Key: Entry<StoredValue>]] = [:]
-        let rows = try connection.prepare("SELECT repo, key, value, rev FROM entries")
-        while try rows.step() {
-            let repo = rows.int64(0)
-            guard let key = String(validating: rows.blob(1), as: UTF8.self) else {
-                throw StorageError(.corrupt, "\(path): a key of repository \(names[repo] ?? "?") is not UTF-8")
-            }
-            let value = try storedValue(rows.blob(2), path: path, what: "value of key \(key.debugDescription)")
-            entries[repo, default: [:]][Key(key)] = Entry(value: value, revision: UInt64(bitPattern: rows.int64(3)))
-        }
-
-        var histories: [Int64: [RevisionRecord]] = [:]
-        if options.historyLimit > 0 {
-            let cutoff = options.historyMaxAge.map { WallClock.unixSeconds() - $0.components.seconds } ?? Int64.min
-            let history = try connection.prepare("SELECT repo, rev, time, changes FROM history WHERE time >= ?1 ORDER BY repo, rev")
-            history.bind(1, cutoff)
-            while try history.step() {
-                let repo = history.int64(0)
-                guard let name = names[repo] else { continue }
-                let rev = UInt64(bitPattern: history.int64(1))
-                let changes = try self.changes(history.blob(3), path: path, repo: name, rev: rev)
-                histories[repo, default: []].append(
-                    RevisionRecord(repo: name, changeSet: ChangeSet(revision: rev, changes: changes), time: history.int64(2)))
-            }
-        }
-
-        return try names.keys.sorted().map { (id) throws(StorageError) -> LoadedRepository in
-            let name = names[id]!
-            let revision = revisions[id] ?? 0
-            var history = histories[id] ?? []
-            if history.count > options.historyLimit { history.removeFirst(history.count - options.historyLimit) }
-            if let last = history.last {
-                let contiguous = zip(history, history.dropFirst()).allSatisfy { $1.revision == $0.revision + 1 }
-                guard contiguous, last.revision == revision else {
-                    throw StorageError(.corrupt, "\(path): history of repository \(name) is not contiguous up to revision \(revision)")
-                }
-            }
-            return LoadedRepository(name: name, state: KeyedState(revision: revision, entries: entries[id] ?? [:]), history: history)
-        }
-    }
-
-    private static func storedValue(_ bytes: UnsafeRawBufferPointer, path: String, what: String) throws(StorageError) -> StoredValue {
-        do {
-            return StoredValue(json: try JSONParser.parse(bytes, maxDepth: 100_000), bytes: Array(bytes))
-        } catch {
-            throw StorageError(.corrupt, "\(path): the \(what) is not valid JSON (\(error))")
-        }
-    }
-
-    private static func changes(_ bytes: UnsafeRawBufferPointer, path: String, repo: String, rev: UInt64) throws(StorageError) -> [Change<StoredValue>] {
-        let damaged = StorageError(.corrupt, "\(path): history revision \(rev) of repository \(repo) is damaged")
-        guard let array = try? JSONParser.parse(bytes, maxDepth: 100_000).arrayValue else { throw damaged }
-        var changes: [Change<StoredValue>] = []
-        changes.reserveCapacity(array.count)
-        for item in array {
-            guard let object = item.objectValue, let key = object["key"]?.stringValue else { throw damaged }
-            changes.append(Change(key: Key(key), old: object["old"].map { StoredValue($0) }, new: object["new"].map { StoredValue($0) }))
-        }
-        return changes
-    }
-}
-
-/// Wall-clock time for history timestamps.
-public enum WallClock {
-    /// Seconds since 1970.
-    public static func unixSeconds() -> Int64 {
-        var now = timespec()
-        clock_gettime(CLOCK_REALTIME, &now)
-        return Int64(now.tv_sec)
     }
 }

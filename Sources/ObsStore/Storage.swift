@@ -13,12 +13,15 @@ import ObservableKit
 /// A repository as found in storage at start-up.
 public struct LoadedRepository: Sendable {
     public let name: String
+    /// The history `state` and `history` belong to (see `Epoch`).
+    public let epoch: String
     public let state: KeyedState<StoredValue>
     /// The retained history, oldest first, ending at `state.revision` (or empty).
     public let history: [RevisionRecord]
 
-    public init(name: String, state: KeyedState<StoredValue>, history: [RevisionRecord]) {
+    public init(name: String, epoch: String, state: KeyedState<StoredValue>, history: [RevisionRecord]) {
         self.name = name
+        self.epoch = epoch
         self.state = state
         self.history = history
     }
@@ -27,6 +30,8 @@ public struct LoadedRepository: Sendable {
 /// Told, in revision order, when the revisions it handed to storage are durable — or that
 /// they never will be.
 public protocol DurabilityListener: AnyObject, Sendable {
+    /// The repository's epoch, stored with it when storage first sees it.
+    var epoch: String { get }
     /// Every revision up to `revision` is durable.
     func durable(through revision: UInt64)
     /// Revisions above `revision` were not stored and never will be; `error` says why.
@@ -43,6 +48,8 @@ public protocol Storage: AnyObject, Sendable {
     var counters: StorageCounters? { get }
     /// Everything stored, read once at start-up.
     func load() throws(StorageError) -> [LoadedRepository]
+    /// What the daemon should say at start-up about the store (e.g. why epochs were renewed).
+    var notices: [String] { get }
     /// Queues a committed revision. Called in revision order for each listener (the
     /// repository), while the repository's lock is held.
     func append(_ record: RevisionRecord, listener: any DurabilityListener)
@@ -59,6 +66,7 @@ public final class InMemoryStorage: Storage {
     public var summary: String { "memory (nothing persists)" }
     public var counters: StorageCounters? { nil }
     public func load() -> [LoadedRepository] { [] }
+    public var notices: [String] { [] }
     public func append(_ record: RevisionRecord, listener: any DurabilityListener) {}
     public func discard(_ listener: any DurabilityListener, after revision: UInt64) {}
     public func close() {}

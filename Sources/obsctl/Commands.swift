@@ -101,6 +101,7 @@ extension Obsctl {
                 if json {
                     var o = JSONObject()
                     o["rev"] = .number(listing.revision)
+                    o["epoch"] = .string(listing.epoch)
                     o["keys"] = .array(listing.keys.map { .string($0.string) })
                     if values {
                         o["values"] = .object(JSONObject(uniqueMembers: listing.keys.map { ($0.string, listing.values?[$0] ?? .null) }))
@@ -130,7 +131,10 @@ extension Obsctl {
                 let repos = try await client.repos()
                 if json {
                     emit(JSONValue.array(repos.map {
-                        .object(JSONObject(uniqueMembers: [("name", .string($0.name)), ("rev", .number($0.revision)), ("keys", .int(Int64($0.keys)))]))
+                        .object(JSONObject(uniqueMembers: [
+                            ("name", .string($0.name)), ("rev", .number($0.revision)), ("keys", .int(Int64($0.keys))),
+                            ("epoch", .string($0.epoch)),
+                        ]))
                     }).jsonText)
                     return
                 }

@@ -12,9 +12,12 @@ extension Obsctl {
             discussion: """
                 Human output, one line per changed key:  REV  REPO/KEY  OLD → NEW
                 (OLD is (none) for a creation, NEW is (deleted) for a deletion; --initial lines read REV  REPO/KEY  = VALUE).
-                With --json, one object per changed key: {"repo","key","rev","old","new"}, with "old" and "new"
-                present exactly as in the protocol; --initial values come as {"repo","key","rev","new","snapshot":true},
-                and the end of a --since replay as {"repo","rev","synced":true}.
+                With --json, one object per changed key: {"repo","key","rev","old","new","epoch"}, with "old" and "new"
+                present exactly as in the protocol; --initial values come as {"repo","key","rev","new","snapshot":true,"epoch"},
+                and the end of a --since replay as {"repo","rev","synced":true,"epoch"}.
+                To resume where a watch stopped, pass the last line's rev and epoch: --since REV --epoch EPOCH. If the
+                repository's history is not that epoch any more (the daemon lost or replaced it), obsctl says so and
+                exits 4 (compacted): start again with --initial.
                 """)
 
         @OptionGroup var global: GlobalOptions
@@ -23,31 +26,35 @@ extension Obsctl {
         @Option(help: ArgumentHelp("Watch keys starting with this prefix.", valueName: "prefix")) var prefix: String?
         @Flag(help: "First print the current values.") var initial = false
         @Option(help: ArgumentHelp("First replay changes after this revision.", valueName: "rev")) var since: UInt64?
+        @Option(help: ArgumentHelp("With --since: the epoch that revision belongs to (from --json output).", valueName: "epoch"))
+        var epoch: String?
         @Flag(help: "Exit after the first change.") var once = false
         @Flag(help: "Print JSON objects, one per line.") var json = false
 
         func validate() throws {
             if !keys.isEmpty && prefix != nil { throw ValidationError("give keys or --prefix, not both") }
             if initial && since != nil { throw ValidationError("use at most one of --initial and --since") }
+            if epoch != nil && since == nil { throw ValidationError("--epoch goes with --since") }
         }
 
         func run() async throws {
             let selection: Selection = !keys.isEmpty ? .keys(Swift.Set(keys.map { Key($0) })) : prefix.map { .prefix($0) } ?? .all
             try await global.withClient { client in
-                let subscription = try await client.subscribe(repo, selection, initial: initial, since: since, once: once)
+                let subscription = try await client.subscribe(
+                    repo, selection, initial: initial, since: since, epoch: epoch, once: once)
                 for try await event in subscription {
-                    print(event)
+                    print(event, epoch: subscription.epoch)
                 }
             }
         }
 
-        private func print(_ event: SubscriptionEvent) {
+        private func print(_ event: SubscriptionEvent, epoch: String) {
             switch event {
             case .snapshot(let rev, let values):
                 for key in values.keys.sorted() {
                     let value = values[key]!
                     if json {
-                        emit(line([("repo", .string(repo)), ("key", .string(key.string)), ("rev", .number(rev)), ("new", value), ("snapshot", true)]))
+                        emit(line([("repo", .string(repo)), ("key", .string(key.string)), ("rev", .number(rev)), ("new", value), ("snapshot", true), ("epoch", .string(epoch))]))
                     } else {
                         emit("\(rev)  \(repo)/\(key.string)  = \(value.jsonText)")
                     }
@@ -58,6 +65,7 @@ extension Obsctl {
                         var members: [(String, JSONValue)] = [("repo", .string(repo)), ("key", .string(change.key.string)), ("rev", .number(changeSet.revision))]
                         if let old = change.old { members.append(("old", old)) }
                         if let new = change.new { members.append(("new", new)) }
+                        members.append(("epoch", .string(epoch)))
                         emit(line(members))
                     } else {
                         let old = change.old?.jsonText ?? "(none)"
@@ -67,9 +75,9 @@ extension Obsctl {
                 }
             case .synced(let rev):
                 if json {
-                    emit(line([("repo", .string(repo)), ("rev", .number(rev)), ("synced", true)]))
+                    emit(line([("repo", .string(repo)), ("rev", .number(rev)), ("synced", true), ("epoch", .string(epoch))]))
                 } else {
-                    printError("caught up at revision \(rev); watching live")
+                    printError("caught up at revision \(rev) (epoch \(epoch)); watching live")
                 }
             }
         }

@@ -30,7 +30,8 @@ import Testing
             #expect(listing.keys == ["a", "b"] && listing.values == ["a": 1, "b": 2] && listing.revision == 3)
             #expect(try await client.list("ui", prefix: "b").keys == ["b"])
             #expect(try await client.delete("ui", "a") == WriteReply(revision: 4, changed: true, old: 1))
-            #expect(try await client.repos() == [RepositoryInfo(name: "ui", revision: 4, keys: 1)])
+            #expect(try await client.repos() == [RepositoryInfo(name: "ui", revision: 4, keys: 1, epoch: listing.epoch)])
+            #expect(!listing.epoch.isEmpty)
             let stats = try await client.stats()
             #expect(stats["connections"] == 1 && stats["repos"] == 1)
             do throws(ObsClientError) {

@@ -154,7 +154,9 @@ import Testing
         _ = try c.call(["op": "get", "repo": "ghost2", "key": "k"])
         _ = try c.call(["op": "delete", "repo": "ghost3", "key": "k"])
         let repos = try c.call(["op": "repos"])
-        #expect(repos["repos"] == [["name": "A", "rev": 1, "keys": 1], ["name": "l", "rev": 6, "keys": 6]])
+        let entries = repos["repos"]?.arrayValue?.compactMap(\.objectValue) ?? []
+        #expect(entries.map { $0["name"] } == ["A", "l"] && entries.map { $0["rev"] } == [1, 6] && entries.map { $0["keys"] } == [1, 6])
+        #expect(entries.allSatisfy { $0["epoch"]?.stringValue?.isEmpty == false }, "every entry names its epoch")
         let stats = try c.call(["op": "stats"])
         #expect(stats["connections"] == 1 && stats["subscriptions"] == 1 && stats["repos"] == 2)
     }
@@ -380,7 +382,7 @@ func peakResidentKiB(_ pid: Int32) throws -> Int {
         // The daemon notices the close asynchronously: it ends the subscriptions, then counts
         // the connection out. Wait for both, bounded.
         var last = JSONObject()
-        let settled = try await eventually(timeout: .seconds(10)) {
+        let settled = try eventually(timeout: .seconds(10)) {
             last = try observer.call(["op": "stats"])
             return last["subscriptions"] == 0 && last["connections"] == 1
         }

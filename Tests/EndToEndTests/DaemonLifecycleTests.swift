@@ -154,9 +154,12 @@ import Glibc
         _ = try obsctl(["set", "cfg", "k", "true"], socket: s)
         #expect(try obsctl(["list", "ui"], socket: s).stdout == "a\nb\n")
         #expect(try obsctl(["list", "ui", "--values"], socket: s).stdout == "a\t\"x\"\nb\t2\n")
-        #expect(try obsctl(["list", "ui", "--prefix", "b", "--json"], socket: s).stdout == "{\"rev\":2,\"keys\":[\"b\"]}\n")
+        let epoch = try #require(JSONParser.parse(obsctl(["list", "ui", "--json"], socket: s).stdout).objectValue?["epoch"]?.stringValue)
+        #expect(try obsctl(["list", "ui", "--prefix", "b", "--json"], socket: s).stdout == "{\"rev\":2,\"epoch\":\"\(epoch)\",\"keys\":[\"b\"]}\n")
         #expect(try obsctl(["repos"], socket: s).stdout == "NAME  REV         KEYS\ncfg   1           1\nui    2           2\n")
-        #expect(try obsctl(["repos", "--json"], socket: s).stdout == "[{\"name\":\"cfg\",\"rev\":1,\"keys\":1},{\"name\":\"ui\",\"rev\":2,\"keys\":2}]\n")
+        #expect(
+            try obsctl(["repos", "--json"], socket: s).stdout
+                == "[{\"name\":\"cfg\",\"rev\":1,\"keys\":1,\"epoch\":\"\(epoch)\"},{\"name\":\"ui\",\"rev\":2,\"keys\":2,\"epoch\":\"\(epoch)\"}]\n")
         let stats = try obsctl(["stats"], socket: s).stdout
         #expect(stats.contains("connections: 1\n") && stats.contains("repos: 2\n"))
     }
@@ -179,11 +182,12 @@ import Glibc
 
         _ = try obsctl(["del", "ui", "theme"], socket: s)
         let json = try obsctl(["watch", "ui", "--since", "0", "--json"], socket: s, stopAfterLines: 4)
+        let epoch = try #require(JSONParser.parse(obsctl(["list", "ui", "--json"], socket: s).stdout).objectValue?["epoch"]?.stringValue)
         #expect(json.stdout.split(separator: "\n") == [
-            #"{"repo":"ui","key":"theme","rev":1,"new":"light"}"#,
-            #"{"repo":"ui","key":"theme","rev":2,"old":"light","new":"dark"}"#,
-            #"{"repo":"ui","key":"theme","rev":3,"old":"dark"}"#,
-            #"{"repo":"ui","rev":3,"synced":true}"#,
+            #"{"repo":"ui","key":"theme","rev":1,"new":"light","epoch":"\#(epoch)"}"#,
+            #"{"repo":"ui","key":"theme","rev":2,"old":"light","new":"dark","epoch":"\#(epoch)"}"#,
+            #"{"repo":"ui","key":"theme","rev":3,"old":"dark","epoch":"\#(epoch)"}"#,
+            #"{"repo":"ui","rev":3,"synced":true,"epoch":"\#(epoch)"}"#,
         ])
         _ = try obsctl(["set", "ui", "theme", "blue"], socket: s)
         let initial = try obsctl(["watch", "ui", "--initial"], socket: s, stopAfterLines: 1)

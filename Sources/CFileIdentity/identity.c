@@ -1,0 +1,28 @@
+// CFileIdentity — see include/CFileIdentity.h.
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <string.h>
+#include <sys/stat.h>
+#include "CFileIdentity.h"
+
+int obs_file_identity_of(int fd, obs_file_identity *out) {
+    memset(out, 0, sizeof *out);
+#ifdef STATX_BTIME
+    struct statx st;
+    if (statx(fd, "", AT_EMPTY_PATH, STATX_INO | STATX_BTIME, &st) == 0) {
+        out->inode = st.stx_ino;
+        if (st.stx_mask & STATX_BTIME) {
+            out->birth_seconds = st.stx_btime.tv_sec;
+            out->birth_nanoseconds = st.stx_btime.tv_nsec;
+            out->has_birth = 1;
+        }
+        return 0;
+    }
+    if (errno != ENOSYS) return -1;
+#endif
+    struct stat plain;
+    if (fstat(fd, &plain) != 0) return -1;
+    out->inode = plain.st_ino;
+    return 0;
+}

@@ -1,0 +1,258 @@
+// ObsStore — the SQLite store's file: its schema (created, migrated, refused when foreign),
+// the provenance checks that decide whether the file still holds the history its epochs
+// name, and loading every repository at start-up.
+
+import CFileIdentity
+import CSQLite
+import ObsProtocol
+import ObservableKit
+
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Musl)
+import Musl
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+// MARK: - Schema and loading
+
+enum Schema {
+    /// Opens the database, creating its schema if the file is new, migrating an older one;
+    /// refuses foreign files. Returns the connection and whether the schema was migrated
+    /// from version 1 (which had no epochs).
+    static func open(path: String, options: SQLiteStorage.Options) throws(StorageError) -> (SQLiteConnection, migrated: Bool) {
+        let connection = try SQLiteConnection(path: path, create: true)
+        do throws(StorageError) {
+            try connection.execute("PRAGMA busy_timeout = 5000")
+            let mode = try connection.prepare("PRAGMA journal_mode = WAL")
+            guard try mode.step(), mode.text(0) == "wal" else {
+                throw StorageError(.other, "\(path): cannot switch to WAL mode")
+            }
+        } catch {
+            throw explain(error, path: path)
+        }
+        try connection.execute(options.sync == .always ? "PRAGMA synchronous = FULL" : "PRAGMA synchronous = NORMAL")
+        try connection.execute("PRAGMA wal_autocheckpoint = 0; PRAGMA journal_size_limit = 67108864; PRAGMA cache_size = -32768; PRAGMA temp_store = MEMORY")
+        let application = try connection.integer("PRAGMA application_id")
+        let version = try connection.integer("PRAGMA user_version")
+        let tables = try connection.integer("SELECT count(*) FROM sqlite_master")
+        if application == 0 && version == 0 && tables == 0 {
+            try connection.execute(
+                """
+                BEGIN;
+                PRAGMA application_id = \(SQLiteStorage.applicationID);
+                PRAGMA user_version = \(SQLiteStorage.schemaVersion);
+                CREATE TABLE repos (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE, rev INTEGER NOT NULL, epoch TEXT NOT NULL);
+                CREATE TABLE entries (
+                    repo INTEGER NOT NULL, key BLOB NOT NULL, value BLOB NOT NULL, rev INTEGER NOT NULL,
+                    PRIMARY KEY (repo, key)) WITHOUT ROWID;
+                CREATE TABLE history (
+                    repo INTEGER NOT NULL, rev INTEGER NOT NULL, time INTEGER NOT NULL, changes BLOB NOT NULL,
+                    PRIMARY KEY (repo, rev)) WITHOUT ROWID;
+                CREATE INDEX history_time ON history (time);
+                CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
+                COMMIT;
+                """)
+            return (connection, false)
+        }
+        guard application == SQLiteStorage.applicationID else {
+            throw StorageError(.corrupt, "\(path) is not an obsd database (SQLite application_id \(application)); refusing to use it")
+        }
+        if version == 1 {
+            // Version 1 had no epochs and no provenance: every repository starts a new epoch.
+            var statements = "BEGIN; ALTER TABLE repos ADD COLUMN epoch TEXT NOT NULL DEFAULT '';"
+            statements += " CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;"
+            statements += " PRAGMA user_version = \(SQLiteStorage.schemaVersion); COMMIT;"
+            try connection.execute(statements)
+            return (connection, true)
+        }
+        guard version == SQLiteStorage.schemaVersion else {
+            throw StorageError(.corrupt, "\(path) has schema version \(version); this obsd reads versions 1 and \(SQLiteStorage.schemaVersion)")
+        }
+        return (connection, false)
+    }
+
+    static func explain(_ error: StorageError, path: String) -> StorageError {
+        guard error.kind == .corrupt else { return error }
+        return StorageError(.corrupt, "\(path) is not an obsd database or is damaged (\(error.description)); refusing to start")
+    }
+}
+
+// MARK: - Provenance
+
+/// Whether the file still holds the history its epochs name. An epoch promises that every
+/// revision a client saw under it is still here; the store keeps that promise only while it
+/// can show that the file is the one it wrote, and that no acknowledged revision was lost:
+///
+/// - `meta.file` records the database file's identity (inode and birth time). A different
+///   identity means a copy — a restored backup, a directory copied in — whose history may
+///   have been continued elsewhere or may end before revisions clients already saw.
+/// - `meta.run` is `running <boot id> <sync policy>` while a daemon uses the file and
+///   `clean` once it stopped. Found `running`, the last daemon stopped uncleanly; under
+///   `sync = relaxed` with another boot id the machine went down with it, and the writes of
+///   its last sync interval — acknowledged, perhaps seen — may be gone.
+///
+/// Either way every repository gets a new epoch, so clients resync instead of resuming.
+enum Provenance {
+    /// Checks the file, renews the epochs if it cannot vouch for them, and marks it in use
+    /// (durably, before any write). Returns why the epochs were renewed, if they were.
+    static func claim(_ connection: SQLiteConnection, sync: SyncPolicy, migrated: Bool) throws(StorageError) -> String? {
+        let path = connection.path
+        let identity = try fileIdentity(path)
+        let recordedIdentity = try meta(connection, "file")
+        let run = try meta(connection, "run")
+        var reason: String? = nil
+        if migrated {
+            reason = "\(path) was written by an obsd that did not keep epochs"
+        } else if let recordedIdentity, recordedIdentity != identity {
+            reason = "\(path) is not the file this store last wrote (a copy, or a restored backup)"
+        } else if let run, run.hasPrefix("running "), run.hasSuffix(" relaxed"), bootID == "unknown" || !run.contains(" \(bootID) ") {
+            reason = "the last obsd on \(path) stopped uncleanly under sync = relaxed and the machine restarted since: writes it acknowledged in its last sync interval may be lost"
+        }
+        let policy = sync == .always ? "always" : "relaxed"
+        var statements = "PRAGMA synchronous = FULL; BEGIN;"
+        if reason != nil || migrated {
+            let ids = try connection.prepare("SELECT id FROM repos")
+            var all: [Int64] = []
+            while try ids.step() { all.append(ids.int64(0)) }
+            for id in all { statements += " UPDATE repos SET epoch = '\(Epoch.random())' WHERE id = \(id);" }
+        }
+        statements += " INSERT OR REPLACE INTO meta (key, value) VALUES ('file', '\(identity)'), ('run', 'running \(bootID) \(policy)');"
+        statements += " COMMIT; PRAGMA synchronous = \(sync == .always ? "FULL" : "NORMAL");"
+        try connection.execute(statements)
+        return reason
+    }
+
+    /// Marks the file as left cleanly (the caller checkpoints it afterwards).
+    static func release(_ connection: SQLiteConnection) {
+        try? connection.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('run', 'clean')")
+    }
+
+    private static func meta(_ connection: SQLiteConnection, _ key: String) throws(StorageError) -> String? {
+        let statement = try connection.prepare("SELECT value FROM meta WHERE key = ?1")
+        statement.bind(1, key)
+        return try statement.step() ? statement.text(0) : nil
+    }
+
+    /// `<inode>:<birth seconds>.<birth nanoseconds>` (birth left empty where unknown).
+    static func fileIdentity(_ path: String) throws(StorageError) -> String {
+        let fd = open(path, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { throw StorageError(.readOnly, "cannot open \(path): \(String(cString: strerror(errno)))") }
+        defer { close(fd) }
+        var id = obs_file_identity()
+        guard obs_file_identity_of(fd, &id) == 0 else {
+            throw StorageError(.io, "cannot stat \(path): \(String(cString: strerror(errno)))")
+        }
+        return id.has_birth != 0 ? "\(id.inode):\(id.birth_seconds).\(id.birth_nanoseconds)" : "\(id.inode):"
+    }
+
+    /// This boot of the machine (`/proc/sys/kernel/random/boot_id`), or "unknown".
+    static let bootID: String = {
+        let fd = open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { return "unknown" }
+        defer { close(fd) }
+        var buffer = [UInt8](repeating: 0, count: 64)
+        let n = read(fd, &buffer, buffer.count)
+        guard n > 0 else { return "unknown" }
+        return String(decoding: buffer[..<n], as: UTF8.self).trimmingWhitespace
+    }()
+}
+
+enum Loader {
+    /// Reads every repository: entries and retained history.
+    static func load(_ connection: SQLiteConnection, options: SQLiteStorage.Options) throws(StorageError) -> [LoadedRepository] {
+        do throws(StorageError) {
+            return try read(connection, options: options)
+        } catch {
+            throw Schema.explain(error, path: connection.path)
+        }
+    }
+
+    private static func read(_ connection: SQLiteConnection, options: SQLiteStorage.Options) throws(StorageError) -> [LoadedRepository] {
+        let path = connection.path
+        var names: [Int64: String] = [:]
+        var revisions: [Int64: UInt64] = [:]
+        var epochs: [Int64: String] = [:]
+        let repos = try connection.prepare("SELECT id, name, rev, epoch FROM repos")
+        while try repos.step() {
+            names[repos.int64(0)] = repos.text(1)
+            revisions[repos.int64(0)] = UInt64(bitPattern: repos.int64(2))
+            epochs[repos.int64(0)] = repos.text(3)
+        }
+
+        var entries: [Int64: [Key: Entry<StoredValue>]] = [:]
+        let rows = try connection.prepare("SELECT repo, key, value, rev FROM entries")
+        while try rows.step() {
+            let repo = rows.int64(0)
+            guard let key = String(validating: rows.blob(1), as: UTF8.self) else {
+                throw StorageError(.corrupt, "\(path): a key of repository \(names[repo] ?? "?") is not UTF-8")
+            }
+            let value = try storedValue(rows.blob(2), path: path, what: "value of key \(key.debugDescription)")
+            entries[repo, default: [:]][Key(key)] = Entry(value: value, revision: UInt64(bitPattern: rows.int64(3)))
+        }
+
+        var histories: [Int64: [RevisionRecord]] = [:]
+        if options.historyLimit > 0 {
+            let cutoff = options.historyMaxAge.map { WallClock.unixSeconds() - $0.components.seconds } ?? Int64.min
+            let history = try connection.prepare("SELECT repo, rev, time, changes FROM history WHERE time >= ?1 ORDER BY repo, rev")
+            history.bind(1, cutoff)
+            while try history.step() {
+                let repo = history.int64(0)
+                guard let name = names[repo] else { continue }
+                let rev = UInt64(bitPattern: history.int64(1))
+                let changes = try self.changes(history.blob(3), path: path, repo: name, rev: rev)
+                histories[repo, default: []].append(
+                    RevisionRecord(repo: name, changeSet: ChangeSet(revision: rev, changes: changes), time: history.int64(2)))
+            }
+        }
+
+        return try names.keys.sorted().map { (id) throws(StorageError) -> LoadedRepository in
+            let name = names[id]!
+            let revision = revisions[id] ?? 0
+            var history = histories[id] ?? []
+            if history.count > options.historyLimit { history.removeFirst(history.count - options.historyLimit) }
+            if let last = history.last {
+                let contiguous = zip(history, history.dropFirst()).allSatisfy { $1.revision == $0.revision + 1 }
+                guard contiguous, last.revision == revision else {
+                    throw StorageError(.corrupt, "\(path): history of repository \(name) is not contiguous up to revision \(revision)")
+                }
+            }
+            guard let epoch = epochs[id], Epoch.isValid(epoch) else {
+                throw StorageError(.corrupt, "\(path): repository \(name) has no valid epoch")
+            }
+            return LoadedRepository(
+                name: name, epoch: epoch, state: KeyedState(revision: revision, entries: entries[id] ?? [:]), history: history)
+        }
+    }
+
+    private static func storedValue(_ bytes: UnsafeRawBufferPointer, path: String, what: String) throws(StorageError) -> StoredValue {
+        do {
+            return StoredValue(json: try JSONParser.parse(bytes, maxDepth: 100_000), bytes: Array(bytes))
+        } catch {
+            throw StorageError(.corrupt, "\(path): the \(what) is not valid JSON (\(error))")
+        }
+    }
+
+    private static func changes(_ bytes: UnsafeRawBufferPointer, path: String, repo: String, rev: UInt64) throws(StorageError) -> [Change<StoredValue>] {
+        let damaged = StorageError(.corrupt, "\(path): history revision \(rev) of repository \(repo) is damaged")
+        guard let array = try? JSONParser.parse(bytes, maxDepth: 100_000).arrayValue else { throw damaged }
+        var changes: [Change<StoredValue>] = []
+        changes.reserveCapacity(array.count)
+        for item in array {
+            guard let object = item.objectValue, let key = object["key"]?.stringValue else { throw damaged }
+            changes.append(Change(key: Key(key), old: object["old"].map { StoredValue($0) }, new: object["new"].map { StoredValue($0) }))
+        }
+        return changes
+    }
+}
+
+/// Wall-clock time for history timestamps.
+public enum WallClock {
+    /// Seconds since 1970.
+    public static func unixSeconds() -> Int64 {
+        var now = timespec()
+        clock_gettime(CLOCK_REALTIME, &now)
+        return Int64(now.tv_sec)
+    }
+}
