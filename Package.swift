@@ -86,6 +86,7 @@ let package = Package(
         .testTarget(name: "ObservableKitTests", dependencies: ["ObservableKit"]),
         .testTarget(name: "ObsProtocolTests", dependencies: ["ObsProtocol", "ObservableKit"]),
         .testTarget(name: "ObsConfigTests", dependencies: ["ObsConfig"]),
+        .testTarget(name: "ObsStoreTests", dependencies: ["ObsStore", "ObsProtocol", "ObservableKit"]),
         .target(name: "TestSupport", path: "Tests/TestSupport"),
         .testTarget(name: "SystemdTests", dependencies: ["Systemd", "TestSupport", .product(name: "Logging", package: "swift-log")]),
         // Starts the real obsd binary on a temporary socket; drives it over raw sockets,

@@ -24,6 +24,7 @@ public struct DaemonSettings: Sendable, Equatable {
     public var queueEvents = 100_000
     public var overflowGraceSeconds = 30
     public var maxValueBytes = 512 << 10
+    public var maxRevisionBytes = 16 << 20
     public var maxKeysPerRepository = 1_000_000
     public var maxRepositories = 10_000
     public var maxConnections = 16_384
@@ -82,7 +83,9 @@ public enum RawSetting: Sendable, Equatable {
     }
 }
 
-/// One setting: its names in each source, and how to apply a value.
+/// One setting: its names in each source, what it does, and how to apply a value. This
+/// table is the only place a setting is named: the file's keys, the environment, obsd's
+/// flags and its `--help` all come from it, and the defaults from `DaemonSettings()`.
 public struct Setting: Sendable {
     /// The key in the file, `section.name`.
     public let key: String
@@ -92,6 +95,10 @@ public struct Setting: Sendable {
     public let flag: String
     /// What a valid value looks like, for messages.
     public let expects: String
+    /// What the setting does, one line for `--help`.
+    public let help: String
+    /// The placeholder of the flag's value in `--help`; nil for a switch (`--in-memory`).
+    public let valueName: String?
     /// Checks a value and stores it.
     let apply: @Sendable (inout DaemonSettings, RawSetting) -> Bool
     /// The setting's value in TOML syntax (or a note saying where the default comes from).
@@ -101,39 +108,63 @@ public struct Setting: Sendable {
 
     /// Every setting, in the order of the shipped configuration file.
     public static let all: [Setting] = [
-        text("socket.path", "OBSD_SOCKET", "socket", \.socketPath, default: "$XDG_RUNTIME_DIR/obsd.sock, else /run/obsd/obsd.sock"),
+        text("socket.path", "OBSD_SOCKET", "socket", \.socketPath, "path", "The Unix socket to serve.",
+             default: "$XDG_RUNTIME_DIR/obsd.sock, else /run/obsd/obsd.sock"),
         Setting(
             key: "socket.mode", environment: "OBSD_SOCKET_MODE", flag: "socket-mode", expects: "an octal mode such as \"0660\"",
+            help: "Permission bits of the socket file, octal.", valueName: "mode",
             apply: { s, raw in
                 guard case .string(let text) = raw, let mode = UInt32(text, radix: 8), mode <= 0o777 else { return false }
                 s.socketMode = mode
                 return true
             },
             describe: { "\"0\(String($0.socketMode, radix: 8))\"" }),
-        text("socket.user", "OBSD_SOCKET_USER", "socket-user", \.socketUser, default: "the daemon's user"),
-        text("socket.group", "OBSD_SOCKET_GROUP", "socket-group", \.socketGroup, default: "the daemon's group"),
-        text("storage.data-dir", "OBSD_DATA_DIR", "data-dir", \.dataDir,
+        text("socket.user", "OBSD_SOCKET_USER", "socket-user", \.socketUser, "user", "Owner of the socket file: a user name or uid.",
+             default: "the daemon's user"),
+        text("socket.group", "OBSD_SOCKET_GROUP", "socket-group", \.socketGroup, "group", "Group of the socket file: a group name or gid.",
+             default: "the daemon's group"),
+        text("storage.data-dir", "OBSD_DATA_DIR", "data-dir", \.dataDir, "dir", "Directory for persistent data.",
              default: "$STATE_DIRECTORY, /var/lib/obsd for root, else $XDG_STATE_HOME/obsd or ~/.local/state/obsd"),
-        boolean("storage.in-memory", "OBSD_IN_MEMORY", "in-memory", \.inMemory),
-        choice("storage.sync", "OBSD_SYNC", "sync", ["always", "relaxed"], \.sync),
-        integer("storage.sync-interval-ms", "OBSD_SYNC_INTERVAL_MS", "sync-interval", 1...3_600_000, \.syncIntervalMS),
-        integer("history.limit", "OBSD_HISTORY_LIMIT", "history-limit", 0...100_000_000, \.historyLimit),
-        integer("history.max-age-seconds", "OBSD_HISTORY_MAX_AGE", "history-max-age", 0...Int(Int32.max), \.historyMaxAgeSeconds),
-        integer("limits.max-line", "OBSD_MAX_LINE", "max-line", 64...(1 << 30), \.maxLine),
-        integer("limits.queue-bytes", "OBSD_QUEUE_BYTES", "queue-bytes", 4096...(1 << 34), \.queueBytes),
-        integer("limits.queue-events", "OBSD_QUEUE_EVENTS", "queue-events", 1...100_000_000, \.queueEvents),
-        integer("limits.overflow-grace-seconds", "OBSD_OVERFLOW_GRACE", "overflow-grace", 0...86_400, \.overflowGraceSeconds),
-        integer("limits.max-value-bytes", "OBSD_MAX_VALUE_BYTES", "max-value-bytes", 16...(1 << 30), \.maxValueBytes),
-        integer("limits.max-keys-per-repository", "OBSD_MAX_KEYS_PER_REPOSITORY", "max-keys-per-repository", 1...1_000_000_000, \.maxKeysPerRepository),
-        integer("limits.max-repositories", "OBSD_MAX_REPOSITORIES", "max-repositories", 1...100_000_000, \.maxRepositories),
-        integer("limits.max-connections", "OBSD_MAX_CONNECTIONS", "max-connections", 1...10_000_000, \.maxConnections),
-        integer("limits.max-connections-per-uid", "OBSD_MAX_CONNECTIONS_PER_UID", "max-connections-per-uid", 1...10_000_000, \.maxConnectionsPerUID),
-        integer("limits.max-subscriptions-per-connection", "OBSD_MAX_SUBSCRIPTIONS", "max-subscriptions", 1...10_000_000, \.maxSubscriptionsPerConnection),
-        integer("limits.max-keys-per-request", "OBSD_MAX_KEYS_PER_REQUEST", "max-keys-per-request", 1...10_000_000, \.maxKeysPerRequest),
-        choice("access.default", "OBSD_ACCESS_DEFAULT", "access-default", ["none", "read", "write"], \.accessDefault),
-        choice("log.level", "OBSD_LOG_LEVEL", "log-level", logLevels, \.logLevel),
-        choice("log.target", "OBSD_LOG_TARGET", "log-target", ["auto", "journal", "stderr"], \.logTarget),
-        integer("server.threads", "OBSD_THREADS", "threads", 0...1024, \.threads),
+        boolean("storage.in-memory", "OBSD_IN_MEMORY", "in-memory", \.inMemory,
+                "Keep repositories in memory only: nothing survives a restart."),
+        choice("storage.sync", "OBSD_SYNC", "sync", ["always", "relaxed"], \.sync, "policy", "When a write is acknowledged: always or relaxed."),
+        integer("storage.sync-interval-ms", "OBSD_SYNC_INTERVAL_MS", "sync-interval", 1...3_600_000, \.syncIntervalMS, "ms",
+                "With --sync relaxed: the longest time between fsyncs."),
+        integer("history.limit", "OBSD_HISTORY_LIMIT", "history-limit", 0...100_000_000, \.historyLimit, "n",
+                "Revisions kept per repository for `since`."),
+        integer("history.max-age-seconds", "OBSD_HISTORY_MAX_AGE", "history-max-age", 0...Int(Int32.max), \.historyMaxAgeSeconds, "s",
+                "Drop history older than this; 0: no age limit."),
+        integer("limits.max-line", "OBSD_MAX_LINE", "max-line", 64...(1 << 30), \.maxLine, "bytes", "Longest request line in bytes."),
+        integer("limits.queue-bytes", "OBSD_QUEUE_BYTES", "queue-bytes", 4096...(1 << 34), \.queueBytes, "bytes",
+                "Outgoing queue limit per connection in bytes."),
+        integer("limits.queue-events", "OBSD_QUEUE_EVENTS", "queue-events", 1...100_000_000, \.queueEvents, "n",
+                "Outgoing queue limit per connection in events."),
+        integer("limits.overflow-grace-seconds", "OBSD_OVERFLOW_GRACE", "overflow-grace", 0...86_400, \.overflowGraceSeconds, "s",
+                "Seconds an overflowed connection may take to read its last messages."),
+        integer("limits.max-value-bytes", "OBSD_MAX_VALUE_BYTES", "max-value-bytes", 16...(1 << 30), \.maxValueBytes, "bytes",
+                "Largest value, in bytes of compact JSON."),
+        integer("limits.max-revision-bytes", "OBSD_MAX_REVISION_BYTES", "max-revision-bytes", 4096...(512 << 20), \.maxRevisionBytes, "bytes",
+                "Most bytes one revision may carry: its keys and their old and new values."),
+        integer("limits.max-keys-per-repository", "OBSD_MAX_KEYS_PER_REPOSITORY", "max-keys-per-repository", 1...1_000_000_000,
+                \.maxKeysPerRepository, "n", "Most keys per repository."),
+        integer("limits.max-repositories", "OBSD_MAX_REPOSITORIES", "max-repositories", 1...100_000_000, \.maxRepositories, "n",
+                "Most repositories."),
+        integer("limits.max-connections", "OBSD_MAX_CONNECTIONS", "max-connections", 1...10_000_000, \.maxConnections, "n",
+                "Most connections."),
+        integer("limits.max-connections-per-uid", "OBSD_MAX_CONNECTIONS_PER_UID", "max-connections-per-uid", 1...10_000_000,
+                \.maxConnectionsPerUID, "n", "Most connections per uid, root and obsd's uid exempt."),
+        integer("limits.max-subscriptions-per-connection", "OBSD_MAX_SUBSCRIPTIONS", "max-subscriptions", 1...10_000_000,
+                \.maxSubscriptionsPerConnection, "n", "Most live subscriptions per connection."),
+        integer("limits.max-keys-per-request", "OBSD_MAX_KEYS_PER_REQUEST", "max-keys-per-request", 1...10_000_000, \.maxKeysPerRequest,
+                "n", "Most keys in one subscribe or operations in one batch."),
+        choice("access.default", "OBSD_ACCESS_DEFAULT", "access-default", ["none", "read", "write"], \.accessDefault, "policy",
+               "What peers no access rule matches may do: none, read or write."),
+        choice("log.level", "OBSD_LOG_LEVEL", "log-level", logLevels, \.logLevel, "level",
+               "trace, debug, info, notice, warning, error or critical."),
+        choice("log.target", "OBSD_LOG_TARGET", "log-target", ["auto", "journal", "stderr"], \.logTarget, "target",
+               "auto (the journal under systemd, else stderr), journal or stderr."),
+        integer("server.threads", "OBSD_THREADS", "threads", 0...1024, \.threads, "n",
+                "Event-loop threads; 0: one per CPU the daemon may use."),
     ]
 
     /// The setting with this file key.
@@ -152,10 +183,11 @@ public struct Setting: Sendable {
     // Sendable value type, and the key paths are literals with no captured state.
 
     private static func text(
-        _ key: String, _ env: String, _ flag: String, _ path: WritableKeyPath<DaemonSettings, String?> & Sendable, default note: String
+        _ key: String, _ env: String, _ flag: String, _ path: WritableKeyPath<DaemonSettings, String?> & Sendable, _ valueName: String,
+        _ help: String, default note: String
     ) -> Setting {
         Setting(
-            key: key, environment: env, flag: flag, expects: "a non-empty string",
+            key: key, environment: env, flag: flag, expects: "a non-empty string", help: help, valueName: valueName,
             apply: { s, raw in
                 guard case .string(let v) = raw, !v.isEmpty else { return false }
                 s[keyPath: path] = v
@@ -164,9 +196,11 @@ public struct Setting: Sendable {
             describe: { $0[keyPath: path].map { "\"\($0)\"" } ?? "(unset: \(note))" })
     }
 
-    private static func boolean(_ key: String, _ env: String, _ flag: String, _ path: WritableKeyPath<DaemonSettings, Bool> & Sendable) -> Setting {
+    private static func boolean(
+        _ key: String, _ env: String, _ flag: String, _ path: WritableKeyPath<DaemonSettings, Bool> & Sendable, _ help: String
+    ) -> Setting {
         Setting(
-            key: key, environment: env, flag: flag, expects: "true or false",
+            key: key, environment: env, flag: flag, expects: "true or false", help: help, valueName: nil,
             apply: { s, raw in
                 switch raw {
                 case .boolean(let b): s[keyPath: path] = b
@@ -180,10 +214,12 @@ public struct Setting: Sendable {
     }
 
     private static func integer(
-        _ key: String, _ env: String, _ flag: String, _ range: ClosedRange<Int>, _ path: WritableKeyPath<DaemonSettings, Int> & Sendable
+        _ key: String, _ env: String, _ flag: String, _ range: ClosedRange<Int>, _ path: WritableKeyPath<DaemonSettings, Int> & Sendable,
+        _ valueName: String, _ help: String
     ) -> Setting {
         Setting(
-            key: key, environment: env, flag: flag, expects: "an integer from \(range.lowerBound) to \(range.upperBound)",
+            key: key, environment: env, flag: flag, expects: "an integer from \(range.lowerBound) to \(range.upperBound)", help: help,
+            valueName: valueName,
             apply: { s, raw in
                 let value: Int?
                 switch raw {
@@ -199,10 +235,12 @@ public struct Setting: Sendable {
     }
 
     private static func choice(
-        _ key: String, _ env: String, _ flag: String, _ choices: [String], _ path: WritableKeyPath<DaemonSettings, String> & Sendable
+        _ key: String, _ env: String, _ flag: String, _ choices: [String], _ path: WritableKeyPath<DaemonSettings, String> & Sendable,
+        _ valueName: String, _ help: String
     ) -> Setting {
         Setting(
-            key: key, environment: env, flag: flag, expects: "one of " + choices.joined(separator: ", "),
+            key: key, environment: env, flag: flag, expects: "one of " + choices.joined(separator: ", "), help: help,
+            valueName: valueName,
             apply: { s, raw in
                 guard case .string(let v) = raw, choices.contains(v) else { return false }
                 s[keyPath: path] = v

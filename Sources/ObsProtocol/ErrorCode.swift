@@ -43,6 +43,12 @@ public enum ObsProtocolVersion {
     public static let current: Int64 = 1
 }
 
+/// The release of obsd, obsctl and the client library: one number for all of them (the
+/// daemon reports it in `hello` as `obsd/<version>`; docs/PROTOCOL.md shows it).
+public enum ObsRelease {
+    public static let version = "0.3.0"
+}
+
 /// Limits fixed by the contract.
 public enum ProtocolRules {
     /// The longest key, in UTF-8 bytes.

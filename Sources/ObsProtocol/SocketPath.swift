@@ -18,6 +18,15 @@ public enum SocketPath {
         return system
     }
 
+    /// Why `path` cannot be a Unix socket's path (empty, or longer than `sun_path` holds), or nil.
+    public static func problem(_ path: String) -> String? {
+        if path.isEmpty { return "the socket path is empty" }
+        if path.utf8.count >= 108 {
+            return "socket path \(path) is \(path.utf8.count) bytes long; Unix sockets allow at most 107"
+        }
+        return nil
+    }
+
     /// The path a client uses: the explicit one, else `OBSD_SOCKET`, else the default.
     public static func resolve(explicit: String?, environment: [String: String]) -> String {
         resolve(explicit: explicit, configured: nil, environment: environment)

@@ -29,6 +29,17 @@ final class ServerStats: Sendable {
     let denied = Atomic<Int>(0)
     /// Repositories with revision > 0.
     let repositories = Atomic<Int>(0)
+
+    /// Counts one more repository if that stays within `limit`; whether it did.
+    func reserveRepository(limit: Int) -> Bool {
+        var current = repositories.load(ordering: .relaxed)
+        while current < limit {
+            let (exchanged, original) = repositories.compareExchange(expected: current, desired: current + 1, ordering: .relaxed)
+            if exchanged { return true }
+            current = original
+        }
+        return false
+    }
 }
 
 /// A connection as the hub knows it: who, and where to run code on its loop.

@@ -31,39 +31,49 @@ public enum StorageConfiguration: Sendable {
     case sqlite(directory: String, sync: SyncPolicy)
 }
 
-/// Everything the daemon can be configured with, with its defaults.
+/// Everything the daemon is configured with. The defaults are the daemon's settings'
+/// (ObsConfig); this type has none of its own.
 public struct ServerConfiguration: Sendable {
     public var listener: Listener
     /// Permission bits of a socket file the daemon binds itself.
-    public var socketMode: UInt32 = 0o660
-    /// Owner and group of a socket file the daemon binds itself (names or numeric ids).
-    public var socketUser: String? = nil
-    public var socketGroup: String? = nil
+    public var socketMode: UInt32
+    /// Owner and group of a socket file the daemon binds itself (nil: left as created).
+    public var socketOwner: UInt32?
+    public var socketGroup: UInt32?
     /// Every limit (reloadable, see `ObsServer.reload`).
-    public var limits = Limits()
-    /// Who may read or write which repositories (reloadable). Default: everyone everything;
-    /// obsd's configuration default is stricter (see `AccessPolicy`).
-    public var policy = AccessPolicy.open
+    public var limits: Limits
+    /// Who may read or write which repositories (reloadable).
+    public var policy: AccessPolicy
     /// Where repositories are kept.
-    public var storage: StorageConfiguration = .inMemory
+    public var storage: StorageConfiguration
     /// Revisions kept per repository for `since` replay.
-    public var historyLimit: Int = 10_000
+    public var historyLimit: Int
     /// History older than this is dropped (nil: kept until pushed out by `historyLimit`).
-    public var historyMaxAge: Duration? = nil
-    /// Event-loop threads.
-    public var threads: Int = System.coreCount
+    public var historyMaxAge: Duration?
+    /// Event-loop threads; nil: one per CPU the process may run on.
+    public var threads: Int?
     /// How often to prove the event loops alive (for a watchdog); nil: never.
-    public var heartbeatInterval: Duration? = nil
+    public var heartbeatInterval: Duration?
     /// Test seam: a file whose content injects faults (see `FaultInjection`); nil in production.
-    public var faultFile: String? = nil
+    public var faultFile: String?
 
-    /// Serves `socketPath`.
-    public init(socketPath: String) {
-        self.listener = .path(socketPath)
-    }
-
-    public init(listener: Listener) {
+    public init(
+        listener: Listener, socketMode: UInt32, socketOwner: UInt32?, socketGroup: UInt32?, limits: Limits, policy: AccessPolicy,
+        storage: StorageConfiguration, historyLimit: Int, historyMaxAge: Duration?, threads: Int?, heartbeatInterval: Duration?,
+        faultFile: String?
+    ) {
         self.listener = listener
+        self.socketMode = socketMode
+        self.socketOwner = socketOwner
+        self.socketGroup = socketGroup
+        self.limits = limits
+        self.policy = policy
+        self.storage = storage
+        self.historyLimit = historyLimit
+        self.historyMaxAge = historyMaxAge
+        self.threads = threads
+        self.heartbeatInterval = heartbeatInterval
+        self.faultFile = faultFile
     }
 }
 
@@ -92,7 +102,7 @@ public protocol ServerObserver: Sendable {
 /// The obsd server.
 public final class ObsServer: Service, Sendable {
     /// The daemon's version, reported by `hello`.
-    public static let version = "0.2.0"
+    public static let version = ObsRelease.version
 
     public let configuration: ServerConfiguration
     private let logger: Logger
@@ -133,10 +143,8 @@ public final class ObsServer: Service, Sendable {
         case .inMemory:
             return InMemoryStorage()
         case .sqlite(let directory, let sync):
-            var options = SQLiteStorage.Options(directory: directory)
-            options.sync = sync
-            options.historyLimit = configuration.historyLimit
-            options.historyMaxAge = configuration.historyMaxAge
+            var options = SQLiteStorage.Options(
+                directory: directory, sync: sync, historyLimit: configuration.historyLimit, historyMaxAge: configuration.historyMaxAge)
             options.faultFile = configuration.faultFile
             return try SQLiteStorage(options: options)
         }
@@ -144,7 +152,8 @@ public final class ObsServer: Service, Sendable {
 
     public func run() async throws {
         let config = configuration
-        let group = MultiThreadedEventLoopGroup(numberOfThreads: max(1, config.threads))
+        let threads = config.threads ?? System.coreCount
+        let group = MultiThreadedEventLoopGroup(numberOfThreads: max(1, threads))
         let opened = ContinuousClock.now
         let storage: any Storage
         let hub: Hub
@@ -173,7 +182,7 @@ public final class ObsServer: Service, Sendable {
         do {
             listeners = try await listen(group: group, hub: hub, connections: connections)
             if case .path(let path) = config.listener {
-                try SocketFile.setOwnership(path, mode: config.socketMode, user: config.socketUser, group: config.socketGroup)
+                try SocketFile.setOwnership(path, mode: config.socketMode, owner: config.socketOwner, group: config.socketGroup)
                 ownSocket = (path, SocketFile.identity(of: path))
             }
         } catch {
@@ -184,7 +193,7 @@ public final class ObsServer: Service, Sendable {
         self.hub.withLock { $0 = hub }
         logger.info(
             "obsd serving",
-            metadata: ["listener": "\(config.listener)", "version": "\(Self.version)", "threads": "\(config.threads)"])
+            metadata: ["listener": "\(config.listener)", "version": "\(Self.version)", "threads": "\(threads)"])
         observer?.serverDidStart(status)
 
         let closeAll: @Sendable () -> Void = { for listener in listeners { listener.close(promise: nil) } }

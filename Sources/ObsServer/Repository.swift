@@ -64,7 +64,18 @@ enum WriteRefusal: Error, Sendable {
     /// The write would create keys beyond the repository's limit.
     case tooManyKeys(limit: Int)
     /// The write would create this repository, and no more may be created.
-    case tooManyRepositories
+    case tooManyRepositories(limit: Int)
+    /// The revision would carry more bytes of keys and old and new values than allowed.
+    case revisionTooLarge(bytes: Int, limit: Int)
+    /// Storage no longer takes revisions (the daemon is stopping).
+    case storageClosed
+}
+
+/// The limits a write is checked against, after the write rules.
+struct WriteLimits: Sendable {
+    var maxKeys: Int
+    var maxRepositories: Int
+    var maxRevisionBytes: Int
 }
 
 /// Called once when a state is durable (`.success`) or will never be (`.failure`).
@@ -174,50 +185,60 @@ final class Repository: DurabilityListener, Sendable {
     /// subscribers once durable; `whenDurable` tells the writer.
     ///
     /// The write rules are checked first: a write that fails them, or changes nothing, gets
-    /// that answer whatever the limits.
-    ///
-    /// - Parameters:
-    ///   - maxKeys: refuse a write that would leave more keys than this.
-    ///   - mayCreate: whether a write may bring this repository into existence.
-    func write(_ ops: [WriteOp<StoredValue>], now: Int64, maxKeys: Int, mayCreate: Bool) throws(WriteRefusal) -> WriteOutcome {
+    /// that answer whatever the limits. Then the limits, before anything is applied.
+    func write(_ ops: [WriteOp<StoredValue>], now: Int64, limits: WriteLimits) throws(WriteRefusal) -> WriteOutcome {
         let outcome = try state.withLock { (s) throws(WriteRefusal) -> WriteOutcome in
-            do throws(WriteError) { try s.data.validate(ops) } catch { throw .rules(error) }
+            let changes: [Change<StoredValue>]
+            do throws(WriteError) { changes = try s.data.plan(ops) } catch { throw .rules(error) }
             let before = ops.map { s.data[$0.key] }
             let previous = ops.count == 1 ? before[0]?.value : nil
-            var created = 0
-            var removed = 0
-            for (op, entry) in zip(ops, before) {
-                switch op {
-                case .set: if entry == nil { created += 1 }
-                case .delete: if entry != nil { removed += 1 }
-                }
-            }
-            if created > 0, s.data.count + created - removed > maxKeys { throw .tooManyKeys(limit: maxKeys) }
-            // Only a `set` brings an empty repository into existence.
-            if created > 0, s.data.revision == 0, !mayCreate { throw .tooManyRepositories }
-            let applied: ChangeSet<StoredValue>?
-            do throws(WriteError) { applied = try s.data.apply(ops) } catch { throw .rules(error) }
-            guard let changeSet = applied else {
+            guard !changes.isEmpty else {
                 return WriteOutcome(revision: s.data.revision, changed: false, previous: previous, sequence: s.current)
             }
-            if changeSet.revision == 1 { stats.repositories.add(1, ordering: .relaxed) }
+            var created = 0
+            var removed = 0
+            var bytes = 0
+            for change in changes {
+                if change.old == nil { created += 1 }
+                if change.new == nil { removed += 1 }
+                bytes += Self.recordedSize(change)
+            }
+            if created > 0, s.data.count + created - removed > limits.maxKeys { throw .tooManyKeys(limit: limits.maxKeys) }
+            if bytes > limits.maxRevisionBytes { throw .revisionTooLarge(bytes: bytes, limit: limits.maxRevisionBytes) }
+            // Only a `set` brings an empty repository into existence; the count is reserved
+            // atomically, so concurrent creators cannot pass the limit together.
+            let creates = s.data.revision == 0
+            if creates, !stats.reserveRepository(limit: limits.maxRepositories) {
+                throw .tooManyRepositories(limit: limits.maxRepositories)
+            }
+            let changeSet = ChangeSet(revision: s.data.revision + 1, changes: changes)
+            let record = RevisionRecord(repo: name, changeSet: changeSet, time: now)
+            // Storage never calls back from inside `append` (this lock is held): a store that
+            // no longer takes revisions says so, and nothing is applied.
+            if !storage.isImmediate, !storage.append(record, listener: self) {
+                if creates { stats.repositories.subtract(1, ordering: .relaxed) }
+                throw .storageClosed
+            }
+            s.data.install(changeSet)
             s.applied += 1
             s.current = s.applied
-            let record = RevisionRecord(repo: name, changeSet: changeSet, time: now)
             s.history.append(record)
             if storage.isImmediate {
                 durableSequence.store(s.applied, ordering: .releasing)
                 enqueueForDelivery(record)
             } else {
                 let beforeByKey = Dictionary(zip(ops.map(\.key), before), uniquingKeysWith: { first, _ in first })
-                s.pending.append(
-                    Pending(record: record, sequence: s.applied, previous: changeSet.changes.map { beforeByKey[$0.key] ?? nil }))
-                storage.append(record, listener: self)
+                s.pending.append(Pending(record: record, sequence: s.applied, previous: changes.map { beforeByKey[$0.key] ?? nil }))
             }
             return WriteOutcome(revision: changeSet.revision, changed: true, previous: previous, sequence: s.applied)
         }
         if outcome.changed && storage.isImmediate { delivery.drain() }
         return outcome
+    }
+
+    /// What one change adds to a revision record: its key, old and new value, and framing.
+    static func recordedSize(_ change: Change<StoredValue>) -> Int {
+        change.key.utf8Count + (change.old?.bytes.count ?? 0) + (change.new?.bytes.count ?? 0) + 32
     }
 
     // MARK: Durability

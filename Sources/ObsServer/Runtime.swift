@@ -7,36 +7,56 @@ import ObsProtocol
 import ObservableKit
 import Synchronization
 
-/// Every limit, with its default. Crossing a size limit of one request is `too_large`;
-/// crossing a count of resources is `overloaded`. Neither affects other clients.
+/// Every limit. Crossing a size limit of one request is `too_large`; crossing a count of
+/// resources is `overloaded`. Neither affects other clients. The defaults are the daemon's
+/// settings' (ObsConfig); this type has none of its own.
 public struct Limits: Sendable, Equatable {
     // Per connection; a reload applies them to connections accepted afterwards.
     /// The longest request line, in bytes before the `\n`.
-    public var maxLine: Int = ProtocolRules.defaultMaxLine
-    /// The deepest nesting of arrays and objects accepted in a request.
+    public var maxLine: Int
+    /// The deepest nesting of arrays and objects accepted in a request (a protocol constant).
     public var maxDepth: Int = JSONParser.defaultMaxDepth
     /// A connection's outgoing queue limit, in bytes and in events.
-    public var queueBytes: Int = 16 << 20
-    public var queueEvents: Int = 100_000
+    public var queueBytes: Int
+    public var queueEvents: Int
     /// How long an overflowed connection may take to read its last messages.
-    public var overflowGrace: Duration = .seconds(30)
+    public var overflowGrace: Duration
 
     // Per request and per connection; a reload applies them at once.
     /// The largest value, in bytes of compact JSON.
-    public var maxValueBytes: Int = 512 << 10
+    public var maxValueBytes: Int
+    /// The most bytes one revision may carry: its keys and their old and new values.
+    public var maxRevisionBytes: Int
     /// The most keys in one `subscribe` or operations in one `batch`.
-    public var maxKeysPerRequest: Int = 4096
+    public var maxKeysPerRequest: Int
     /// The most live subscriptions of one connection.
-    public var maxSubscriptionsPerConnection: Int = 1024
+    public var maxSubscriptionsPerConnection: Int
 
     // Daemon-wide; a reload applies them at once.
-    public var maxKeysPerRepository: Int = 1_000_000
-    public var maxRepositories: Int = 10_000
-    public var maxConnections: Int = 16_384
+    public var maxKeysPerRepository: Int
+    public var maxRepositories: Int
+    public var maxConnections: Int
     /// Not applied to root and the daemon's own uid.
-    public var maxConnectionsPerUID: Int = 1024
+    public var maxConnectionsPerUID: Int
 
-    public init() {}
+    public init(
+        maxLine: Int, queueBytes: Int, queueEvents: Int, overflowGrace: Duration, maxValueBytes: Int, maxRevisionBytes: Int,
+        maxKeysPerRequest: Int, maxSubscriptionsPerConnection: Int, maxKeysPerRepository: Int, maxRepositories: Int,
+        maxConnections: Int, maxConnectionsPerUID: Int
+    ) {
+        self.maxLine = maxLine
+        self.queueBytes = queueBytes
+        self.queueEvents = queueEvents
+        self.overflowGrace = overflowGrace
+        self.maxValueBytes = maxValueBytes
+        self.maxRevisionBytes = maxRevisionBytes
+        self.maxKeysPerRequest = maxKeysPerRequest
+        self.maxSubscriptionsPerConnection = maxSubscriptionsPerConnection
+        self.maxKeysPerRepository = maxKeysPerRepository
+        self.maxRepositories = maxRepositories
+        self.maxConnections = maxConnections
+        self.maxConnectionsPerUID = maxConnectionsPerUID
+    }
 }
 
 /// The current limits and access policy.

@@ -192,12 +192,11 @@ final class Session {
 
     private func write(_ id: JSONValue, repo: String, _ ops: [WriteOp<StoredValue>], single: Bool) {
         let now = WallClock.unixSeconds()
-        let limits = self.limits
-        let mayCreate = hub.repositoryCount < limits.maxRepositories
+        let limits = WriteLimits(
+            maxKeys: self.limits.maxKeysPerRepository, maxRepositories: self.limits.maxRepositories,
+            maxRevisionBytes: self.limits.maxRevisionBytes)
         let (repository, result) = hub.using(repo) { repository in
-            (repository, Result { () throws(WriteRefusal) in
-                try repository.write(ops, now: now, maxKeys: limits.maxKeysPerRepository, mayCreate: mayCreate)
-            })
+            (repository, Result { () throws(WriteRefusal) in try repository.write(ops, now: now, limits: limits) })
         }
         let outcome: WriteOutcome
         switch result {
@@ -208,8 +207,17 @@ final class Session {
             return fail(id: id, ProtocolError(code, error.description), after: repository.sequence, in: repository)
         case .failure(.tooManyKeys(let limit)):
             return fail(id: id, ProtocolError(.overloaded, "repository \(repo) would hold more than \(limit) keys"))
-        case .failure(.tooManyRepositories):
-            return fail(id: id, ProtocolError(.overloaded, "creating repository \(repo) would exceed the limit of \(limits.maxRepositories) repositories"))
+        case .failure(.tooManyRepositories(let limit)):
+            return fail(id: id, ProtocolError(.overloaded, "creating repository \(repo) would exceed the limit of \(limit) repositories"))
+        case .failure(.revisionTooLarge(let bytes, let limit)):
+            return fail(
+                id: id,
+                ProtocolError(
+                    .tooLarge,
+                    "this write's revision would carry \(bytes) bytes of keys and old and new values; the limit is \(limit) (limits.max-revision-bytes): split it into smaller batches"
+                ))
+        case .failure(.storageClosed):
+            return fail(id: id, ProtocolError(.internal, "the daemon is stopping and takes no more writes; nothing was applied"))
         }
         if outcome.changed { hub.stats.writes.add(1, ordering: .relaxed) }
         reply(id, after: outcome.sequence, in: repository) { b in

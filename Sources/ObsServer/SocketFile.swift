@@ -6,6 +6,8 @@
 // left by a daemon that died. After shutdown: remove the file only if it is still ours
 // (same device and inode), never a successor's.
 
+import ObsProtocol
+
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Musl)
@@ -34,9 +36,7 @@ enum SocketFile {
 
     /// Makes `path` ready to bind.
     static func prepare(_ path: String) throws {
-        guard path.utf8.count < 108 else {
-            throw SocketPathError(description: "socket path \(path) is \(path.utf8.count) bytes long; Unix sockets allow at most 107")
-        }
+        if let problem = SocketPath.problem(path) { throw SocketPathError(description: problem) }
         try makeParentDirectory(of: path)
         var st = stat()
         guard lstat(path, &st) == 0 else {
@@ -60,22 +60,13 @@ enum SocketFile {
         unlink(path)
     }
 
-    /// Sets the socket file's permission bits and, when given, its owner and group
-    /// (names, or numeric ids).
-    static func setOwnership(_ path: String, mode: UInt32, user: String?, group: String?) throws {
-        if user != nil || group != nil {
-            let uid = try user.map { name throws -> uid_t in
-                if let id = uid_t(name) { return id }
-                guard let entry = getpwnam(name) else { throw SocketPathError(description: "socket.user: no user named \(name)") }
-                return entry.pointee.pw_uid
-            } ?? uid_t.max  // -1: leave unchanged
-            let gid = try group.map { name throws -> gid_t in
-                if let id = gid_t(name) { return id }
-                guard let entry = getgrnam(name) else { throw SocketPathError(description: "socket.group: no group named \(name)") }
-                return entry.pointee.gr_gid
-            } ?? gid_t.max
-            guard chown(path, uid, gid) == 0 else {
-                throw SocketPathError(description: "cannot set the owner of \(path) to \(user ?? "-"):\(group ?? "-"): \(errnoText())")
+    /// Sets the socket file's permission bits and, when given, its owner and group.
+    static func setOwnership(_ path: String, mode: UInt32, owner: UInt32?, group: UInt32?) throws {
+        if owner != nil || group != nil {
+            // -1 (uid_t.max) leaves that half unchanged.
+            guard chown(path, owner ?? uid_t.max, group ?? gid_t.max) == 0 else {
+                throw SocketPathError(
+                    description: "cannot set the owner of \(path) to \(owner.map(String.init) ?? "-"):\(group.map(String.init) ?? "-"): \(errnoText())")
             }
         }
         guard chmod(path, mode_t(mode)) == 0 else {

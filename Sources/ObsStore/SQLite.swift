@@ -111,22 +111,42 @@ final class SQLiteStatement {
 
     deinit { sqlite3_finalize(statement) }
 
-    func bind(_ index: Int32, _ value: Int64) {
-        sqlite3_bind_int64(statement, index, value)
+    // Binding fails for a value SQLite will not hold (SQLITE_TOOBIG past its length limit,
+    // SQLITE_NOMEM): that is an error of this statement, reported as one — never a NULL
+    // silently left in its place.
+
+    func bind(_ index: Int32, _ value: Int64) throws(StorageError) {
+        try check(sqlite3_bind_int64(statement, index, value), index)
     }
 
-    func bind(_ index: Int32, _ text: String) {
-        sqlite3_bind_text(statement, index, text, -1, obs_sqlite_transient())
+    func bind(_ index: Int32, _ text: String) throws(StorageError) {
+        try check(sqlite3_bind_text64(statement, index, text, UInt64(text.utf8.count), obs_sqlite_transient(), UInt8(SQLITE_UTF8)), index)
     }
 
-    func bind(_ index: Int32, bytes: [UInt8]) {
-        bytes.withUnsafeBufferPointer { bind(index, bytes: $0) }
+    func bind(_ index: Int32, bytes: [UInt8]) throws(StorageError) {
+        try bytes.withUnsafeBufferPointer { (b) throws(StorageError) in try bind(index, bytes: b) }
     }
 
-    func bind(_ index: Int32, bytes: UnsafeBufferPointer<UInt8>) {
+    func bind(_ index: Int32, bytes: UnsafeBufferPointer<UInt8>) throws(StorageError) {
+        try check(Self.bindBlob(statement, index, bytes), index)
+    }
+
+    /// Binds the bytes `body` is given, for callers whose bytes are only lent to a closure.
+    func bind(_ index: Int32, lending: ((UnsafeBufferPointer<UInt8>) -> Int32) -> Int32) throws(StorageError) {
+        let statement = self.statement
+        try check(lending { Self.bindBlob(statement, index, $0) }, index)
+    }
+
+    private static func bindBlob(_ statement: OpaquePointer, _ index: Int32, _ bytes: UnsafeBufferPointer<UInt8>) -> Int32 {
         // A zero-length blob must not be bound as NULL: give SQLite a non-null pointer.
         let pointer = bytes.baseAddress.map { UnsafeRawPointer($0) } ?? UnsafeRawPointer(bitPattern: 1)
-        sqlite3_bind_blob(statement, index, pointer, Int32(bytes.count), obs_sqlite_transient())
+        return sqlite3_bind_blob64(statement, index, pointer, UInt64(bytes.count), obs_sqlite_transient())
+    }
+
+    func check(_ rc: Int32, _ index: Int32) throws(StorageError) {
+        guard rc == SQLITE_OK else {
+            throw connection.error(rc, doing: "bind parameter \(index) of \(String(cString: sqlite3_sql(statement)).prefix(60))")
+        }
     }
 
     /// Steps once: `true` when a row is available, `false` when done.

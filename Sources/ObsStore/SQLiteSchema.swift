@@ -131,7 +131,7 @@ enum Provenance {
 
     private static func meta(_ connection: SQLiteConnection, _ key: String) throws(StorageError) -> String? {
         let statement = try connection.prepare("SELECT value FROM meta WHERE key = ?1")
-        statement.bind(1, key)
+        try statement.bind(1, key)
         return try statement.step() ? statement.text(0) : nil
     }
 
@@ -196,7 +196,7 @@ enum Loader {
         if options.historyLimit > 0 {
             let cutoff = options.historyMaxAge.map { WallClock.unixSeconds() - $0.components.seconds } ?? Int64.min
             let history = try connection.prepare("SELECT repo, rev, time, changes FROM history WHERE time >= ?1 ORDER BY repo, rev")
-            history.bind(1, cutoff)
+            try history.bind(1, cutoff)
             while try history.step() {
                 let repo = history.int64(0)
                 guard let name = names[repo] else { continue }

@@ -53,18 +53,23 @@ public final class StorageCounters: Sendable {
 public final class SQLiteStorage: Storage {
     public struct Options: Sendable {
         public var directory: String
-        public var sync: SyncPolicy = .always
+        public var sync: SyncPolicy
         /// Revisions of history kept per repository (0: none).
-        public var historyLimit: Int = 10_000
+        public var historyLimit: Int
         /// History older than this is dropped (nil: no age limit).
-        public var historyMaxAge: Duration? = nil
+        public var historyMaxAge: Duration?
         /// How often the WAL is checkpointed into the database file.
         public var checkpointInterval: Duration = .seconds(1)
         /// Test seam: a file whose content makes commits fail (see `FaultInjection`).
         /// nil in production.
         public var faultFile: String? = nil
 
-        public init(directory: String) { self.directory = directory }
+        public init(directory: String, sync: SyncPolicy, historyLimit: Int, historyMaxAge: Duration?) {
+            self.directory = directory
+            self.sync = sync
+            self.historyLimit = historyLimit
+            self.historyMaxAge = historyMaxAge
+        }
     }
 
     /// The file name inside the data directory.
@@ -132,10 +137,8 @@ public final class SQLiteStorage: Storage {
         }
     }
 
-    public func append(_ record: RevisionRecord, listener: any DurabilityListener) {
-        if !queue.append(Queued(record: record, listener: listener)) {
-            listener.failed(after: record.revision - 1, error: StorageError(.other, "\(path): the store is closed"))
-        }
+    public func append(_ record: RevisionRecord, listener: any DurabilityListener) -> Bool {
+        queue.append(Queued(record: record, listener: listener))
     }
 
     public func discard(_ listener: any DurabilityListener, after revision: UInt64) {
@@ -218,23 +221,83 @@ private final class Committer {
     }
 
     /// Writes a batch in one transaction, then reports durability (or failure) per repository.
+    ///
+    /// A record the database refuses while it is written (a value it will not hold, a
+    /// constraint) fails alone, never the writes of others that share its group commit: the
+    /// batch is retried one repository at a time, and a failing repository's records one at
+    /// a time up to the refused one — its later revisions, built on it, fail with it. A
+    /// failure of the commit itself (I/O, a full disk) fails the batch and is recovered from
+    /// what the file holds.
     func commit(_ batch: [SQLiteStorage.Queued]) {
+        switch attempt(batch) {
+        case .committed:
+            confirm(batch)
+        case .failedCommitting(let error):
+            recover(from: error, batch: batch)
+        case .failedWriting(let error):
+            if batch.count == 1 { return recover(from: error, batch: batch) }
+            for group in Self.byRepository(batch) { isolate(group) }
+        }
+    }
+
+    /// Commits one repository's records, alone; on a refused record, one at a time.
+    private func isolate(_ group: [SQLiteStorage.Queued]) {
+        switch attempt(group) {
+        case .committed: return confirm(group)
+        case .failedCommitting(let error): return recover(from: error, batch: group)
+        case .failedWriting(let error) where group.count == 1: return recover(from: error, batch: group)
+        case .failedWriting: break
+        }
+        for (i, item) in group.enumerated() {
+            switch attempt([item]) {
+            case .committed:
+                confirm([item])
+            case .failedCommitting(let error), .failedWriting(let error):
+                return recover(from: error, batch: Array(group[i...]))
+            }
+        }
+    }
+
+    private enum Attempt {
+        case committed
+        /// A record was refused while being written; the transaction was rolled back.
+        case failedWriting(StorageError)
+        /// The transaction could not begin or commit.
+        case failedCommitting(StorageError)
+    }
+
+    /// One transaction for `records`.
+    private func attempt(_ records: [SQLiteStorage.Queued]) -> Attempt {
         do throws(StorageError) {
             try connection.execute("BEGIN IMMEDIATE")
-            try write(batch)
+        } catch {
+            return .failedCommitting(error)
+        }
+        do throws(StorageError) {
+            try write(records)
+        } catch {
+            try? connection.execute("ROLLBACK")
+            repoIDs.removeAll()  // rows inserted by the rolled-back transaction are gone
+            return .failedWriting(error)
+        }
+        do throws(StorageError) {
             let fault = FaultInjection.current(options.faultFile)
             if case .beforeCommit(let kind) = fault { throw StorageError(kind, "\(connection.path): injected fault (\(kind))") }
             try connection.execute("COMMIT")
             if case .afterCommit = fault { throw StorageError(.io, "\(connection.path): injected fault after the commit reached the file") }
         } catch {
-            recover(from: error, batch: batch)
-            return
+            return .failedCommitting(error)
         }
+        return .committed
+    }
+
+    /// Reports committed records durable.
+    private func confirm(_ records: [SQLiteStorage.Queued]) {
         counters.commits.add(1, ordering: .relaxed)
-        counters.records.add(batch.count, ordering: .relaxed)
+        counters.records.add(records.count, ordering: .relaxed)
         if options.sync == .always { counters.fsyncs.add(1, ordering: .relaxed) }
         counters.dirty.store(true, ordering: .releasing)
-        for (listener, revision) in Self.lastRevisions(batch) {
+        for (listener, revision) in Self.lastRevisions(records) {
             reported[ObjectIdentifier(listener)] = revision
             listener.durable(through: revision)
         }
@@ -257,34 +320,34 @@ private final class Committer {
             repos[record.repo]!.last = record.revision
             for change in record.changes { repos[record.repo]!.keys[change.key] = (change.new, record.revision) }
             guard options.historyLimit > 0 else { continue }
-            insertHistory.bind(1, id)
-            insertHistory.bind(2, Int64(bitPattern: record.revision))
-            insertHistory.bind(3, record.time)
-            record.changesJSON.withUnsafeBufferPointer { insertHistory.bind(4, bytes: $0) }
+            try insertHistory.bind(1, id)
+            try insertHistory.bind(2, Int64(bitPattern: record.revision))
+            try insertHistory.bind(3, record.time)
+            try insertHistory.bind(4, lending: { record.changesJSON.withUnsafeBufferPointer($0) })
             try insertHistory.run()
         }
         for name in order {
             let (id, last, keys) = repos[name]!
             let rev = Int64(bitPattern: last)
-            setRepoRevision.bind(1, id)
-            setRepoRevision.bind(2, rev)
+            try setRepoRevision.bind(1, id)
+            try setRepoRevision.bind(2, rev)
             try setRepoRevision.run()
             for (key, final) in keys {
                 if let value = final.value {
-                    upsertEntry.bind(1, id)
-                    key.withUTF8 { upsertEntry.bind(2, bytes: $0) }
-                    upsertEntry.bind(3, bytes: value.bytes)
-                    upsertEntry.bind(4, Int64(bitPattern: final.rev))
+                    try upsertEntry.bind(1, id)
+                    try upsertEntry.bind(2, lending: { key.withUTF8($0) })
+                    try upsertEntry.bind(3, bytes: value.bytes)
+                    try upsertEntry.bind(4, Int64(bitPattern: final.rev))
                     try upsertEntry.run()
                 } else {
-                    deleteEntry.bind(1, id)
-                    key.withUTF8 { deleteEntry.bind(2, bytes: $0) }
+                    try deleteEntry.bind(1, id)
+                    try deleteEntry.bind(2, lending: { key.withUTF8($0) })
                     try deleteEntry.run()
                 }
             }
             if options.historyLimit > 0, last > UInt64(options.historyLimit) {
-                trimHistory.bind(1, id)
-                trimHistory.bind(2, rev - Int64(options.historyLimit))
+                try trimHistory.bind(1, id)
+                try trimHistory.bind(2, rev - Int64(options.historyLimit))
                 try trimHistory.run()
             }
         }
@@ -293,14 +356,14 @@ private final class Committer {
     private func repoID(_ name: String, epoch: String) throws(StorageError) -> Int64 {
         if let id = repoIDs[name] { return id }
         let lookup = try connection.prepare("SELECT id FROM repos WHERE name = ?1")
-        lookup.bind(1, name)
+        try lookup.bind(1, name)
         if try lookup.step() {
             let id = lookup.int64(0)
             repoIDs[name] = id
             return id
         }
-        insertRepo.bind(1, name)
-        insertRepo.bind(2, epoch)
+        try insertRepo.bind(1, name)
+        try insertRepo.bind(2, epoch)
         try insertRepo.run()
         let id = sqlite3_last_insert_rowid(connection.handle)
         repoIDs[name] = id
@@ -316,8 +379,7 @@ private final class Committer {
             let id = ObjectIdentifier(listener)
             var onDisk = reported[id] ?? 0
             let name = batch.first { $0.listener === listener }!.record.repo
-            repoRevision.bind(1, name)
-            if let stepped = try? repoRevision.step() {
+            if (try? repoRevision.bind(1, name)) != nil, let stepped = try? repoRevision.step() {
                 onDisk = stepped ? UInt64(bitPattern: repoRevision.int64(0)) : 0
             }
             repoRevision.reset()
@@ -335,18 +397,29 @@ private final class Committer {
     func expireHistory() {
         guard let maxAge = options.historyMaxAge else { return }
         let cutoff = WallClock.unixSeconds() - maxAge.components.seconds
-        expireOldHistory.bind(1, cutoff)
         do throws(StorageError) {
             while true {
+                try expireOldHistory.bind(1, cutoff)
                 while try expireOldHistory.step() {}
                 let deleted = sqlite3_changes(connection.handle)
                 expireOldHistory.reset()
                 if deleted < 1000 { break }
-                expireOldHistory.bind(1, cutoff)
             }
         } catch {
             counters.failures.add(1, ordering: .relaxed)
         }
+    }
+
+    /// The batch's records grouped by repository, in order of first appearance.
+    static func byRepository(_ batch: [SQLiteStorage.Queued]) -> [[SQLiteStorage.Queued]] {
+        var order: [ObjectIdentifier] = []
+        var groups: [ObjectIdentifier: [SQLiteStorage.Queued]] = [:]
+        for item in batch {
+            let id = ObjectIdentifier(item.listener)
+            if groups[id] == nil { order.append(id) }
+            groups[id, default: []].append(item)
+        }
+        return order.map { groups[$0]! }
     }
 
     /// The highest revision per listener in a batch, in order of first appearance.

@@ -51,8 +51,9 @@ public protocol Storage: AnyObject, Sendable {
     /// What the daemon should say at start-up about the store (e.g. why epochs were renewed).
     var notices: [String] { get }
     /// Queues a committed revision. Called in revision order for each listener (the
-    /// repository), while the repository's lock is held.
-    func append(_ record: RevisionRecord, listener: any DurabilityListener)
+    /// repository), while the repository's lock is held: it must never call the listener.
+    /// Returns `false`, queuing nothing, once the storage is closed.
+    func append(_ record: RevisionRecord, listener: any DurabilityListener) -> Bool
     /// Forgets queued revisions of `listener` above `revision`, after a failure undid them.
     func discard(_ listener: any DurabilityListener, after revision: UInt64)
     /// Makes everything queued durable, then releases the storage.
@@ -67,7 +68,7 @@ public final class InMemoryStorage: Storage {
     public var counters: StorageCounters? { nil }
     public func load() -> [LoadedRepository] { [] }
     public var notices: [String] { [] }
-    public func append(_ record: RevisionRecord, listener: any DurabilityListener) {}
+    public func append(_ record: RevisionRecord, listener: any DurabilityListener) -> Bool { true }
     public func discard(_ listener: any DurabilityListener, after revision: UInt64) {}
     public func close() {}
 }

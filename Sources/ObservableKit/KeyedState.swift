@@ -138,6 +138,19 @@ public struct KeyedState<Value: Equatable & Sendable>: Sendable {
     /// - Throws: `WriteError` and applies nothing when a key repeats or a condition fails.
     @inlinable
     public mutating func apply(_ ops: [WriteOp<Value>]) throws(WriteError) -> ChangeSet<Value>? {
+        let changes = try plan(ops)
+        guard !changes.isEmpty else { return nil }
+        let changeSet = ChangeSet(revision: _revision + 1, changes: changes)
+        install(changeSet)
+        return changeSet
+    }
+
+    /// The changes `ops` would make, in order, without making them: checks the write rules
+    /// (`validate`) and leaves out operations that change nothing. Empty when nothing would
+    /// change. A caller that must check more (limits) before the state moves plans, checks,
+    /// then installs `ChangeSet(revision: revision + 1, changes:)`.
+    @inlinable
+    public func plan(_ ops: [WriteOp<Value>]) throws(WriteError) -> [Change<Value>] {
         try validate(ops)
         var changes: [Change<Value>] = []
         changes.reserveCapacity(ops.count)
@@ -154,10 +167,7 @@ public struct KeyedState<Value: Equatable & Sendable>: Sendable {
                 }
             }
         }
-        guard !changes.isEmpty else { return nil }
-        let changeSet = ChangeSet(revision: _revision + 1, changes: changes)
-        install(changeSet)
-        return changeSet
+        return changes
     }
 
     /// Installs a change set whose revision follows the current one — for example one

@@ -32,7 +32,7 @@ struct Obsctl: AsyncParsableCommand {
               70  the daemon broke the protocol
               75  watch was cut off because it read too slowly (resume with --since)
             """,
-        version: "0.1.0",
+        version: ObsRelease.version,
         subcommands: [Set.self, Get.self, Del.self, Watch.self, List.self, Repos.self, Stats.self])
 
     /// Accepts the global options before the subcommand, too (`obsctl --socket P get …`).

@@ -22,54 +22,61 @@ enum Launch {
         let listener: Listener
         if inherited.isEmpty {
             // OBSD_SOCKET is already part of the settings (the environment layer).
-            listener = .path(s.socketPath ?? SocketPath.defaultPath(environment: environment))
+            let path = s.socketPath ?? SocketPath.defaultPath(environment: environment)
+            if let problem = SocketPath.problem(path) { throw Failure(description: problem) }
+            listener = .path(path)
         } else {
             listener = .inherited(inherited.map(\.descriptor))
             if let path = s.socketPath {
                 logger.notice("socket-activated: serving the sockets systemd passed, not socket.path \(path)")
             }
         }
-        var config = ServerConfiguration(listener: listener)
-        config.socketMode = s.socketMode
-        config.socketUser = s.socketUser
-        config.socketGroup = s.socketGroup
-        config.limits = limits(s)
-        config.policy = try policy(s)
-        config.historyLimit = s.historyLimit
-        config.historyMaxAge = s.historyMaxAgeSeconds > 0 ? .seconds(s.historyMaxAgeSeconds) : nil
-        if s.threads > 0 { config.threads = s.threads }
-        config.faultFile = environment["OBSD_FAULT_FILE"]  // test seam, see FaultInjection
-        if !s.inMemory {
+        let storage: StorageConfiguration
+        if s.inMemory {
+            storage = .inMemory
+        } else {
             guard let directory = s.dataDir ?? DataDirectory.defaultPath(environment: environment) else {
                 throw Failure(description: "no data directory: set storage.data-dir (or HOME), or storage.in-memory")
             }
-            config.storage = .sqlite(
+            storage = .sqlite(
                 directory: directory, sync: s.sync == "relaxed" ? .relaxed(interval: .milliseconds(s.syncIntervalMS)) : .always)
         }
         let notifier = SystemdNotifier()
-        if let timeout = notifier.watchdogTimeout {
-            config.heartbeatInterval = timeout / 2
-        } else if notifier.isActive {
-            config.heartbeatInterval = .seconds(5)  // keeps STATUS= current
+        // The watchdog wants pings every half of its timeout; under systemd without one, the
+        // heartbeat still keeps STATUS= current.
+        let heartbeat: Duration? = notifier.watchdogTimeout.map { $0 / 2 } ?? (notifier.isActive ? .seconds(5) : nil)
+        let (owner, group) = try socketOwnership(s)
+        return ServerConfiguration(
+            listener: listener, socketMode: s.socketMode, socketOwner: owner, socketGroup: group, limits: limits(s),
+            policy: try policy(s), storage: storage, historyLimit: s.historyLimit,
+            historyMaxAge: s.historyMaxAgeSeconds > 0 ? .seconds(s.historyMaxAgeSeconds) : nil,
+            threads: s.threads > 0 ? s.threads : nil, heartbeatInterval: heartbeat,
+            faultFile: environment["OBSD_FAULT_FILE"])  // test seam, see FaultInjection
+    }
+
+    /// The socket file's owner and group as ids, from names or numbers; unknown names are
+    /// configuration errors (checked by --check-config too).
+    static func socketOwnership(_ s: DaemonSettings) throws(ConfigError) -> (owner: UInt32?, group: UInt32?) {
+        let owner = try s.socketUser.map { (name) throws(ConfigError) -> UInt32 in
+            if let id = UInt32(name) { return id }
+            guard let entry = getpwnam(name) else { throw ConfigError("socket.user: no user named \(name)") }
+            return entry.pointee.pw_uid
         }
-        return config
+        let group = try s.socketGroup.map { (name) throws(ConfigError) -> UInt32 in
+            if let id = UInt32(name) { return id }
+            guard let entry = getgrnam(name) else { throw ConfigError("socket.group: no group named \(name)") }
+            return entry.pointee.gr_gid
+        }
+        return (owner, group)
     }
 
     /// The limits of `s`.
     static func limits(_ s: DaemonSettings) -> Limits {
-        var limits = Limits()
-        limits.maxLine = s.maxLine
-        limits.queueBytes = s.queueBytes
-        limits.queueEvents = s.queueEvents
-        limits.overflowGrace = .seconds(s.overflowGraceSeconds)
-        limits.maxValueBytes = s.maxValueBytes
-        limits.maxKeysPerRequest = s.maxKeysPerRequest
-        limits.maxSubscriptionsPerConnection = s.maxSubscriptionsPerConnection
-        limits.maxKeysPerRepository = s.maxKeysPerRepository
-        limits.maxRepositories = s.maxRepositories
-        limits.maxConnections = s.maxConnections
-        limits.maxConnectionsPerUID = s.maxConnectionsPerUID
-        return limits
+        Limits(
+            maxLine: s.maxLine, queueBytes: s.queueBytes, queueEvents: s.queueEvents, overflowGrace: .seconds(s.overflowGraceSeconds),
+            maxValueBytes: s.maxValueBytes, maxRevisionBytes: s.maxRevisionBytes, maxKeysPerRequest: s.maxKeysPerRequest,
+            maxSubscriptionsPerConnection: s.maxSubscriptionsPerConnection, maxKeysPerRepository: s.maxKeysPerRepository,
+            maxRepositories: s.maxRepositories, maxConnections: s.maxConnections, maxConnectionsPerUID: s.maxConnectionsPerUID)
     }
 
     /// Raises the soft descriptor limit to the hard one (the soft default of 1024 would cap

@@ -26,7 +26,9 @@ struct Obsd: AsyncParsableCommand {
             Clients speak line-delimited JSON on the socket (docs/PROTOCOL.md); obsctl is the CLI.
             SIGTERM or SIGINT stop the daemon gracefully (exit 0); SIGHUP reloads the log level and connection limits.
             Exit status: 0 stopped, 1 failed, 64 bad flags, 78 bad configuration.
-            """,
+
+            SETTINGS:
+            """ + Setting.helpText,
         version: ObsServer.version)
 
     @Option(help: ArgumentHelp("Configuration file (default: none; also $OBSD_CONFIG).", valueName: "file"))
@@ -35,125 +37,32 @@ struct Obsd: AsyncParsableCommand {
     @Option(help: ArgumentHelp("Check a configuration file, print the settings it yields, and exit.", valueName: "file"))
     var checkConfig: String?
 
-    @Option(help: ArgumentHelp("The Unix socket to serve [socket.path].", valueName: "path"))
-    var socket: String?
-
-    @Option(help: ArgumentHelp("Permission bits of the socket file, octal [socket.mode, 0660].", valueName: "mode"))
-    var socketMode: String?
-
-    @Option(help: ArgumentHelp("Owner of the socket file: a user name or uid [socket.user].", valueName: "user"))
-    var socketUser: String?
-
-    @Option(help: ArgumentHelp("Group of the socket file: a group name or gid [socket.group].", valueName: "group"))
-    var socketGroup: String?
-
-    @Option(help: ArgumentHelp("Directory for persistent data [storage.data-dir].", valueName: "dir"))
-    var dataDir: String?
-
-    @Flag(help: "Keep repositories in memory only: nothing survives a restart [storage.in-memory].")
-    var inMemory = false
-
-    @Option(help: ArgumentHelp("When a write is acknowledged: always or relaxed [storage.sync, always].", valueName: "policy"))
-    var sync: String?
-
-    @Option(help: ArgumentHelp("With --sync relaxed: the longest time between fsyncs [storage.sync-interval-ms, 1000].", valueName: "ms"))
-    var syncInterval: Int?
-
-    @Option(help: ArgumentHelp("Revisions kept per repository for `since` [history.limit, 10000].", valueName: "n"))
-    var historyLimit: Int?
-
-    @Option(help: ArgumentHelp("Drop history older than this; 0: no age limit [history.max-age-seconds, 0].", valueName: "s"))
-    var historyMaxAge: Int?
-
-    @Option(help: ArgumentHelp("Longest request line in bytes [limits.max-line, 1048576].", valueName: "bytes"))
-    var maxLine: Int?
-
-    @Option(help: ArgumentHelp("Outgoing queue limit per connection in bytes [limits.queue-bytes, 16777216].", valueName: "bytes"))
-    var queueBytes: Int?
-
-    @Option(help: ArgumentHelp("Outgoing queue limit per connection in events [limits.queue-events, 100000].", valueName: "n"))
-    var queueEvents: Int?
-
-    @Option(help: ArgumentHelp("Seconds an overflowed connection may take to read its last messages [limits.overflow-grace-seconds, 30].", valueName: "s"))
-    var overflowGrace: Int?
-
-    @Option(help: ArgumentHelp("Largest value, in bytes of JSON [limits.max-value-bytes, 524288].", valueName: "bytes"))
-    var maxValueBytes: Int?
-
-    @Option(help: ArgumentHelp("Most keys in one subscribe or operations in one batch [limits.max-keys-per-request, 4096].", valueName: "n"))
-    var maxKeysPerRequest: Int?
-
-    @Option(help: ArgumentHelp("Most live subscriptions per connection [limits.max-subscriptions-per-connection, 1024].", valueName: "n"))
-    var maxSubscriptions: Int?
-
-    @Option(help: ArgumentHelp("Most keys per repository [limits.max-keys-per-repository, 1000000].", valueName: "n"))
-    var maxKeysPerRepository: Int?
-
-    @Option(help: ArgumentHelp("Most repositories [limits.max-repositories, 10000].", valueName: "n"))
-    var maxRepositories: Int?
-
-    @Option(help: ArgumentHelp("Most connections [limits.max-connections, 16384].", valueName: "n"))
-    var maxConnections: Int?
-
-    @Option(help: ArgumentHelp("Most connections per uid, root and obsd's uid exempt [limits.max-connections-per-uid, 1024].", valueName: "n"))
-    var maxConnectionsPerUid: Int?
-
-    @Option(help: ArgumentHelp("What peers no access rule matches may do: none, read or write [access.default, none].", valueName: "policy"))
-    var accessDefault: String?
-
-    @Option(help: ArgumentHelp("trace, debug, info, notice, warning, error or critical [log.level, info].", valueName: "level"))
-    var logLevel: String?
-
-    @Option(help: ArgumentHelp("auto (the journal under systemd, else stderr), journal or stderr [log.target, auto].", valueName: "target"))
-    var logTarget: String?
-
-    @Option(help: ArgumentHelp("Event-loop threads; 0: one per CPU [server.threads, 0].", valueName: "n"))
-    var threads: Int?
-
-    /// The flags given, by configuration key.
-    var flagLayer: [String: RawSetting] {
-        var flags: [String: RawSetting] = [:]
-        func put(_ key: String, _ value: String?) { if let value { flags[key] = .string(value) } }
-        func put(_ key: String, _ value: Int?) { if let value { flags[key] = .integer(value) } }
-        put("socket.path", socket)
-        put("socket.mode", socketMode)
-        put("socket.user", socketUser)
-        put("socket.group", socketGroup)
-        put("storage.data-dir", dataDir)
-        if inMemory { flags["storage.in-memory"] = .boolean(true) }
-        put("storage.sync", sync)
-        put("storage.sync-interval-ms", syncInterval)
-        put("history.limit", historyLimit)
-        put("history.max-age-seconds", historyMaxAge)
-        put("limits.max-line", maxLine)
-        put("limits.queue-bytes", queueBytes)
-        put("limits.queue-events", queueEvents)
-        put("limits.overflow-grace-seconds", overflowGrace)
-        put("limits.max-value-bytes", maxValueBytes)
-        put("limits.max-keys-per-request", maxKeysPerRequest)
-        put("limits.max-subscriptions-per-connection", maxSubscriptions)
-        put("limits.max-keys-per-repository", maxKeysPerRepository)
-        put("limits.max-repositories", maxRepositories)
-        put("limits.max-connections", maxConnections)
-        put("limits.max-connections-per-uid", maxConnectionsPerUid)
-        put("access.default", accessDefault)
-        put("log.level", logLevel)
-        put("log.target", logTarget)
-        put("server.threads", threads)
-        return flags
-    }
-
-    func validate() throws {
-        if inMemory && dataDir != nil { throw ValidationError("use one of --data-dir and --in-memory") }
-    }
+    /// Every setting's flag (`--socket PATH`, `--in-memory`, …), parsed against the settings table.
+    @Argument(parsing: .allUnrecognized, help: .hidden)
+    var settingFlags: [String] = []
 
     func run() async throws {
         let environment = ProcessEnvironment.current
-        let flags = flagLayer
+        let flags: [String: RawSetting]
+        do {
+            flags = try Setting.parseFlags(settingFlags)
+        } catch {
+            var stderr = StandardError()
+            print("obsd: \(error)", to: &stderr)
+            throw ExitCode(64)
+        }
+        if case .string(let inMemory)? = flags["storage.in-memory"], ["true", "1", "yes"].contains(inMemory), flags["storage.data-dir"] != nil {
+            var stderr = StandardError()
+            print("obsd: use one of --data-dir and --in-memory", to: &stderr)
+            throw ExitCode(64)
+        }
         if let checkConfig {
             let settings = try Self.orExit { () throws(ConfigError) in try Self.load(file: checkConfig, environment: [:], flags: flags) }
             let policy = try Self.orExit { () throws(ConfigError) in
                 do throws(AccessPolicyError) { return try Launch.policy(settings) } catch { throw ConfigError("\(checkConfig): \(error)") }
+            }
+            _ = try Self.orExit { () throws(ConfigError) in
+                do throws(ConfigError) { return try Launch.socketOwnership(settings) } catch { throw ConfigError("\(checkConfig): \(error)") }
             }
             print("\(checkConfig): OK")
             for setting in Setting.all {

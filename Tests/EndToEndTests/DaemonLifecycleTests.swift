@@ -103,8 +103,35 @@ import Glibc
         // Contradictory or malformed flags are usage errors (64).
         let both = try run(BuildProducts.path("obsd"), ["--in-memory", "--data-dir", "/tmp/x"])
         #expect(both.status == 64 && both.stderr.contains("use one of --data-dir and --in-memory"))
+        let unknown = try run(BuildProducts.path("obsd"), ["--max-lien", "100"])
+        #expect(unknown.status == 64 && unknown.stderr.contains("unknown option --max-lien (did you mean --max-line?)"))
+        let missing = try run(BuildProducts.path("obsd"), ["--in-memory", "--socket"])
+        #expect(missing.status == 64 && missing.stderr.contains("--socket needs a value"))
+        // A value the setting cannot take is a configuration error, wherever it comes from.
         let notANumber = try run(BuildProducts.path("obsd"), ["--max-line", "lots"])
-        #expect(notANumber.status == 64)
+        #expect(notANumber.status == 78 && notANumber.stderr.contains("--max-line: limits.max-line must be an integer"))
+    }
+
+    @Test func oneReleaseNumberEverywhere() async throws {
+        let d = try await TestDaemon.start(inMemory: true)
+        #expect(try d.connect().call(["op": "hello"])["server"] == .string("obsd/\(ObsRelease.version)"))
+        #expect(try run(BuildProducts.path("obsd"), ["--version"]).stdout == "\(ObsRelease.version)\n")
+        #expect(try run(BuildProducts.path("obsctl"), ["--version"]).stdout == "\(ObsRelease.version)\n")
+    }
+
+    @Test func anUnknownSocketOwnerOrAnImpossiblePathIsAConfigurationError() throws {
+        let dir = TestDaemon.makeTemporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let user = try run(BuildProducts.path("obsd"), ["--socket", dir + "/s.sock", "--in-memory", "--socket-user", "no-such-user-here"])
+        #expect(user.status == 78 && user.stderr.contains("socket.user: no user named no-such-user-here"), "\(user.status) \(user.stderr)")
+        let group = try run(BuildProducts.path("obsd"), ["--socket", dir + "/s.sock", "--in-memory", "--socket-group", "no-such-group-here"])
+        #expect(group.status == 78 && group.stderr.contains("socket.group: no group named no-such-group-here"))
+        let long = try run(BuildProducts.path("obsd"), ["--socket", dir + "/" + String(repeating: "s", count: 120), "--in-memory"])
+        #expect(long.status == 78 && long.stderr.contains("Unix sockets allow at most 107"))
+        // --check-config finds the same mistake in a file.
+        try "[socket]\nuser = \"no-such-user-here\"\n".write(toFile: dir + "/obsd.toml", atomically: true, encoding: .utf8)
+        let checked = try run(BuildProducts.path("obsd"), ["--check-config", dir + "/obsd.toml"])
+        #expect(checked.status == 78 && checked.stderr.contains("no user named no-such-user-here"))
     }
 }
 

@@ -171,6 +171,29 @@ struct AccessControlTests {
         #expect(try other.call(["op": "set", "repo": "b", "key": "k", "value": 2]).ok, "existing repositories still take writes")
     }
 
+    @Test func aRevisionCarryingTooManyOldAndNewBytesIsRefusedBeforeAnythingIsApplied() async throws {
+        // The daemon's defaults on a durable store: the values are within max-value-bytes,
+        // their sum is not within max-revision-bytes (16 MiB).
+        let d = try await TestDaemon.start()
+        let c = try d.connect()
+        let other = try d.connect()
+        let half = JSONValue.string(String(repeating: "v", count: 500 * 1024))
+        for i in 0..<40 { #expect(try c.call(["op": "set", "repo": "big", "key": .string("k\(i)"), "value": half]).ok) }
+        let deleteAll: [JSONValue] = (0..<40).map { ["op": "delete", "key": .string("k\($0)")] }
+        let refused = try c.call(["op": "batch", "repo": "big", "ops": .array(deleteAll)])
+        #expect(refused.errorCode == "too_large", "\(refused)")
+        #expect(refused["error"]?.objectValue?["message"]?.stringValue?.contains("max-revision-bytes") == true)
+        #expect(try c.call(["op": "list", "repo": "big"])["keys"]?.arrayValue?.count == 40, "nothing of it was applied")
+        #expect(try c.call(["op": "get", "repo": "big", "key": "k0"])["rev"] == 1)
+        // The daemon and everyone else's writes go on; half of it fits.
+        #expect(try other.call(["op": "set", "repo": "small", "key": "k", "value": 1]).ok)
+        let fits = try c.call(["op": "batch", "repo": "big", "ops": .array(Array(deleteAll.prefix(20)))])
+        #expect(fits.ok && fits["rev"] == 41)
+        #expect(d.stop() == 0)
+        try await d.launch()
+        #expect(try d.connect().call(["op": "list", "repo": "big"])["keys"]?.arrayValue?.count == 20)
+    }
+
     @Test func pipelinedRequestsWithoutReadingAreHeldBackByTheQueueLimit() async throws {
         let d = try await TestDaemon.start(["--queue-bytes", "1048576"], inMemory: true)
         let c = try d.connect()

@@ -117,3 +117,48 @@ import Testing
         }
     }
 }
+
+/// The settings table is the one place a setting is named: its flag, variable, default and
+/// help text must agree wherever they appear.
+@Suite struct SettingsTableTests {
+    @Test func everySettingsFlagVariableDefaultAndHelpAgree() throws {
+        let defaults = DaemonSettings()
+        let help = Setting.helpText
+        let shipped = try String(contentsOfFile: ConfigTests.shipped, encoding: .utf8)
+        #expect(Set(Setting.all.map(\.flag)).count == Setting.all.count, "flags are unique")
+        #expect(Set(Setting.all.map(\.environment)).count == Setting.all.count, "variables are unique")
+        for setting in Setting.all {
+            // The flag sets exactly this setting, to what the same text in the file or the
+            // environment would.
+            let sample = setting.describe(defaults).hasPrefix("(unset") ? "x" : setting.describe(defaults).trimmingCharacters(in: ["\""])
+            let parsed = try Setting.parseFlags(setting.valueName == nil ? ["--\(setting.flag)"] : ["--\(setting.flag)", sample])
+            #expect(parsed.keys.sorted() == [setting.key])
+            let viaFlag = try DaemonSettings.resolve(file: nil, environment: [:], flags: parsed)
+            let viaEnvironment = try DaemonSettings.resolve(
+                file: nil, environment: [setting.environment: setting.valueName == nil ? "true" : sample], flags: [:])
+            #expect(viaFlag == viaEnvironment, "--\(setting.flag) and $\(setting.environment) agree")
+            // --help names the flag, the key, the variable and the default.
+            let value = setting.describe(defaults)
+            let shown = value.hasPrefix("(unset: ") ? String(value.dropFirst(8).dropLast()) : value
+            #expect(help.contains("--\(setting.flag)"), "--help offers --\(setting.flag)")
+            #expect(help.contains("[\(setting.key), $\(setting.environment); default \(shown)]"), "--help: \(setting.key)")
+            #expect(!setting.help.isEmpty)
+            // The shipped file documents the variable and, for settings with a value, the default.
+            let name = setting.key.split(separator: ".").last!
+            #expect(shipped.contains(setting.environment), "obsd.toml names $\(setting.environment)")
+            if !value.hasPrefix("(unset") {
+                #expect(shipped.contains("#\(name) = \(value)\n"), "obsd.toml shows \(setting.key) = \(value)")
+            }
+        }
+    }
+
+    @Test func flagsAreParsedAgainstTheTable() throws {
+        #expect(try Setting.parseFlags(["--max-line=100", "--in-memory", "--socket", "/s"])
+            == ["limits.max-line": .string("100"), "storage.in-memory": .string("true"), "socket.path": .string("/s")])
+        #expect(throws: UsageError("unknown option --max-lien (did you mean --max-line?)")) { try Setting.parseFlags(["--max-lien", "5"]) }
+        #expect(throws: UsageError("--socket needs a value (a non-empty string)")) { try Setting.parseFlags(["--socket"]) }
+        #expect(throws: UsageError("unexpected argument \"stray\"; settings are given as --flag value (see obsd --help)")) {
+            try Setting.parseFlags(["stray"])
+        }
+    }
+}

@@ -1,6 +1,7 @@
 // Tests of request decoding: every op, and the precise error code for every way a
 // request can be wrong.
 
+import Foundation
 import ObsProtocol
 import ObservableKit
 import Testing
@@ -194,5 +195,13 @@ func failure(_ text: String) -> RequestFailure? {
         #expect(SocketPath.resolve(explicit: nil, environment: ["XDG_RUNTIME_DIR": "/run/user/1"]) == "/run/user/1/obsd.sock")
         #expect(SocketPath.resolve(explicit: nil, environment: ["XDG_RUNTIME_DIR": ""]) == "/run/obsd/obsd.sock")
         #expect(SocketPath.resolve(explicit: nil, environment: [:]) == "/run/obsd/obsd.sock")
+    }
+}
+
+@Suite struct ReleaseTests {
+    @Test func theProtocolDocumentShowsThisRelease() throws {
+        let doc = URL(fileURLWithPath: #filePath).deletingLastPathComponent().appendingPathComponent("../../docs/PROTOCOL.md").path
+        let text = try String(contentsOfFile: doc, encoding: .utf8)
+        #expect(text.contains("\"obsd/\(ObsRelease.version)\""), "docs/PROTOCOL.md shows the hello reply of this release")
     }
 }
