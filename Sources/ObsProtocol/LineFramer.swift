@@ -75,6 +75,17 @@ public struct LineFramer: Sendable {
         }
     }
 
+    /// Ends the stream: a last line that its sender ended with the stream instead of a `\n`
+    /// is complete too, and goes to `body` like any other.
+    public mutating func finish(_ body: (Frame) throws -> Void) rethrows {
+        defer {
+            partial.removeAll(keepingCapacity: false)
+            discarding = false
+        }
+        guard !discarding, !partial.isEmpty else { return }
+        try partial.withUnsafeBytes { try Self.emit($0, body) }
+    }
+
     /// Handles bytes after the last newline of a chunk.
     private mutating func absorbTail(_ tail: UnsafeRawBufferPointer, _ body: (Frame) throws -> Void) rethrows {
         if discarding { return }

@@ -6,6 +6,12 @@
 // flushes the outbox at the end of each read. Stops handling requests — even part-way
 // through what one read brought — while the outbox is congested (a client that does not
 // read its replies is not read either) and resumes when it drains.
+//
+// A client that shuts down its sending side (`printf … | socat -`, `nc -N`) has sent its
+// last request: everything it sent is handled (a last line without its `\n` too), its
+// subscriptions end (it asks for nothing more), and once every reply is written — replies
+// that wait for durability included — the daemon closes: the client reads every reply, in
+// order, then end of file.
 
 import Logging
 import NIOCore
@@ -35,6 +41,10 @@ final class ConnectionHandler: ChannelDuplexHandler {
     /// Input read but not yet handled because the outbox became congested part-way: at most
     /// one read cycle's bytes, handled once the outbox drains.
     private var held: ByteBuffer?
+    /// The client shut down its sending side (end of file with the connection still open).
+    private var inputClosed = false
+    /// Everything the client sent has been handled since; the connection closes once idle.
+    private var inputFinished = false
 
     init(hub: Hub, limits: Limits, startTime: ContinuousClock.Instant, logger: Logger) {
         self.hub = hub
@@ -52,6 +62,7 @@ final class ConnectionHandler: ChannelDuplexHandler {
             stats: hub.stats
         ) { [weak self] in
             self?.resumeReading()
+            self?.finishInput()
         }
     }
 
@@ -121,12 +132,44 @@ final class ConnectionHandler: ChannelDuplexHandler {
         held = nil
     }
 
+    func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+        if let event = event as? ChannelEvent, event == .inputClosed {
+            inputClosed = true
+            finishInput()
+        }
+        context.fireUserInboundEventTriggered(event)
+    }
+
+    /// After the client's end of file: handles what is left of its input, ends its
+    /// subscriptions, and closes once the outbox is idle. Runs again after each write until
+    /// then; waits while held input is pending (it is handled as the outbox drains).
+    private func finishInput() {
+        guard inputClosed, held == nil, let context else { return }
+        guard let session else {
+            context.close(promise: nil)  // a refused connection: its message is out
+            return
+        }
+        if !inputFinished {
+            inputFinished = true
+            framer.finish { frame in
+                if session.outbox.isOpen { session.handle(frame) }
+            }
+            for subscription in session.outbox.unregisterAll() { hub.subscriptionEnded(subscription) }
+            session.outbox.flush()
+        }
+        if session.outbox.isIdle { context.close(promise: nil) }
+    }
+
     func channelReadComplete(context: ChannelHandlerContext) {
-        session?.outbox.flush()
+        // Not a flush right here: a write can fail and close the channel, and NIO goes on
+        // to half-close this very channel's input after this callback when the read ended
+        // in end of file. The flush runs later in this loop tick, once per tick.
+        session?.outbox.requestFlush()
         context.fireChannelReadComplete()
     }
 
     func read(context: ChannelHandlerContext) {
+        if inputClosed { return }
         if held != nil || session?.outbox.isCongested == true {
             readPending = true
         } else {
@@ -161,7 +204,7 @@ final class ConnectionHandler: ChannelDuplexHandler {
             session?.outbox.flush()
             if held != nil { return }  // congested again: the next drain resumes
         }
-        guard readPending else { return }
+        guard readPending, !inputClosed else { return }
         readPending = false
         context.read()
     }

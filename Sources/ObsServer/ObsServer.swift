@@ -229,6 +229,7 @@ public final class ObsServer: Service, Sendable {
         let bootstrap = ServerBootstrap(group: group)
             .serverChannelOption(.backlog, value: 1024)
             .childChannelOption(.maxMessagesPerRead, value: 16)
+            .childChannelOption(.allowRemoteHalfClosure, value: true)
             .childChannelInitializer { child in
                 connections.add(child)
                 let limits = runtime.snapshot.limits

@@ -72,14 +72,15 @@ final class Outbox: Sendable {
     private let stats: ServerStats
     private let state = Locked(State())
     private let allocator = ByteBufferAllocator()
-    /// Called on the event loop when the queue drains below half its byte limit.
-    private let onDrained: NIOLoopBound<(() -> Void)?>
+    /// Called on the event loop after a write completes that drained the queue below half
+    /// its byte limit, or emptied it.
+    private let onProgress: NIOLoopBound<(() -> Void)?>
 
-    init(channel: any Channel, limits: OutboxLimits, stats: ServerStats, onDrained: (() -> Void)?) {
+    init(channel: any Channel, limits: OutboxLimits, stats: ServerStats, onProgress: (() -> Void)?) {
         self.channel = channel
         self.limits = limits
         self.stats = stats
-        self.onDrained = NIOLoopBound(onDrained, eventLoop: channel.eventLoop)
+        self.onProgress = NIOLoopBound(onProgress, eventLoop: channel.eventLoop)
     }
 
     // MARK: Replies
@@ -144,6 +145,16 @@ final class Outbox: Sendable {
 
     /// The live subscriptions.
     var liveSubscriptions: [Subscription] { state.withLock { $0.live.values.map(\.subscription) } }
+
+    /// Ends every live subscription (the connection stays open for its replies); returns them.
+    func unregisterAll() -> [Subscription] {
+        state.withLock { s in
+            let ended = s.live.values.map(\.subscription)
+            stats.subscriptions.subtract(ended.count, ordering: .relaxed)
+            s.live.removeAll()
+            return ended
+        }
+    }
 
     /// Ends a live subscription and queues `notice` (its last message) in the same step, so
     /// no event of it follows. Returns it, or nil if it was not live.
@@ -213,6 +224,14 @@ final class Outbox: Sendable {
     /// Whether requests should still be processed.
     var isOpen: Bool { state.withLock { $0.phase == .open } }
 
+    /// Whether nothing is queued, reserved or on its way to the socket.
+    var isIdle: Bool { state.withLock { $0.chunks.isEmpty && $0.queuedBytes == 0 } }
+
+    /// Flushes later in this event-loop tick (once, however often it is asked).
+    func requestFlush() {
+        if state.withLock({ Self.claimFlush(&$0) }) { scheduleFlush() }
+    }
+
     /// Writes every ready chunk at the head of the queue. Must run on the event loop.
     func flush() {
         channel.eventLoop.assertInEventLoop()
@@ -239,15 +258,16 @@ final class Outbox: Sendable {
 
     /// Accounts for bytes that left the process (or were dropped by a closed channel).
     private func written(bytes: Int, events: Int) {
-        let (drained, finished) = state.withLock { s -> (Bool, Bool) in
+        let (progress, finished) = state.withLock { s -> (Bool, Bool) in
             let wasCongested = s.queuedBytes >= limits.maxBytes / 2
             s.queuedBytes -= bytes
             s.queuedEvents -= events
             let drained = wasCongested && s.queuedBytes < limits.maxBytes / 2
-            return (drained, s.phase == .overflowed && s.queuedBytes == 0 && s.chunks.isEmpty)
+            let empty = s.queuedBytes == 0 && s.chunks.isEmpty
+            return (drained || empty, s.phase == .overflowed && empty)
         }
         if finished { channel.close(promise: nil) }
-        if drained { onDrained.value?() }
+        if progress { onProgress.value?() }
     }
 
     /// Closes the queue; returns the subscriptions that were still live.

@@ -84,7 +84,8 @@ struct Soak: AsyncParsableCommand {
         say(
             "soak end: seconds=\(fmt(loadSeconds)) connects=\(c.connects) (\(Int(Double(c.connects) / loadSeconds))/s) "
                 + "writes=\(c.writesAcked) fast-events=\(c.fastEvents) slow-cut-off=\(c.slowCutOffs) "
-                + "(overflow event seen by \(c.slowSawOverflow)) daemon-overflows=\(stats["overflows"]?.int64Value ?? -1)")
+                + "(overflow event seen by \(c.slowSawOverflow)) daemon-overflows=\(stats["overflows"]?.int64Value ?? -1) "
+                + "half-closed-served=\(c.halfClosedServed)")
         say(
             "soak rss: idle=\(idle.rssKiB)KiB warm=\(warm.rssKiB)KiB end-of-load=\(last.rssKiB)KiB "
                 + "after-close=\(end.rssKiB)KiB peak=\(end.hwmKiB)KiB growth-after-warmup=\(fmt(growth * 100))%")
@@ -93,6 +94,7 @@ struct Soak: AsyncParsableCommand {
         var problems = failures
         if c.fastEvents == 0 { problems.append("the fast subscribers saw no events") }
         if slow > 0 && c.slowCutOffs == 0 { problems.append("no slow reader was cut off") }
+        if churners >= Churner.styles && c.halfClosedServed == 0 { problems.append("no half-closed churner was served") }
         if growth > maxRssGrowth { problems.append("RSS grew \(fmt(growth * 100))% after warm-up") }
         if end.fds != idle.fds {
             let added = end.targets.subtracting(idle.targets).sorted(), removed = idle.targets.subtracting(end.targets).sorted()

@@ -16,6 +16,8 @@ struct SoakCounters: Sendable {
     var fastEvents = 0
     var slowCutOffs = 0
     var slowSawOverflow = 0
+    /// Half-closing churners that got every reply, then end of file.
+    var halfClosedServed = 0
     var live = 0
 }
 
@@ -85,8 +87,9 @@ final class SoakRun: @unchecked Sendable {
                 let handler: any ChannelHandler
                 switch kind {
                 case .churner:
-                    if index % 5 == 3 { try channel.syncOptions?.setOption(ChannelOptions.autoRead, value: false) }
-                    handler = Churner(run: self, style: index % 5)
+                    if index % Churner.styles == 3 { try channel.syncOptions?.setOption(ChannelOptions.autoRead, value: false) }
+                    if index % Churner.styles == 5 { try channel.syncOptions?.setOption(ChannelOptions.allowRemoteHalfClosure, value: true) }
+                    handler = Churner(run: self, style: index % Churner.styles)
                 case .writer: handler = SoakWriter(run: self)
                 case .fast: handler = GapChecker(run: self, index: index)
                 case .slow:
@@ -140,16 +143,19 @@ private func lines(_ buffer: ByteBuffer, _ framer: inout LineFramer, _ run: Soak
     }
 }
 
-/// Connects, subscribes in one of five ways, lingers up to two seconds and leaves.
+/// Connects, subscribes in one of six ways, lingers up to two seconds and leaves.
 /// Styles: 0 keys with a snapshot, 1 a prefix, 2 `once`, 3 subscribe and a `get` but never
-/// read the answers, 4 half a request (no newline).
+/// read the answers, 4 half a request (no newline), 5 subscribe, `list` and `set`, then shut
+/// down its sending side and read every reply until the daemon closes.
 final class Churner: ChannelInboundHandler, @unchecked Sendable {
     // @unchecked: used only on the run's single event loop.
     typealias InboundIn = ByteBuffer
+    static let styles = 6
     let run: SoakRun
     let style: Int
     var framer = LineFramer(maxLine: 1 << 20)
     var replied = false
+    var replies = 0
 
     init(run: SoakRun, style: Int) {
         self.run = run
@@ -164,10 +170,17 @@ final class Churner: ChannelInboundHandler, @unchecked Sendable {
         case 1: request = #"{"id":1,"op":"subscribe","repo":"\#(repo)","prefix":"k/1\#(run.random(0..<10))"}"#
         case 2: request = #"{"id":1,"op":"subscribe","repo":"\#(repo)","keys":["\#(run.key())"],"once":true}"#
         case 3: request = #"{"id":1,"op":"subscribe","repo":"\#(repo)"}"# + "\n" + #"{"id":2,"op":"get","repo":"\#(repo)","key":"k/1"}"#
-        default: request = #"{"id":1,"op":"subscribe","repo":"\#(repo)","ke"#
+        case 4: request = #"{"id":1,"op":"subscribe","repo":"\#(repo)","ke"#
+        default:
+            request = #"{"id":1,"op":"subscribe","repo":"\#(repo)"}"# + "\n" + #"{"id":2,"op":"list","repo":"\#(repo)","prefix":"h/"}"#
+                + "\n" + #"{"id":3,"op":"set","repo":"\#(repo)","key":"h/\#(run.random(0..<100))","value":\#(run.random(0..<1000))}"#
         }
         context.writeAndFlush(NIOAny(ByteBuffer(string: style == 4 ? request : request + "\n")), promise: nil)
-        if style >= 3 { leave(context) }
+        if style == 5 {
+            context.close(mode: .output, promise: nil)
+        } else if style >= 3 {
+            leave(context)
+        }
         context.fireChannelActive()
     }
 
@@ -180,11 +193,25 @@ final class Churner: ChannelInboundHandler, @unchecked Sendable {
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         lines(unwrapInboundIn(data), &framer, run, "churner") { line in
+            if style == 5, !contains(line, #""event":"#) { replies += 1 }
             guard !replied, contains(line, #""id":1"#) else { return }
             replied = true
             run.count { $0.subscribed += 1 }
             if style < 3 { leave(context) }
         }
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        // The daemon's end of file (its output closed after ours: the channel closes whole),
+        // after every reply to a client that shut down first.
+        if style == 5, run.running {
+            if replies == 3 {
+                run.count { $0.halfClosedServed += 1 }
+            } else {
+                run.fail("a half-closed churner got \(replies) of its 3 replies before end of file")
+            }
+        }
+        context.fireChannelInactive()
     }
 
     func errorCaught(context: ChannelHandlerContext, error: any Error) {

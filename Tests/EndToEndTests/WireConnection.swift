@@ -55,6 +55,9 @@ final class WireConnection: @unchecked Sendable {
 
     func send(_ line: String) throws { try sendRaw(Array((line + "\n").utf8)) }
 
+    /// Shuts down the sending side (the daemon sees end of file; replies still arrive).
+    func shutdownSending() { _ = shutdown(fd, Int32(SHUT_WR)) }
+
     /// Sends a request object (adding an `id` when it has none) and returns its id.
     @discardableResult
     func request(_ object: JSONValue) throws -> JSONValue {
