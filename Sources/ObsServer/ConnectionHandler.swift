@@ -45,6 +45,10 @@ final class ConnectionHandler: ChannelDuplexHandler {
     private var inputClosed = false
     /// Everything the client sent has been handled since; the connection closes once idle.
     private var inputFinished = false
+    /// Shutting down: no more requests are handled.
+    private var quiescing = false
+    /// Shutting down: completed once everything queued is written.
+    private var drained: EventLoopPromise<Void>?
 
     init(hub: Hub, limits: Limits, startTime: ContinuousClock.Instant, logger: Logger) {
         self.hub = hub
@@ -63,11 +67,14 @@ final class ConnectionHandler: ChannelDuplexHandler {
         ) { [weak self] in
             self?.resumeReading()
             self?.finishInput()
+            self?.checkDrained()
         }
     }
 
     func handlerRemoved(context: ChannelHandlerContext) {
         endSession()
+        drained?.succeed(())
+        drained = nil
         self.context = nil
     }
 
@@ -111,7 +118,7 @@ final class ConnectionHandler: ChannelDuplexHandler {
     /// as the outbox is congested: one read can carry thousands of pipelined requests, and
     /// a client that sends them without reading must not make the daemon queue every reply.
     private func handle(_ input: ByteBuffer) {
-        guard let session else { return }
+        guard let session, !quiescing else { return }
         var buffer = input
         while buffer.readableBytes > 0 {
             if session.outbox.isCongested {
@@ -133,18 +140,36 @@ final class ConnectionHandler: ChannelDuplexHandler {
     }
 
     func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
-        if let event = event as? ChannelEvent, event == .inputClosed {
+        switch event {
+        case let event as ChannelEvent where event == .inputClosed:
             inputClosed = true
             finishInput()
+        case ShutdownEvent.quiesce:
+            quiescing = true
+            held = nil
+        case ShutdownEvent.drain(let promise, _):
+            drained = promise
+            session?.outbox.flush()
+            checkDrained()
+            return
+        default:
+            break
         }
         context.fireUserInboundEventTriggered(event)
+    }
+
+    /// At shutdown: completes the drain once nothing is left to write.
+    private func checkDrained() {
+        guard let promise = drained, session?.outbox.isIdle ?? true else { return }
+        drained = nil
+        promise.succeed(())
     }
 
     /// After the client's end of file: handles what is left of its input, ends its
     /// subscriptions, and closes once the outbox is idle. Runs again after each write until
     /// then; waits while held input is pending (it is handled as the outbox drains).
     private func finishInput() {
-        guard inputClosed, held == nil, let context else { return }
+        guard inputClosed, held == nil, !quiescing, let context else { return }
         guard let session else {
             context.close(promise: nil)  // a refused connection: its message is out
             return
@@ -169,7 +194,7 @@ final class ConnectionHandler: ChannelDuplexHandler {
     }
 
     func read(context: ChannelHandlerContext) {
-        if inputClosed { return }
+        if inputClosed || quiescing { return }
         if held != nil || session?.outbox.isCongested == true {
             readPending = true
         } else {

@@ -216,8 +216,12 @@ public final class ObsServer: Service, Sendable {
         observer?.serverWillStop()
         logger.info("obsd shutting down", metadata: ["connections": "\(connections.count)"])
         if let ownSocket { SocketFile.remove(ownSocket.path, ifStill: ownSocket.identity) }
-        await connections.closeAll()
+        // Stop taking requests, make durable what storage holds (its replies fill their
+        // slots), let those replies reach their clients (two seconds at most), then close.
+        await connections.quiesceAll()
         storage.close()
+        await connections.drainAll(within: .seconds(2))
+        await connections.closeAll()
         try await group.shutdownGracefully()
         logger.info("obsd stopped")
     }
@@ -294,28 +298,6 @@ private struct HeartbeatRound {
         private let count = Atomic<Int>(0)
         func increment() { count.add(1, ordering: .releasing) }
         var value: Int { count.load(ordering: .acquiring) }
-    }
-}
-
-/// The open client connections, so shutdown can close them.
-final class ConnectionRegistry: Sendable {
-    private let channels = Locked<[ObjectIdentifier: any Channel]>([:])
-
-    func add(_ channel: any Channel) {
-        let id = ObjectIdentifier(channel)
-        channels.withLock { $0[id] = channel }
-        channel.closeFuture.whenComplete { [self] _ in
-            _ = self.channels.withLock { $0.removeValue(forKey: id) }
-        }
-    }
-
-    var count: Int { channels.withLock { $0.count } }
-
-    /// Closes every connection and waits until they are closed.
-    func closeAll() async {
-        let all = channels.withLock { Array($0.values) }
-        for channel in all { channel.close(promise: nil) }
-        for channel in all { try? await channel.closeFuture.get() }
     }
 }
 

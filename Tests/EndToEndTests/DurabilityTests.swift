@@ -69,6 +69,23 @@ import Glibc
         }
     }
 
+    @Test func aGracefulStopUnderLoadAnswersWhatItMadeDurableAndExitsZero() async throws {
+        // SIGTERM while writes pipeline in: requests stop being taken, storage makes durable
+        // what it holds, those replies reach their clients, then the daemon exits 0.
+        let d = try await TestDaemon.start()
+        let (acks, errors) = try await writeUntilStopped(d, round: 0, writers: 4, inFlight: 16) { $0.signal(SIGTERM) }
+        #expect(await d.waitForExit(timeout: .seconds(20)) == 0, "the daemon stopped, exit 0")
+        #expect(errors.isEmpty, "no write was refused or failed at shutdown: \(errors.prefix(3))")
+        #expect(acks.count >= 400)
+        try await d.launch()
+        let client = try await ObsClient.connect(socketPath: d.socketPath)
+        let listing = try await client.list("k", values: true)
+        #expect(acks.allSatisfy { listing.values?[$0.key] == .int($0.value.value) }, "every acknowledged write is kept")
+        let unanswered = listing.keys.filter { acks[$0] == nil }
+        #expect(unanswered.isEmpty, "\(unanswered.count) writes became durable at shutdown but their replies never reached the client")
+        await client.close()
+    }
+
     @Test func relaxedSyncLosesNothingWhenOnlyTheProcessDies() async throws {
         let d = try await TestDaemon.start(["--sync", "relaxed", "--sync-interval", "1000"])
         let acks = try await writeUntilKilled(d, round: 0, writers: 4, inFlight: 16)
@@ -265,7 +282,16 @@ import Glibc
 /// each until the daemon is killed (after at least 400 acknowledgements); returns what was
 /// acknowledged.
 func writeUntilKilled(_ d: TestDaemon, round: Int, writers: Int, inFlight: Int) async throws -> [Key: (value: Int64, rev: UInt64)] {
+    try await writeUntilStopped(d, round: round, writers: writers, inFlight: inFlight) { $0.kill9() }.acks
+}
+
+/// Writes from `writers` connections with `inFlight` writes each until `stop` ends the
+/// daemon (once 400 are acknowledged); the acknowledged writes, and the error replies seen.
+func writeUntilStopped(
+    _ d: TestDaemon, round: Int, writers: Int, inFlight: Int, stop: @escaping @Sendable (TestDaemon) -> Void
+) async throws -> (acks: [Key: (value: Int64, rev: UInt64)], errors: [String]) {
     let acks = Locked<[Key: (value: Int64, rev: UInt64)]>([:])
+    let errors = Locked<[String]>([])
     let clients = try await (0..<writers).asyncMap { _ in try await ObsClient.connect(socketPath: d.socketPath) }
     await withTaskGroup(of: Void.self) { group in
         for (w, client) in clients.enumerated() {
@@ -274,8 +300,15 @@ func writeUntilKilled(_ d: TestDaemon, round: Int, writers: Int, inFlight: Int) 
                     var i = Int64(lane)
                     while true {
                         let key = Key("w\(w)/\(round)/\(i)")
-                        guard let reply = try? await client.set("k", key, .int(i)) else { return }
-                        acks.withLock { $0[key] = (i, reply.revision) }
+                        do throws(ObsClientError) {
+                            let reply = try await client.set("k", key, .int(i))
+                            acks.withLock { $0[key] = (i, reply.revision) }
+                        } catch .server(let error) {
+                            errors.withLock { $0.append(error.description) }
+                            return
+                        } catch {
+                            return  // the connection ended
+                        }
                         i += Int64(inFlight)
                     }
                 }
@@ -283,11 +316,11 @@ func writeUntilKilled(_ d: TestDaemon, round: Int, writers: Int, inFlight: Int) 
         }
         group.addTask {
             while acks.withLock({ $0.count }) < 400 { try? await Task.sleep(for: .milliseconds(1)) }
-            d.kill9()
+            stop(d)
         }
     }
     for client in clients { await client.close() }
-    return acks.withLock { $0 }
+    return (acks.withLock { $0 }, errors.withLock { $0 })
 }
 
 /// A size-limited tmpfs mounted for one test.
