@@ -5,7 +5,11 @@
 // `unsubscribe` reply, after a `once` subscription's change, on `overflow` (with the
 // revision to resume from), or when the connection closes. Applies backpressure: when
 // the application leaves too many events unconsumed, it stops reading the socket, so a
-// slow consumer is handled by the daemon's overflow rule rather than unbounded memory.
+// slow consumer is handled by the daemon's overflow rule rather than unbounded memory —
+// but never while a request waits for its reply: a consumer that awaits a call inside its
+// event loop must get the reply (what the daemon queues before it is bounded by the
+// daemon's queue limit). After `overflow` the daemon is closing the connection: the client
+// closes it at once, so a session reconnects instead of using a dead connection.
 
 import NIOCore
 import ObsProtocol
@@ -140,6 +144,8 @@ final class ClientHandler: ChannelDuplexHandler {
     private var framer = LineFramer(maxLine: 1 << 30)
     private var pending = CircularBuffer<OutboundRequest>()
     private var streams: [UInt64: SubscriptionStream] = [:]
+    /// A read was held back for unconsumed events; a new request issues it.
+    private var readHeld = false
 
     init(path: String, flow: FlowControl, fate: ConnectionFate) {
         self.path = path
@@ -156,10 +162,18 @@ final class ClientHandler: ChannelDuplexHandler {
         }
         pending.append(request)
         context.write(wrapOutboundOut(request.bytes), promise: promise)
+        if readHeld {  // its reply must not wait behind unconsumed events
+            readHeld = false
+            context.read()
+        }
     }
 
     func read(context: ChannelHandlerContext) {
-        if !flow.shouldPause() { context.read() }
+        if pending.isEmpty, flow.shouldPause() {
+            readHeld = true
+        } else {
+            context.read()
+        }
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
@@ -170,7 +184,7 @@ final class ClientHandler: ChannelDuplexHandler {
                     guard case .line(let line) = frame else {
                         throw ObsClientError.protocolViolation("a message longer than 1 GiB")
                     }
-                    try handle(try ServerMessage.decode(line: line))
+                    try handle(try ServerMessage.decode(line: line), context: context)
                 }
             }
         } catch {
@@ -190,7 +204,7 @@ final class ClientHandler: ChannelDuplexHandler {
         context.close(promise: nil)
     }
 
-    private func handle(_ message: ServerMessage) throws {
+    private func handle(_ message: ServerMessage, context: ChannelHandlerContext) throws {
         switch message {
         case .reply(let reply):
             guard let request = pending.popFirst() else {
@@ -217,6 +231,8 @@ final class ClientHandler: ChannelDuplexHandler {
             }
         case .event(let event):
             route(event)
+            // The daemon sends overflow last and closes: do not use the connection meanwhile.
+            if case .overflow = event { context.close(promise: nil) }
         }
     }
 

@@ -83,8 +83,8 @@ public final class ObsClient: Sendable {
         channel.close(promise: nil)
     }
 
-    /// Whether the connection is open.
-    public var isConnected: Bool { channel.isActive }
+    /// Whether the connection is open and usable (not ending after an overflow or a refusal).
+    public var isConnected: Bool { channel.isActive && fate.current == nil }
 
     /// Returns once the connection has closed, for whatever reason.
     public func waitUntilClosed() async {

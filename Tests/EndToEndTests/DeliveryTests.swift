@@ -153,6 +153,78 @@ func collect(_ subscription: Subscription, until lastRevision: UInt64) async thr
     }
 }
 
+@Suite(.timeLimit(.minutes(3))) struct ClientFlowTests {
+    @Test func aConsumerThatAwaitsACallInsideItsLoopGetsTheReplyDuringABurst() async throws {
+        let d = try await TestDaemon.start(inMemory: true)
+        let client = try await ObsClient.connect(socketPath: d.socketPath)
+        let sub = try await client.subscribe("burst")
+        let writer = try await ObsClient.connect(socketPath: d.socketPath)
+        // Far more events than the client buffers (8192) before it stops reading.
+        for i in 1...20_000 { try await writer.set("burst", "k", .int(Int64(i))) }
+        var seen = 0
+        for try await event in sub {
+            guard case .change = event else { continue }
+            seen += 1
+            if seen == 1 {
+                // Its reply arrives behind thousands of unconsumed events.
+                let entry = try await withDeadline(.seconds(20)) { try await client.get("burst", "k") }
+                #expect(entry?.value == 20_000)
+            }
+            if seen == 20_000 { break }
+        }
+        #expect(seen == 20_000, "and every event after it")
+        await writer.close()
+        await client.close()
+    }
+
+    @Test func afterAnOverflowTheClientLetsGoOfTheConnectionAndAWatchResumesWithoutSpinning() async throws {
+        let d = try await TestDaemon.start(["--queue-events", "100", "--queue-bytes", "65536"], inMemory: true)
+        let session = ObsSession(socketPath: d.socketPath, backoff: Backoff(initial: .milliseconds(100), maximum: .milliseconds(200)))
+        var events = session.watch("x", initial: true).makeAsyncIterator()
+        guard case .snapshot = try await events.next() else { throw TestFailure("expected the snapshot") }
+        let writer = try await ObsClient.connect(socketPath: d.socketPath)
+        // The watch does not read while the writes go in: its connection overflows.
+        for i in 1...20_000 { try await writer.set("x", "k", .int(Int64(i))) }
+        var last: UInt64 = 0
+        while last < 20_000 {
+            guard let event = try await events.next() else { break }
+            switch event {
+            case .change(let c):
+                #expect(c.revision == last + 1, "no gap, no duplicate across the overflow")
+                last = c.revision
+            case .snapshot(let rev, _, _):
+                last = rev  // a resync (the history reaches back: not expected, but allowed)
+            }
+        }
+        #expect(last == 20_000)
+        let stats = try await writer.stats()
+        #expect((stats["overflows"]?.int64Value ?? 0) >= 1, "the watch's connection overflowed")
+        // The watch's session connected again a few times at most: it did not spin on the dead connection.
+        #expect((stats["connectionsTotal"]?.int64Value ?? 99) <= 8, "\(stats)")
+        await writer.close()
+        await session.close()
+    }
+}
+
+/// The result of `body`, or a failure when it takes longer than `limit` (instead of a hang).
+func withDeadline<T: Sendable>(_ limit: Duration, _ body: @escaping @Sendable () async throws -> T) async throws -> T {
+    try await withThrowingTaskGroup(of: DeadlineOutcome<T>.self) { group in
+        group.addTask { .value(try await body()) }
+        group.addTask {
+            try await Task.sleep(for: limit)
+            return .timedOut
+        }
+        defer { group.cancelAll() }
+        guard case .value(let result)? = try await group.next() else { throw TestFailure("no result within \(limit)") }
+        return result
+    }
+}
+
+enum DeadlineOutcome<T: Sendable>: Sendable {
+    case value(T)
+    case timedOut
+}
+
 extension Sequence {
     func asyncMap<T>(_ transform: (Element) async throws -> T) async rethrows -> [T] {
         var result: [T] = []
