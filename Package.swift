@@ -87,6 +87,14 @@ let package = Package(
         .testTarget(name: "ObsProtocolTests", dependencies: ["ObsProtocol", "ObservableKit"]),
         .testTarget(name: "ObsConfigTests", dependencies: ["ObsConfig"]),
         .testTarget(name: "ObsStoreTests", dependencies: ["ObsStore", "ObsProtocol", "ObservableKit"]),
+        // In-process tests of the daemon's parts: hub, outbox, connection handler.
+        .testTarget(
+            name: "ObsServerTests",
+            dependencies: [
+                "ObsServer", "ObsStore", "ObsProtocol", "ObservableKit",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOEmbedded", package: "swift-nio"),
+            ]),
         .target(name: "TestSupport", path: "Tests/TestSupport"),
         .testTarget(name: "SystemdTests", dependencies: ["Systemd", "TestSupport", .product(name: "Logging", package: "swift-log")]),
         // Starts the real obsd binary on a temporary socket; drives it over raw sockets,

@@ -4,9 +4,10 @@
 // A repository exists (is listed by `repos`) once a write changed it (revision > 0).
 // Reading a repository that does not exist creates nothing. Subscribing to one creates an
 // empty, unlisted placeholder so the subscription sees the first write; placeholders are
-// dropped again when nobody uses them. Repositories with revision > 0 are never dropped,
-// so the common path — a write or subscribe to an existing repository — takes the hub
-// lock once, for a dictionary lookup.
+// dropped again when nobody uses them. A repository that was ever written in this process
+// (`isPermanent`, even if storage later undid its first revision) is never dropped, so the
+// common path — a write or subscribe to such a repository — takes the hub lock once, for a
+// dictionary lookup, and nobody can hold a repository object the hub no longer has.
 
 import NIOCore
 import ObsProtocol
@@ -108,7 +109,7 @@ final class Hub: Sendable {
     /// Runs `body` with the repository `name`, created (unlisted, empty) if needed and kept
     /// alive for the duration of `body`.
     func using<R, E: Error>(_ name: String, _ body: (Repository) throws(E) -> R) throws(E) -> R {
-        if let repo = existing(name), repo.revision > 0 {
+        if let repo = existing(name), repo.isPermanent {
             return try body(repo)
         }
         let repo = repositories.withLock { map -> Repository in
@@ -138,7 +139,7 @@ final class Hub: Sendable {
     func subscriptionEnded(_ subscription: Subscription) {
         let repo = subscription.repository
         repo.removeSubscriber(subscription)
-        if repo.revision == 0 {
+        if !repo.isPermanent {
             repositories.withLock { map in
                 if let slot = map[repo.name], slot.repository === repo, Self.isDisposable(slot) {
                     map[repo.name] = nil
@@ -148,7 +149,7 @@ final class Hub: Sendable {
     }
 
     private static func isDisposable(_ slot: Slot) -> Bool {
-        slot.users == 0 && slot.repository.revision == 0 && slot.repository.subscriberCount == 0
+        slot.users == 0 && !slot.repository.isPermanent && slot.repository.subscriberCount == 0
     }
 
     /// The repositories that exist (revision > 0), sorted by name.

@@ -123,6 +123,9 @@ final class Repository: DurabilityListener, Sendable {
     private let state: Locked<State>
     /// The sequence of the latest durable state; readable without the lock.
     private let durableSequence = Atomic<StateSequence>(0)
+    /// Loaded from storage, or written in this process (even if storage undid it since): the
+    /// hub never drops it (see `Hub`). Set once, never cleared.
+    private let permanent = Atomic<Bool>(false)
     /// The highest sequence ever undone (0: none); readable without the lock.
     private let undoneCeiling = Atomic<StateSequence>(0)
     private let index = KeyedObserverIndex<Subscriber>()
@@ -146,6 +149,7 @@ final class Repository: DurabilityListener, Sendable {
         for record in loaded?.history ?? [] { history.append(record) }
         let data = loaded?.state ?? KeyedState()
         self.state = Locked(State(data: data, history: history))
+        if loaded != nil { permanent.store(true, ordering: .relaxed) }
         let index = self.index
         self.delivery = SerialDeliveryQueue { [weak hub] record in
             guard let hub else { return }
@@ -161,6 +165,9 @@ final class Repository: DurabilityListener, Sendable {
     }
 
     var revision: UInt64 { state.withLock { $0.data.revision } }
+
+    /// Whether the hub keeps this repository for good (see `permanent`).
+    var isPermanent: Bool { permanent.load(ordering: .acquiring) }
 
     /// The key's entry, and the state it was read from.
     func get(_ key: Key) -> (entry: Entry<StoredValue>?, sequence: StateSequence) {
@@ -220,6 +227,7 @@ final class Repository: DurabilityListener, Sendable {
                 throw .storageClosed
             }
             s.data.install(changeSet)
+            if creates { permanent.store(true, ordering: .releasing) }
             s.applied += 1
             s.current = s.applied
             s.history.append(record)
