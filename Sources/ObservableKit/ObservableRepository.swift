@@ -164,11 +164,15 @@ public final class ObservableRepository<Value: Equatable & Sendable>: Sendable {
     public func addObservers(_ observers: [any RepositoryObserver<Value>], for selection: Selection = .all) {
         for observer in observers {
             let id = ObserverID.next()
-            registry.objectIDs.withLock { $0[ObjectIdentifier(observer), default: []].append(id) }
-            state.withLock { s in
-                index.insert(
-                    Observation(target: .object(WeakObserver(observer)), after: s.revision, once: nil),
-                    for: selection, id: id)
+            // Recorded and registered in one step under the identities' lock, so a concurrent
+            // `removeObservers` sees both or neither (never an index entry it cannot find).
+            registry.objectIDs.withLock { map in
+                map[ObjectIdentifier(observer), default: []].append(id)
+                state.withLock { s in
+                    index.insert(
+                        Observation(target: .object(WeakObserver(observer)), after: s.revision, once: nil),
+                        for: selection, id: id)
+                }
             }
         }
     }
@@ -180,10 +184,9 @@ public final class ObservableRepository<Value: Equatable & Sendable>: Sendable {
 
     /// Removes every registration of several observer objects.
     public func removeObservers(_ observers: [AnyObject]) {
-        let ids = registry.objectIDs.withLock { map in
-            observers.flatMap { map.removeValue(forKey: ObjectIdentifier($0)) ?? [] }
+        registry.objectIDs.withLock { map in
+            index.remove(contentsOf: observers.flatMap { map.removeValue(forKey: ObjectIdentifier($0)) ?? [] })
         }
-        index.remove(contentsOf: ids)
     }
 
     /// The number of registered observations.

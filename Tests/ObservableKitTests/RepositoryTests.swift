@@ -204,3 +204,21 @@ final class Counter: Sendable {
         #expect(repo.observerCount == 0)
     }
 }
+
+@Suite struct ObserverRegistrationRaceTests {
+    @Test func aRemovalRacingAnAdditionNeverLeavesARegistrationBehind() async throws {
+        let repo = ObservableRepository<String>(name: "race")
+        for _ in 0..<20_000 {
+            let observer = TypedObserver()
+            // Add and remove the same observer at once, then remove it once more: whatever
+            // the interleaving, nothing of it may stay registered.
+            await withTaskGroup(of: Void.self) { group in
+                group.addTask { repo.addObserver(observer, for: .all) }
+                group.addTask { repo.removeObserver(observer) }
+            }
+            repo.removeObserver(observer)
+            #expect(repo.observerCount == 0)
+            if repo.observerCount != 0 { return }
+        }
+    }
+}
