@@ -1,7 +1,9 @@
 // ObsServer — who is connected, and what they may do.
 //
-// `Peer` is a connection's identity from `SO_PEERCRED` (uid, gid, pid) plus the uid's
-// groups from the user database (as dbus-daemon resolves `group=` policy). `AccessPolicy`
+// `Peer` is a connection's identity from `SO_PEERCRED` (uid, gid, pid); the uid's name and
+// groups come from the user database (as dbus-daemon resolves `group=` policy) only when a
+// decision or a message needs them, cached per uid — a lookup can block for as long as a
+// remote user database (LDAP, sssd) takes, on an event loop. `AccessPolicy`
 // grants `read` (get, list, subscribe) or `write` (also set, delete, batch) on repository
 // name patterns to users and groups; the daemon's own uid and root may do everything;
 // everyone else gets the policy's default (none, unless configured).
@@ -21,25 +23,21 @@ public struct Peer: Sendable, Equatable, CustomStringConvertible {
     public let uid: UInt32
     public let gid: UInt32
     public let pid: Int32
-    /// The uid's groups (primary and supplementary), from the user database.
-    public let groups: Set<UInt32>
     /// root or the daemon's own uid: not subject to the access policy.
     public let isPrivileged: Bool
-    /// The uid's user name, looked up once when the peer connects (a denial names it
-    /// without a user-database lookup on the event loop).
-    public let userName: String?
 
-    public init(uid: UInt32, gid: UInt32, pid: Int32, groups: Set<UInt32>, daemonUID: UInt32 = getuid()) {
+    public init(uid: UInt32, gid: UInt32, pid: Int32, daemonUID: UInt32 = getuid()) {
         self.uid = uid
         self.gid = gid
         self.pid = pid
-        self.groups = groups.union([gid])
         self.isPrivileged = uid == 0 || uid == daemonUID
-        self.userName = UserDatabase.userName(uid)
     }
 
-    public var description: String {
-        "uid \(uid)\(userName.map { " (\($0))" } ?? "") pid \(pid)"
+    public var description: String { "uid \(uid) pid \(pid)" }
+
+    /// As `description`, with the user's name when the user database has one.
+    func described(by users: UserDatabase) -> String {
+        "uid \(uid)\(users.name(of: uid).map { " (\($0))" } ?? "") pid \(pid)"
     }
 
     /// Log metadata: journal fields OBSD_PEER_UID, OBSD_PEER_GID, OBSD_PEER_PID.
@@ -49,14 +47,14 @@ public struct Peer: Sendable, Equatable, CustomStringConvertible {
 
     /// The credentials of the process at the other end of a Unix socket channel (`SO_PEERCRED`).
     /// Must run on the channel's event loop.
-    static func of(_ channel: any Channel, groups: UserDatabase) -> Peer? {
+    static func of(_ channel: any Channel) -> Peer? {
         guard let provider = channel as? any SocketOptionProvider else { return nil }
         let future: EventLoopFuture<Credentials> = provider.unsafeGetSocketOption(
             level: SocketOptionLevel(SOL_SOCKET), name: SocketOptionName(SO_PEERCRED))
         let credentials = Locked<Credentials?>(nil)
         future.whenSuccess { c in credentials.withLock { $0 = c } }  // completes at once on the channel's loop
         guard let c = credentials.withLock({ $0 }) else { return nil }
-        return Peer(uid: c.uid, gid: c.gid, pid: c.pid, groups: groups.groups(of: c.uid, primary: c.gid))
+        return Peer(uid: c.uid, gid: c.gid, pid: c.pid)
     }
 
     /// `struct ucred` (pid_t, uid_t, gid_t), which Glibc's Swift module hides behind _GNU_SOURCE.
@@ -133,11 +131,18 @@ public struct AccessPolicy: Sendable {
         self.init(rules: rules, fallback: fallback == "write" ? .write : fallback == "read" ? .read : .none)
     }
 
-    /// The most a matching rule grants (or the fallback when none matches).
-    public func permission(of peer: Peer, on repo: String) -> Permission {
+    /// The most a matching rule grants (or the fallback when none matches). `groups` (the
+    /// peer's primary and supplementary groups) is asked only if a rule names groups.
+    public func permission(of peer: Peer, on repo: String, groups: () -> Set<UInt32>) -> Permission {
         if peer.isPrivileged { return .write }
         var granted: Permission? = nil
-        for rule in rules where rule.users.contains(peer.uid) || !rule.groups.isDisjoint(with: peer.groups) {
+        var known: Set<UInt32>? = nil
+        func member(of ruleGroups: Set<UInt32>) -> Bool {
+            if ruleGroups.isEmpty { return false }
+            if known == nil { known = groups().union([peer.gid]) }
+            return !ruleGroups.isDisjoint(with: known!)
+        }
+        for rule in rules where rule.users.contains(peer.uid) || member(of: rule.groups) {
             if rule.patterns.contains(where: { Glob.matches($0, repo) }) {
                 granted = max(granted ?? .none, rule.allow)
             }
@@ -172,16 +177,30 @@ enum Glob {
     }
 }
 
-/// User and group lookups, with the groups of each uid cached for a minute (a lookup can
-/// be slow with remote user databases, and runs on an event loop).
+/// User and group lookups, cached per uid for a minute (misses too): a lookup can be slow
+/// with remote user databases, and runs on an event loop.
 final class UserDatabase: Sendable {
-    private let cache = Locked<[UInt32: (groups: Set<UInt32>, at: ContinuousClock.Instant)]>([:])
+    private struct Known: Sendable {
+        var name: String?
+        var groups: Set<UInt32>?
+        var at: ContinuousClock.Instant
+    }
 
+    private let cache = Locked<[UInt32: Known]>([:])
+
+    /// The user's name, if the user database has one.
+    func name(of uid: UInt32) -> String? {
+        if let hit = fresh(uid) { return hit.name }
+        let name = Self.userName(uid)
+        remember(uid) { $0.name = name }
+        return name
+    }
+
+    /// The uid's groups: `primary` and its supplementary groups.
     func groups(of uid: UInt32, primary: UInt32) -> Set<UInt32> {
-        let now = ContinuousClock.now
-        if let hit = cache.withLock({ $0[uid] }), now - hit.at < .seconds(60) { return hit.groups }
+        if let hit = fresh(uid), let groups = hit.groups { return groups }
         var result: Set<UInt32> = [primary]
-        if let name = Self.userName(uid) {
+        if let name = name(of: uid) {
             var count: Int32 = 64
             var list = [gid_t](repeating: 0, count: Int(count))
             if getgrouplist(name, primary, &list, &count) == -1 {
@@ -190,8 +209,22 @@ final class UserDatabase: Sendable {
             }
             result.formUnion(list.prefix(Int(max(0, count))))
         }
-        cache.withLock { $0[uid] = (result, now) }
+        remember(uid) { $0.groups = result }
         return result
+    }
+
+    private func fresh(_ uid: UInt32) -> Known? {
+        cache.withLock { $0[uid] }.flatMap { ContinuousClock.now - $0.at < .seconds(60) ? $0 : nil }
+    }
+
+    private func remember(_ uid: UInt32, _ update: (inout Known) -> Void) {
+        cache.withLock { map in
+            if map.count > 4096 { map.removeAll() }  // bounded: one entry per uid seen lately
+            var entry = map[uid].flatMap { ContinuousClock.now - $0.at < .seconds(60) ? $0 : nil }
+                ?? Known(name: nil, groups: nil, at: .now)
+            update(&entry)
+            map[uid] = entry
+        }
     }
 
     static func userName(_ uid: UInt32) -> String? {

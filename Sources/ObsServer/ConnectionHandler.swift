@@ -80,7 +80,7 @@ final class ConnectionHandler: ChannelDuplexHandler {
 
     func channelActive(context: ChannelHandlerContext) {
         defer { context.fireChannelActive() }
-        guard let outbox, let peer = Peer.of(context.channel, groups: hub.users) else {
+        guard let outbox, let peer = Peer.of(context.channel) else {
             logger.error("cannot read the peer's credentials (SO_PEERCRED); closing the connection")
             return refuse(context, "the daemon could not identify this process")
         }

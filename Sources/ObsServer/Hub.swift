@@ -32,10 +32,17 @@ final class ServerStats: Sendable {
     let repositories = Atomic<Int>(0)
 
     /// Counts one more repository if that stays within `limit`; whether it did.
-    func reserveRepository(limit: Int) -> Bool {
-        var current = repositories.load(ordering: .relaxed)
+    func reserveRepository(limit: Int) -> Bool { Self.reserve(repositories, limit: limit) }
+
+    /// Counts one more connection if that stays within `limit`; whether it did.
+    func reserveConnection(limit: Int) -> Bool { Self.reserve(connections, limit: limit) }
+
+    /// Adds one to `counter` unless it has reached `limit` — in one step, so concurrent
+    /// callers cannot pass the limit together.
+    private static func reserve(_ counter: borrowing Atomic<Int>, limit: Int) -> Bool {
+        var current = counter.load(ordering: .relaxed)
         while current < limit {
-            let (exchanged, original) = repositories.compareExchange(expected: current, desired: current + 1, ordering: .relaxed)
+            let (exchanged, original) = counter.compareExchange(expected: current, desired: current + 1, ordering: .relaxed)
             if exchanged { return true }
             current = original
         }
@@ -166,7 +173,7 @@ final class Hub: Sendable {
     /// Admits a connection, or says why not (too many connections, in all or for its uid).
     func admit(_ connection: ObjectIdentifier, _ entry: ConnectedPeer) -> String? {
         let limits = runtime.snapshot.limits
-        if stats.connections.load(ordering: .relaxed) >= limits.maxConnections {
+        guard stats.reserveConnection(limit: limits.maxConnections) else {
             return "too many connections (limit \(limits.maxConnections))"
         }
         let uid = entry.peer.uid
@@ -175,9 +182,11 @@ final class Hub: Sendable {
             counts[uid, default: 0] += 1
             return false
         }
-        if refused { return "too many connections from uid \(uid) (limit \(limits.maxConnectionsPerUID))" }
+        if refused {
+            stats.connections.subtract(1, ordering: .relaxed)
+            return "too many connections from uid \(uid) (limit \(limits.maxConnectionsPerUID))"
+        }
         peers.withLock { $0[connection] = entry }
-        stats.connections.add(1, ordering: .relaxed)
         stats.connectionsTotal.add(1, ordering: .relaxed)
         return nil
     }

@@ -245,7 +245,8 @@ final class Session {
     /// What the policy grants this peer on `repo` (cached until the policy changes).
     func permission(_ repo: String) -> Permission {
         if let known = permissions[repo] { return known }
-        let granted = runtime.policy.permission(of: peer, on: repo)
+        let (peer, users) = (self.peer, hub.users)
+        let granted = runtime.policy.permission(of: peer, on: repo) { users.groups(of: peer.uid, primary: peer.gid) }
         if permissions.count > 4096 { permissions.removeAll() }
         permissions[repo] = granted
         return granted
@@ -262,7 +263,7 @@ final class Session {
                 "access denied",
                 metadata: ["repo": "\(repo)", "op": "\(op)", "peer.gid": "\(peer.gid)", "denials": "\(deniedCount)"])
         }
-        fail(id: id, ProtocolError(.forbidden, "\(peer) may not \(needed.verb) repository \(repo)"))
+        fail(id: id, ProtocolError(.forbidden, "\(peer.described(by: hub.users)) may not \(needed.verb) repository \(repo)"))
         return false
     }
 
@@ -276,7 +277,7 @@ final class Session {
             notice.writeMember("{\"event\":\"revoked\",\"sub\":", subscription.id)
             notice.writeMember(",\"repo\":", subscription.repository.name)
             notice.writeRaw(",\"error\":")
-            let error = ProtocolError(.forbidden, "\(peer) may no longer read repository \(subscription.repository.name)")
+            let error = ProtocolError(.forbidden, "\(peer.described(by: hub.users)) may no longer read repository \(subscription.repository.name)")
             notice.writeRaw("{\"code\":")
             notice.writeJSONString(error.code.rawValue)
             notice.writeMember(",\"message\":", error.message)

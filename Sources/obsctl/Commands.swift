@@ -11,7 +11,8 @@ extension Obsctl {
             abstract: "Set a key.",
             discussion: """
                 VALUE is parsed as JSON when it is valid JSON (42, true, {"a":1}, "quoted"), else taken as a string.
-                An equal value changes nothing unless --force.
+                A VALUE that starts like JSON ({, [ or ") but is not valid JSON is refused: it is almost always a typo;
+                pass --string to store such text as a string. An equal value changes nothing unless --force.
                 """)
 
         @OptionGroup var global: GlobalOptions
@@ -29,6 +30,14 @@ extension Obsctl {
             if string && json { throw ValidationError("use at most one of --string and --json") }
             if json, (try? JSONParser.parse(value)) == nil {
                 throw ValidationError("VALUE is not valid JSON: \(value)")
+            }
+            if !string, let first = value.first(where: { !$0.isWhitespace }), "{[\"".contains(first) {
+                do {
+                    _ = try JSONParser.parse(value)
+                } catch {
+                    throw ValidationError(
+                        "VALUE starts like JSON but is not valid JSON (\(error)); fix it, or pass --string to store the text as a string")
+                }
             }
         }
 

@@ -30,7 +30,9 @@ struct Obsctl: AsyncParsableCommand {
               64  usage error
               69  cannot connect to obsd, or the connection was lost
               70  the daemon broke the protocol
+              74  cannot write to standard output
               75  watch was cut off because it read too slowly (resume with --since)
+              141 (killed by SIGPIPE) standard output was closed, e.g. piped into head
             """,
         version: ObsRelease.version,
         subcommands: [Set.self, Get.self, Del.self, Watch.self, List.self, Repos.self, Stats.self])
@@ -99,22 +101,34 @@ func printError(_ message: String) {
     writeLine("obsctl: \(message)", to: STDERR_FILENO)
 }
 
-/// Writes a line to standard output, unbuffered (watch output is streamed).
+/// Writes a line to standard output, unbuffered (watch output is streamed). When nobody
+/// reads standard output any more (`obsctl watch … | head -1` after head exited), obsctl
+/// ends as every tool in a pipeline does: by SIGPIPE (a shell reports status 141).
 func emit(_ line: String) {
-    writeLine(line, to: STDOUT_FILENO)
+    guard writeLine(line, to: STDOUT_FILENO) else {
+        if errno == EPIPE {
+            signal(SIGPIPE, SIG_DFL)
+            raise(SIGPIPE)
+        }
+        printError("cannot write to standard output: \(String(cString: strerror(errno)))")
+        exit(74)  // EX_IOERR
+    }
 }
 
-private func writeLine(_ line: String, to fd: Int32) {
+/// Whether the whole line was written.
+@discardableResult
+private func writeLine(_ line: String, to fd: Int32) -> Bool {
     var text = line + "\n"
-    text.withUTF8 { bytes in
+    return text.withUTF8 { bytes in
         var offset = 0
         while offset < bytes.count {
             let n = write(fd, bytes.baseAddress! + offset, bytes.count - offset)
             if n < 0 {
                 if errno == EINTR { continue }
-                return  // stdout closed (e.g. piped into head): nothing more to say
+                return false
             }
             offset += n
         }
+        return true
     }
 }

@@ -224,6 +224,48 @@ import Glibc
     }
 }
 
+@Suite(.timeLimit(.minutes(3))) struct ObsctlPipelineTests {
+    @Test func watchIntoAPipeThatClosesEndsLikeAnyToolInAPipeline() async throws {
+        let d = try await TestDaemon.start(inMemory: true)
+        var ends: [Int32] = [0, 0]
+        #expect(pipe(&ends) == 0)
+        for fd in ends { _ = fcntl(fd, F_SETFD, FD_CLOEXEC) }
+        let watch = try ChildProcess(BuildProducts.path("obsctl"), ["--socket", d.socketPath, "watch", "ui"], stdout: .descriptor(ends[1]))
+        close(ends[1])
+        let probe = try d.connect()
+        #expect(try eventually { try probe.call(["op": "stats"])["subscriptions"] == 1 })
+        _ = try probe.call(["op": "set", "repo": "ui", "key": "k", "value": 1])
+        // `head -1`: read one line, then go away.
+        var byte: UInt8 = 0
+        var line: [UInt8] = []
+        while read(ends[0], &byte, 1) == 1, byte != 10 { line.append(byte) }
+        close(ends[0])
+        #expect(String(decoding: line, as: UTF8.self).contains("ui/k"))
+        // The next event finds standard output closed: obsctl ends (by SIGPIPE, as etcdctl would).
+        var exited = false
+        for i in 2...100 where !exited {
+            _ = try probe.call(["op": "set", "repo": "ui", "key": "k", "value": .int(Int64(i))])
+            exited = await watch.exit(timeout: .milliseconds(100)) != nil
+        }
+        #expect(exited, "obsctl watch kept running after its reader went away")
+        #expect(watch.terminatingSignal == SIGPIPE)
+    }
+
+    @Test func aValueThatStartsLikeJSONButIsNotIsRefusedNotStoredAsAString() async throws {
+        let d = try await TestDaemon.start(inMemory: true)
+        let s = d.socketPath
+        for typo in [#"{"a":"#, "[1, 2", #""unterminated"#, "  {oops}"] {
+            let result = try obsctl(["set", "ui", "k", typo], socket: s)
+            #expect(result.status == 64, "\(typo): \(result.status)")
+            #expect(result.stderr.contains("--string"), "\(result.stderr)")
+        }
+        #expect(try obsctl(["get", "ui", "k"], socket: s).status == 1, "nothing was stored")
+        #expect(try obsctl(["set", "ui", "k", #"{"a":"#, "--string"], socket: s).status == 0)
+        #expect(try obsctl(["get", "ui", "k"], socket: s).stdout == #""{\"a\":""# + "\n")
+        #expect(try obsctl(["set", "ui", "n", "plain text"], socket: s).status == 0, "text that does not look like JSON is a string")
+    }
+}
+
 /// Runs `obsctl` until it has printed `stopAfterLines` lines (or 20 s passed), then stops it.
 func obsctl(_ arguments: [String], socket: String, stopAfterLines: Int) throws -> CommandResult {
     let dir = TestDaemon.makeTemporaryDirectory()

@@ -5,6 +5,7 @@ import ObsProtocol
 import ObsStore
 import ObservableKit
 import Synchronization
+import NIOEmbedded
 import Testing
 
 @testable import ObsServer
@@ -33,11 +34,14 @@ extension Limits {
         maxRepositories: 10_000, maxConnections: 16_384, maxConnectionsPerUID: 1024)
 }
 
-func makeHub(storage: any Storage = InMemoryStorage()) throws -> Hub {
+func makeHub(storage: any Storage = InMemoryStorage(), limits: Limits = .testing) throws -> Hub {
     try Hub(
         historyLimit: 100, historyMaxAge: nil, storage: storage, deliveryLoops: nil,
-        runtime: Runtime(limits: .testing, policy: .open))
+        runtime: Runtime(limits: limits, policy: .open))
 }
+
+/// An object whose identity stands for a connection.
+final class NSObjectLike: Sendable {}
 
 let writeLimits = WriteLimits(maxKeys: 1000, maxRepositories: 1000, maxRevisionBytes: 1 << 20)
 
@@ -60,6 +64,44 @@ let writeLimits = WriteLimits(maxKeys: 1000, maxRepositories: 1000, maxRevisionB
         let now = try #require(hub.existing("r"), "the hub kept the repository")
         #expect(now === first)
         #expect(now.get("k").entry?.value == StoredValue(.int(2)), "the write is where readers look")
+    }
+
+    @Test func concurrentConnectionsAndCreationsNeverPassTheirLimits() async throws {
+        var limits = Limits.testing
+        limits.maxConnections = 10
+        let hub = try makeHub(limits: limits)
+        let channel = EmbeddedChannel()
+        let outbox = Outbox(
+            channel: channel, limits: OutboxLimits(maxBytes: 1 << 20, maxEvents: 1000, grace: .seconds(1)), stats: hub.stats,
+            onProgress: nil)
+        let peer = Peer(uid: 0, gid: 0, pid: 1)
+        let admitted = Locked(0)
+        let owners = (0..<200).map { _ in NSObjectLike() }
+        await withTaskGroup(of: Void.self) { group in
+            for owner in owners {
+                group.addTask {
+                    let entry = ConnectedPeer(peer: peer, outbox: outbox, since: .now) {}
+                    if hub.admit(ObjectIdentifier(owner), entry) == nil { admitted.withLock { $0 += 1 } }
+                }
+            }
+        }
+        #expect(admitted.withLock { $0 } == 10)
+        #expect(hub.stats.connections.load(ordering: .relaxed) == 10)
+
+        let repositoryLimits = WriteLimits(maxKeys: 10, maxRepositories: 7, maxRevisionBytes: 1 << 20)
+        let created = Locked(0)
+        await withTaskGroup(of: Void.self) { group in
+            for i in 0..<100 {
+                group.addTask {
+                    let result = hub.using("r\(i)") { repo in
+                        Result { () throws(WriteRefusal) in try repo.write([.set("k", StoredValue(1))], now: 0, limits: repositoryLimits) }
+                    }
+                    if case .success = result { created.withLock { $0 += 1 } }
+                }
+            }
+        }
+        #expect(created.withLock { $0 } == 7)
+        #expect(hub.repositoryCount == 7 && hub.listed().count == 7)
     }
 
     @Test func placeholdersOfRepositoriesNobodyWroteAreDroppedWhenUnused() throws {
