@@ -162,3 +162,17 @@ import Testing
         }
     }
 }
+
+@Suite struct ReadmeTableTests {
+    @Test func theReadmeTableShowsEverySettingAsTheTableDoes() throws {
+        let readme = URL(fileURLWithPath: #filePath).deletingLastPathComponent().appendingPathComponent("../../README.md").path
+        let text = try String(contentsOfFile: readme, encoding: .utf8)
+        let defaults = DaemonSettings()
+        for setting in Setting.all {
+            let value = setting.describe(defaults)
+            let shown = value.hasPrefix("(unset: ") ? String(value.dropFirst(8).dropLast()) : "`\(value)`"
+            let row = "| `\(setting.key)` | `--\(setting.flag)` | `\(setting.environment)` | \(shown) |"
+            #expect(text.contains(row), "README.md lacks: \(row)")
+        }
+    }
+}
