@@ -125,7 +125,7 @@ public final class ObsClient: Sendable {
     public func set(
         _ repo: String, _ key: Key, _ value: JSONValue, ifRev: UInt64? = nil, force: Bool = false
     ) async throws(ObsClientError) -> WriteReply {
-        try Self.writeReply(try await call(.set(repo: repo, key: key, value: value, ifRev: ifRev, force: force)))
+        try Self.writeReply(try await call(.set(repo: repo, key: key, value: CanonicalJSON(value), ifRev: ifRev, force: force)))
     }
 
     /// Deletes a key; deleting an absent key is not an error (`changed: false`).
@@ -137,7 +137,13 @@ public final class ObsClient: Sendable {
     /// Applies writes atomically, as one revision.
     @discardableResult
     public func batch(_ repo: String, _ ops: [WriteOp<JSONValue>]) async throws(ObsClientError) -> BatchReply {
-        let o = try await call(.batch(repo: repo, ops: ops))
+        let canonical = ops.map { op -> WriteOp<CanonicalJSON> in
+            switch op {
+            case .set(let key, let value, let ifRev, let force): return .set(key, CanonicalJSON(value), ifRevision: ifRev, force: force)
+            case .delete(let key, let ifRev): return .delete(key, ifRevision: ifRev)
+            }
+        }
+        let o = try await call(.batch(repo: repo, ops: canonical))
         guard let rev = o["rev"]?.uint64Value, let changed = o["changed"]?.boolValue else {
             throw .protocolViolation("batch reply without rev or changed")
         }
@@ -231,8 +237,8 @@ public final class ObsClient: Sendable {
 
     private func send(_ command: Command, promise: EventLoopPromise<JSONObject>, purpose: OutboundRequest.Purpose) {
         let id = nextID.add(1, ordering: .relaxed).newValue
-        var encoded = JSONValue.object(command.requestObject(id: .int(id))).jsonBytes()
-        encoded.append(UInt8(ascii: "\n"))
+        var encoded: [UInt8] = []
+        command.encodeRequest(into: &encoded, id: .int(id))
         let bytes = channel.allocator.buffer(bytes: encoded)
         let (path, fate) = (socketPath, fate)
         channel.writeAndFlush(OutboundRequest(bytes: bytes, reply: promise, purpose: purpose)).whenFailure { _ in

@@ -46,7 +46,7 @@ public enum JSONParser {
     }
 }
 
-private struct Parser {
+struct Parser {
     let base: UnsafePointer<UInt8>
     let end: Int
     let maxDepth: Int
@@ -84,7 +84,11 @@ private struct Parser {
         }
     }
 
-    mutating func parseObject(depth: Int) throws(JSONParseError) -> JSONObject {
+    /// A member the caller parses itself: given the member's name and the parser at its
+    /// value, returns the value to keep in the tree, or nil to have it parsed as usual.
+    typealias MemberHook = (String, inout Parser) throws(JSONParseError) -> JSONValue?
+
+    mutating func parseObject(depth: Int, hook: MemberHook? = nil) throws(JSONParseError) -> JSONObject {
         if depth > maxDepth { throw fail("nesting deeper than \(maxDepth) levels") }
         pos += 1  // {
         var members: [(name: String, value: JSONValue)] = []
@@ -103,7 +107,8 @@ private struct Parser {
             skipWhitespace()
             guard pos < end, base[pos] == UInt8(ascii: ":") else { throw fail("expected ':' after a member name") }
             pos += 1
-            let value = try parseValue(depth: depth)
+            let value: JSONValue
+            if let hook, let parsed = try hook(name, &self) { value = parsed } else { value = try parseValue(depth: depth) }
             // Repeated names: the last one wins, at the position of the first.
             if let existing = Self.position(of: name, in: members, index: &positions) {
                 members[existing].value = value

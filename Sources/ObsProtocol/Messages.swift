@@ -135,69 +135,79 @@ public enum EventEncoder {
 }
 
 extension Command {
-    /// The request as a JSON object with `id` and `op` (client side).
-    public func requestObject(id: JSONValue) -> JSONObject {
-        var o = JSONObject()
-        o["id"] = id
-        o["op"] = .string(op)
+    /// The request line with `id` and `op`, ended by `\n` (client side).
+    public func encodeRequest<S: JSONSink>(into sink: inout S, id: JSONValue) {
+        sink.writeMember("{\"id\":", id)
+        sink.writeMember(",\"op\":", op)
         switch self {
         case .hello(let proto, let client):
-            if let proto { o["protocol"] = .int(proto) }
-            if let client { o["client"] = .string(client) }
+            if let proto {
+                sink.writeRaw(",\"protocol\":")
+                sink.writeDecimal(proto)
+            }
+            if let client { sink.writeMember(",\"client\":", client) }
         case .ping, .repos, .stats:
             break
         case .get(let repo, let key):
-            o["repo"] = .string(repo)
-            o["key"] = .string(key.string)
+            sink.writeMember(",\"repo\":", repo)
+            sink.writeMember(",\"key\":", key.string)
         case .set(let repo, let key, let value, let ifRev, let force):
-            o["repo"] = .string(repo)
-            o["key"] = .string(key.string)
-            o["value"] = value
-            if let ifRev { o["ifRev"] = .number(ifRev) }
-            if force { o["force"] = true }
+            sink.writeMember(",\"repo\":", repo)
+            sink.writeMember(",\"key\":", key.string)
+            sink.writeRaw(",\"value\":")
+            sink.writeCanonical(value)
+            if let ifRev { sink.writeMember(",\"ifRev\":", ifRev) }
+            if force { sink.writeMember(",\"force\":", true) }
         case .delete(let repo, let key, let ifRev):
-            o["repo"] = .string(repo)
-            o["key"] = .string(key.string)
-            if let ifRev { o["ifRev"] = .number(ifRev) }
+            sink.writeMember(",\"repo\":", repo)
+            sink.writeMember(",\"key\":", key.string)
+            if let ifRev { sink.writeMember(",\"ifRev\":", ifRev) }
         case .batch(let repo, let ops):
-            o["repo"] = .string(repo)
-            o["ops"] = .array(ops.map(Self.batchOpObject))
+            sink.writeMember(",\"repo\":", repo)
+            sink.writeRaw(",\"ops\":[")
+            for (i, op) in ops.enumerated() {
+                if i > 0 { sink.writeByte(UInt8(ascii: ",")) }
+                switch op {
+                case .set(let key, let value, let ifRev, let force):
+                    sink.writeMember("{\"op\":\"set\",\"key\":", key.string)
+                    sink.writeRaw(",\"value\":")
+                    sink.writeCanonical(value)
+                    if let ifRev { sink.writeMember(",\"ifRev\":", ifRev) }
+                    if force { sink.writeMember(",\"force\":", true) }
+                case .delete(let key, let ifRev):
+                    sink.writeMember("{\"op\":\"delete\",\"key\":", key.string)
+                    if let ifRev { sink.writeMember(",\"ifRev\":", ifRev) }
+                }
+                sink.writeByte(UInt8(ascii: "}"))
+            }
+            sink.writeByte(UInt8(ascii: "]"))
         case .list(let repo, let prefix, let values):
-            o["repo"] = .string(repo)
-            if let prefix { o["prefix"] = .string(prefix) }
-            if values { o["values"] = true }
+            sink.writeMember(",\"repo\":", repo)
+            if let prefix { sink.writeMember(",\"prefix\":", prefix) }
+            if values { sink.writeMember(",\"values\":", true) }
         case .subscribe(let s):
-            o["repo"] = .string(s.repo)
+            sink.writeMember(",\"repo\":", s.repo)
             switch s.selection {
             case .all: break
-            case .keys(let keys): o["keys"] = .array(keys.sorted().map { .string($0.string) })
-            case .prefix(let p): o["prefix"] = .string(p)
+            case .keys(let keys):
+                sink.writeRaw(",\"keys\":[")
+                for (i, key) in keys.sorted().enumerated() {
+                    if i > 0 { sink.writeByte(UInt8(ascii: ",")) }
+                    sink.writeJSONString(key)
+                }
+                sink.writeByte(UInt8(ascii: "]"))
+            case .prefix(let p): sink.writeMember(",\"prefix\":", p)
             }
-            if s.initial { o["initial"] = true }
-            if let since = s.since { o["since"] = .number(since) }
-            if let epoch = s.epoch, s.since != nil { o["epoch"] = .string(epoch) }
-            if s.once { o["once"] = true }
+            if s.initial { sink.writeMember(",\"initial\":", true) }
+            if let since = s.since {
+                sink.writeMember(",\"since\":", since)
+                if let epoch = s.epoch { sink.writeMember(",\"epoch\":", epoch) }
+            }
+            if s.once { sink.writeMember(",\"once\":", true) }
         case .unsubscribe(let sub):
-            o["sub"] = .number(sub)
+            sink.writeMember(",\"sub\":", sub)
         }
-        return o
-    }
-
-    private static func batchOpObject(_ op: WriteOp<JSONValue>) -> JSONValue {
-        var o = JSONObject()
-        switch op {
-        case .set(let key, let value, let ifRev, let force):
-            o["op"] = "set"
-            o["key"] = .string(key.string)
-            o["value"] = value
-            if let ifRev { o["ifRev"] = .number(ifRev) }
-            if force { o["force"] = true }
-        case .delete(let key, let ifRev):
-            o["op"] = "delete"
-            o["key"] = .string(key.string)
-            if let ifRev { o["ifRev"] = .number(ifRev) }
-        }
-        return .object(o)
+        sink.writeRaw("}\n")
     }
 }
 

@@ -26,9 +26,9 @@ public enum Command: Sendable {
     case hello(protocol: Int64?, client: String?)
     case ping
     case get(repo: String, key: Key)
-    case set(repo: String, key: Key, value: JSONValue, ifRev: UInt64?, force: Bool)
+    case set(repo: String, key: Key, value: CanonicalJSON, ifRev: UInt64?, force: Bool)
     case delete(repo: String, key: Key, ifRev: UInt64?)
-    case batch(repo: String, ops: [WriteOp<JSONValue>])
+    case batch(repo: String, ops: [WriteOp<CanonicalJSON>])
     case list(repo: String, prefix: String?, values: Bool)
     case repos
     case subscribe(SubscribeRequest)
@@ -102,28 +102,43 @@ public struct RequestFailure: Error, Sendable, Equatable {
 }
 
 extension Request {
-    /// Decodes one line (without its newline).
+    /// Decodes one line (without its newline). The values a request only stores and
+    /// forwards are validated and kept canonical, never built as trees.
     public static func decode(line: UnsafeRawBufferPointer, maxDepth: Int = JSONParser.defaultMaxDepth) throws(RequestFailure) -> Request {
-        let value: JSONValue
+        guard let base = line.baseAddress, line.count > 0 else {
+            throw RequestFailure(id: .null, .badJSON, "invalid JSON: \(JSONParseError(reason: "empty input", offset: 0))")
+        }
+        var parser = Parser(base: base.assumingMemoryBound(to: UInt8.self), end: line.count, maxDepth: maxDepth)
+        let document: RequestDocument
         do {
-            value = try JSONParser.parse(line, maxDepth: maxDepth)
+            document = try parser.parseRequestDocument()
         } catch {
             throw RequestFailure(id: .null, .badJSON, "invalid JSON: \(error)")
         }
-        return try decode(value)
+        return try decode(document)
     }
 
     /// Decodes a parsed request object.
     public static func decode(_ value: JSONValue) throws(RequestFailure) -> Request {
-        guard case .object(let object) = value else {
+        guard case .object(let object) = value else { return try decode(RequestDocument(notObject: value)) }
+        let ops = object["ops"]?.arrayValue ?? []
+        return try decode(
+            RequestDocument(
+                object: object, value: object["value"].map(CanonicalJSON.init),
+                opValues: ops.map { $0.objectValue?["value"].map(CanonicalJSON.init) }))
+    }
+
+    private static func decode(_ document: RequestDocument) throws(RequestFailure) -> Request {
+        if let value = document.notObject {
             throw RequestFailure(id: .null, .badJSON, "a request must be a JSON object, not \(value.typeName == "array" ? "an" : "a") \(value.typeName)")
         }
+        let object = document.object
         let id = object["id"] ?? .null
         switch id {
         case .null, .int, .double, .string: break
         default: throw RequestFailure(id: id, .badRequest, "field \"id\" must be a number or a string, not \(id.typeName)")
         }
-        let fields = Fields(object: object, id: id)
+        let fields = Fields(object: object, id: id, document: document)
         guard let opValue = object["op"], !opValue.isNull else {
             throw RequestFailure(id: id, .badRequest, "missing field \"op\"")
         }
@@ -140,7 +155,7 @@ extension Request {
             command = .get(repo: try fields.repo(), key: try fields.key())
         case "set":
             command = .set(
-                repo: try fields.repo(), key: try fields.key(), value: try fields.required("value"),
+                repo: try fields.repo(), key: try fields.key(), value: try fields.value(),
                 ifRev: try fields.optionalRevision("ifRev"), force: try fields.optionalBool("force") ?? false)
         case "delete":
             command = .delete(repo: try fields.repo(), key: try fields.key(), ifRev: try fields.optionalRevision("ifRev"))
@@ -170,8 +185,12 @@ extension Request {
 private struct Fields {
     let object: JSONObject
     let id: JSONValue
+    /// Where the canonical values are (a `null` placeholder stands for them in `object`).
+    let document: RequestDocument
     /// Prepended to messages, e.g. `ops[2]: `.
     var context = ""
+    /// Inside `ops`: the element's position.
+    var element: Int? = nil
 
     func fail(_ message: String) -> RequestFailure {
         RequestFailure(id: id, .badRequest, context + message)
@@ -185,6 +204,13 @@ private struct Fields {
     func required(_ name: String) throws(RequestFailure) -> JSONValue {
         guard let v = object[name] else { throw fail("missing field \"\(name)\"") }
         return v
+    }
+
+    /// The `value` member, canonical.
+    func value() throws(RequestFailure) -> CanonicalJSON {
+        let captured = element.map { document.opValues.indices.contains($0) ? document.opValues[$0] : nil } ?? document.value
+        guard object["value"] != nil, let captured else { throw fail("missing field \"value\"") }
+        return captured
     }
 
     func optionalString(_ name: String) throws(RequestFailure) -> String? {
@@ -235,17 +261,17 @@ private struct Fields {
         return Key(s)
     }
 
-    func batchOps() throws(RequestFailure) -> [WriteOp<JSONValue>] {
+    func batchOps() throws(RequestFailure) -> [WriteOp<CanonicalJSON>] {
         guard let v = value("ops") else { throw fail("missing field \"ops\"") }
         guard case .array(let elements) = v else { throw fail("field \"ops\" must be an array, not \(v.typeName)") }
-        var ops: [WriteOp<JSONValue>] = []
+        var ops: [WriteOp<CanonicalJSON>] = []
         ops.reserveCapacity(elements.count)
         var seen = Set<Key>(minimumCapacity: elements.count)
         for (i, element) in elements.enumerated() {
             guard case .object(let o) = element else {
                 throw fail("ops[\(i)] must be an object, not \(element.typeName)")
             }
-            let f = Fields(object: o, id: id, context: "ops[\(i)]: ")
+            let f = Fields(object: o, id: id, document: document, context: "ops[\(i)]: ", element: i)
             guard let opValue = f.value("op") else { throw f.fail("missing field \"op\"") }
             guard case .string(let op) = opValue else { throw f.fail("field \"op\" must be a string, not \(opValue.typeName)") }
             let key = try f.key()
@@ -255,8 +281,7 @@ private struct Fields {
             switch op {
             case "set":
                 ops.append(
-                    .set(key, try f.required("value"), ifRevision: try f.optionalRevision("ifRev"),
-                         force: try f.optionalBool("force") ?? false))
+                    .set(key, try f.value(), ifRevision: try f.optionalRevision("ifRev"), force: try f.optionalBool("force") ?? false))
             case "delete":
                 ops.append(.delete(key, ifRevision: try f.optionalRevision("ifRev")))
             default:

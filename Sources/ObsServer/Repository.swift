@@ -52,7 +52,7 @@ struct WriteOutcome: Sendable {
     let revision: UInt64
     let changed: Bool
     /// The key's previous value (single-key writes only).
-    let previous: StoredValue?
+    let previous: CanonicalJSON?
     /// The state the reply reports.
     let sequence: StateSequence
 }
@@ -100,11 +100,11 @@ final class Repository: DurabilityListener, Sendable {
         let record: RevisionRecord
         let sequence: StateSequence
         /// Each change's key entry before the revision, to undo it.
-        let previous: [Entry<StoredValue>?]
+        let previous: [Entry<CanonicalJSON>?]
     }
 
     private struct State: Sendable {
-        var data: KeyedState<StoredValue>
+        var data: KeyedState<CanonicalJSON>
         var history: History
         /// Sequences handed out so far: one per revision applied in memory, undone ones included.
         var applied: StateSequence = 0
@@ -170,13 +170,13 @@ final class Repository: DurabilityListener, Sendable {
     var isPermanent: Bool { permanent.load(ordering: .acquiring) }
 
     /// The key's entry, and the state it was read from.
-    func get(_ key: Key) -> (entry: Entry<StoredValue>?, sequence: StateSequence) {
+    func get(_ key: Key) -> (entry: Entry<CanonicalJSON>?, sequence: StateSequence) {
         state.withLock { ($0.data[key], $0.current) }
     }
 
     /// The keys (optionally with a prefix) in byte order, with their values, at the current revision.
     /// Replies that report them carry `epoch` too.
-    func list(prefix: String?) -> (revision: UInt64, entries: [(key: Key, value: StoredValue)], sequence: StateSequence) {
+    func list(prefix: String?) -> (revision: UInt64, entries: [(key: Key, value: CanonicalJSON)], sequence: StateSequence) {
         state.withLock { s in
             let keys = s.data.keys(prefix: prefix)
             return (s.data.revision, keys.map { ($0, s.data[$0]!.value) }, s.current)
@@ -193,9 +193,9 @@ final class Repository: DurabilityListener, Sendable {
     ///
     /// The write rules are checked first: a write that fails them, or changes nothing, gets
     /// that answer whatever the limits. Then the limits, before anything is applied.
-    func write(_ ops: [WriteOp<StoredValue>], now: Int64, limits: WriteLimits) throws(WriteRefusal) -> WriteOutcome {
+    func write(_ ops: [WriteOp<CanonicalJSON>], now: Int64, limits: WriteLimits) throws(WriteRefusal) -> WriteOutcome {
         let outcome = try state.withLock { (s) throws(WriteRefusal) -> WriteOutcome in
-            let changes: [Change<StoredValue>]
+            let changes: [Change<CanonicalJSON>]
             do throws(WriteError) { changes = try s.data.plan(ops) } catch { throw .rules(error) }
             let before = ops.map { s.data[$0.key] }
             let previous = ops.count == 1 ? before[0]?.value : nil
@@ -245,7 +245,7 @@ final class Repository: DurabilityListener, Sendable {
     }
 
     /// What one change adds to a revision record: its key, old and new value, and framing.
-    static func recordedSize(_ change: Change<StoredValue>) -> Int {
+    static func recordedSize(_ change: Change<CanonicalJSON>) -> Int {
         change.key.utf8Count + (change.old?.bytes.count ?? 0) + (change.new?.bytes.count ?? 0) + 32
     }
 
@@ -437,19 +437,19 @@ final class Repository: DurabilityListener, Sendable {
     // MARK: Delivery
 
     private static func writeSnapshot(
-        _ buffer: inout ByteBuffer, of data: KeyedState<StoredValue>, subscription: Subscription, request: SubscribeRequest
+        _ buffer: inout ByteBuffer, of data: KeyedState<CanonicalJSON>, subscription: Subscription, request: SubscribeRequest
     ) {
         buffer.writeMember("{\"event\":\"snapshot\",\"sub\":", subscription.id)
         buffer.writeMember(",\"repo\":", subscription.repository.name)
         buffer.writeMember(",\"rev\":", data.revision)
         buffer.writeRaw(",\"values\":{")
         var first = true
-        func member(_ key: Key, _ value: StoredValue) {
+        func member(_ key: Key, _ value: CanonicalJSON) {
             if !first { buffer.writeByte(UInt8(ascii: ",")) }
             first = false
             buffer.writeJSONString(key)
             buffer.writeByte(UInt8(ascii: ":"))
-            buffer.writeStored(value)
+            buffer.writeCanonical(value)
         }
         switch request.selection {
         case .keys(let keys):

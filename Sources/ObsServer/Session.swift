@@ -92,26 +92,18 @@ final class Session {
         case .get(let repo, let key):
             get(id, repo: repo, key: key)
         case .set(let repo, let key, let value, let ifRev, let force):
-            guard let stored = storedValue(value, key: key, id: id) else { return }
-            write(id, repo: repo, [.set(key, stored, ifRevision: ifRev, force: force)], single: true)
+            guard withinValueLimit(value, key: key, id: id) else { return }
+            write(id, repo: repo, [.set(key, value, ifRevision: ifRev, force: force)], single: true)
         case .delete(let repo, let key, let ifRev):
             write(id, repo: repo, [.delete(key, ifRevision: ifRev)], single: true)
         case .batch(let repo, let ops):
             guard ops.count <= limits.maxKeysPerRequest else {
                 return fail(id: id, ProtocolError(.tooLarge, "the batch has \(ops.count) operations; the limit is \(limits.maxKeysPerRequest)"))
             }
-            var stored: [WriteOp<StoredValue>] = []
-            stored.reserveCapacity(ops.count)
-            for op in ops {
-                switch op {
-                case .set(let key, let value, let ifRev, let force):
-                    guard let v = storedValue(value, key: key, id: id) else { return }
-                    stored.append(.set(key, v, ifRevision: ifRev, force: force))
-                case .delete(let key, let ifRev):
-                    stored.append(.delete(key, ifRevision: ifRev))
-                }
+            for case .set(let key, let value, _, _) in ops {
+                guard withinValueLimit(value, key: key, id: id) else { return }
             }
-            write(id, repo: repo, stored, single: false)
+            write(id, repo: repo, ops, single: false)
         case .list(let repo, let prefix, let values):
             list(id, repo: repo, prefix: prefix, values: values)
         case .repos:
@@ -159,7 +151,7 @@ final class Session {
         }
         reply(id, after: sequence, in: repository) { b in
             b.writeRaw(",\"value\":")
-            b.writeStored(entry.value)
+            b.writeCanonical(entry.value)
             b.writeMember(",\"rev\":", entry.revision)
         }
     }
@@ -183,14 +175,14 @@ final class Session {
                     if i > 0 { b.writeByte(UInt8(ascii: ",")) }
                     b.writeJSONString(e.key)
                     b.writeByte(UInt8(ascii: ":"))
-                    b.writeStored(e.value)
+                    b.writeCanonical(e.value)
                 }
                 b.writeByte(UInt8(ascii: "}"))
             }
         }
     }
 
-    private func write(_ id: JSONValue, repo: String, _ ops: [WriteOp<StoredValue>], single: Bool) {
+    private func write(_ id: JSONValue, repo: String, _ ops: [WriteOp<CanonicalJSON>], single: Bool) {
         let now = WallClock.unixSeconds()
         let limits = WriteLimits(
             maxKeys: self.limits.maxKeysPerRepository, maxRepositories: self.limits.maxRepositories,
@@ -225,19 +217,16 @@ final class Session {
             b.writeMember(",\"changed\":", outcome.changed)
             if single, let previous = outcome.previous {
                 b.writeRaw(",\"old\":")
-                b.writeStored(previous)
+                b.writeCanonical(previous)
             }
         }
     }
 
-    /// The value with its encoding, or nil (after replying `too_large`) when it is too big.
-    private func storedValue(_ value: JSONValue, key: Key, id: JSONValue) -> StoredValue? {
-        let stored = StoredValue(value)
-        guard stored.bytes.count <= limits.maxValueBytes else {
-            fail(id: id, ProtocolError(.tooLarge, "the value of key \(key.debugDescription) is \(stored.bytes.count) bytes of JSON; the limit is \(limits.maxValueBytes)"))
-            return nil
-        }
-        return stored
+    /// Whether the value's encoding is within the limit; if not, replies `too_large`.
+    private func withinValueLimit(_ value: CanonicalJSON, key: Key, id: JSONValue) -> Bool {
+        guard value.bytes.count > limits.maxValueBytes else { return true }
+        fail(id: id, ProtocolError(.tooLarge, "the value of key \(key.debugDescription) is \(value.bytes.count) bytes of JSON; the limit is \(limits.maxValueBytes)"))
+        return false
     }
 
     // MARK: Access

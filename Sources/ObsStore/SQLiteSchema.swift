@@ -181,7 +181,7 @@ enum Loader {
             epochs[repos.int64(0)] = repos.text(3)
         }
 
-        var entries: [Int64: [Key: Entry<StoredValue>]] = [:]
+        var entries: [Int64: [Key: Entry<CanonicalJSON>]] = [:]
         let rows = try connection.prepare("SELECT repo, key, value, rev FROM entries")
         while try rows.step() {
             let repo = rows.int64(0)
@@ -226,22 +226,22 @@ enum Loader {
         }
     }
 
-    private static func storedValue(_ bytes: UnsafeRawBufferPointer, path: String, what: String) throws(StorageError) -> StoredValue {
+    private static func storedValue(_ bytes: UnsafeRawBufferPointer, path: String, what: String) throws(StorageError) -> CanonicalJSON {
         do {
-            return StoredValue(json: try JSONParser.parse(bytes, maxDepth: 100_000), bytes: Array(bytes))
+            return try CanonicalJSON(validating: bytes, maxDepth: 100_000)
         } catch {
             throw StorageError(.corrupt, "\(path): the \(what) is not valid JSON (\(error))")
         }
     }
 
-    private static func changes(_ bytes: UnsafeRawBufferPointer, path: String, repo: String, rev: UInt64) throws(StorageError) -> [Change<StoredValue>] {
+    private static func changes(_ bytes: UnsafeRawBufferPointer, path: String, repo: String, rev: UInt64) throws(StorageError) -> [Change<CanonicalJSON>] {
         let damaged = StorageError(.corrupt, "\(path): history revision \(rev) of repository \(repo) is damaged")
         guard let array = try? JSONParser.parse(bytes, maxDepth: 100_000).arrayValue else { throw damaged }
-        var changes: [Change<StoredValue>] = []
+        var changes: [Change<CanonicalJSON>] = []
         changes.reserveCapacity(array.count)
         for item in array {
             guard let object = item.objectValue, let key = object["key"]?.stringValue else { throw damaged }
-            changes.append(Change(key: Key(key), old: object["old"].map { StoredValue($0) }, new: object["new"].map { StoredValue($0) }))
+            changes.append(Change(key: Key(key), old: object["old"].map { CanonicalJSON($0) }, new: object["new"].map { CanonicalJSON($0) }))
         }
         return changes
     }

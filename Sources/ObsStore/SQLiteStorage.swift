@@ -308,7 +308,7 @@ private final class Committer {
     private func write(_ batch: [SQLiteStorage.Queued]) throws(StorageError) {
         // Per repository: its id, last revision in the batch, and each touched key's final
         // value (nil: deleted) with the revision that set it.
-        var repos: [String: (id: Int64, last: UInt64, keys: [Key: (value: StoredValue?, rev: UInt64)])] = [:]
+        var repos: [String: (id: Int64, last: UInt64, keys: [Key: (value: CanonicalJSON?, rev: UInt64)])] = [:]
         var order: [String] = []
         for item in batch {
             let record = item.record

@@ -1,6 +1,6 @@
 // ObsStore — where the daemon keeps repositories, and what it persists.
 //
-// This module owns the persistent shape of a repository: `StoredValue` (a JSON value
+// This module owns the persistent shape of a repository: `CanonicalJSON` (a JSON value
 // with its encoding), `RevisionRecord` (one committed revision), and the `Storage`
 // boundary. The daemon commits a revision in memory, hands it to storage in revision
 // order, and shows it to nobody — no reply, no event — until storage says it is durable.
@@ -15,11 +15,11 @@ public struct LoadedRepository: Sendable {
     public let name: String
     /// The history `state` and `history` belong to (see `Epoch`).
     public let epoch: String
-    public let state: KeyedState<StoredValue>
+    public let state: KeyedState<CanonicalJSON>
     /// The retained history, oldest first, ending at `state.revision` (or empty).
     public let history: [RevisionRecord]
 
-    public init(name: String, epoch: String, state: KeyedState<StoredValue>, history: [RevisionRecord]) {
+    public init(name: String, epoch: String, state: KeyedState<CanonicalJSON>, history: [RevisionRecord]) {
         self.name = name
         self.epoch = epoch
         self.state = state

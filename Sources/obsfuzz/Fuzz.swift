@@ -9,7 +9,9 @@
 // the rest is the stream. Properties checked, beyond "does not crash":
 // - the framer never holds more than the limit, and never yields a longer line;
 // - whatever parses as JSON re-encodes to text that parses to an equal value, and that
-//   encoding is stable.
+//   encoding is stable;
+// - the canonicalizing parser (values as the daemon keeps them, no tree) accepts exactly
+//   what the tree parser accepts, and yields the tree's encoding and plainness.
 
 import ObsProtocol
 import ObservableKit
@@ -37,7 +39,14 @@ func fuzzOne(_ data: UnsafeRawBufferPointer) {
 func check(_ line: UnsafeRawBufferPointer) {
     _ = try? Request.decode(line: line)
     _ = try? ServerMessage.decode(line: line)
-    guard let value = try? JSONParser.parse(line) else { return }
+    let canonical = try? CanonicalJSON(validating: line)
+    guard let value = try? JSONParser.parse(line) else {
+        precondition(canonical == nil, "the canonicalizer accepted what the parser refuses")
+        return
+    }
+    guard let canonical else { preconditionFailure("the canonicalizer refused what the parser accepts") }
+    precondition(canonical.bytes == value.jsonBytes(), "the canonical bytes are not the tree's encoding")
+    precondition(canonical.isPlain == CanonicalJSON(value).isPlain, "plainness differs")
     precondition(value == value, "equality is not reflexive")
     let encoded = value.jsonBytes()
     guard let again = try? JSONParser.parse(encoded) else { preconditionFailure("re-encoded JSON does not parse: \(encoded)") }

@@ -141,3 +141,49 @@ import Testing
         #expect(JSONValue.number(UInt64.max).jsonText == "1.8446744073709552e+19")
     }
 }
+
+@Suite struct CanonicalJSONTests {
+    static let accepted = [
+        "0", "-0", "-1", "9223372036854775807", "-9223372036854775808", "9223372036854775808", "1.50", "1e2", "-0.0", "1E+2",
+        #""""#, #""a""#, #""é""#, #""\u00e9""#, #""\/""#, #""\"\\\b\f\n\r\t""#, #""\ud83d\ude00""#, #""😀""#, "true", "false", "null",
+        "[]", "{}", " [ 1 , 2 ] ", #"{"a":1}"#, #"{ "a" : [1, {"b": null}] , "c":"d" }"#, #"{"a":1,"a":2}"#,
+        #"{"a":1,"b":2,"a":3}"#, #"[{"x":1,"x":1.0}]"#, #"{"\u0061":1,"a":2}"#, "[[[[]]]]", #"{"k":"v\u0000"}"#,
+    ]
+    static let refused = [
+        "", " ", "01", "-", "1.", ".5", "1e", "[1,]", "{\"a\"}", "{\"a\":}", "{,}", "[", "]", "\"unterminated", "\"\u{01}\"",
+        #""\x""#, #""\ud800""#, #""\udc00x""#, "tru", "nul", "[1 2]", "{\"a\":1 \"b\":2}", "1 2", "1e400", "[\"\\u12\"]",
+    ]
+
+    @Test(arguments: accepted) func canonicalBytesAreTheTreesEncoding(_ text: String) throws {
+        let tree = try JSONParser.parse(text)
+        let canonical = try Array(text.utf8).withUnsafeBytes { try CanonicalJSON(validating: $0) }
+        #expect(String(decoding: canonical.bytes, as: UTF8.self) == tree.jsonText)
+        #expect(canonical.isPlain == CanonicalJSON(tree).isPlain)
+        #expect(canonical == CanonicalJSON(tree))
+    }
+
+    @Test(arguments: refused) func whatTheParserRefusesTheCanonicalizerRefuses(_ text: String) {
+        #expect(throws: JSONParseError.self) { try JSONParser.parse(text) }
+        #expect(throws: JSONParseError.self) { try Array(text.utf8).withUnsafeBytes { try CanonicalJSON(validating: $0) } }
+    }
+
+    @Test func equalityIsJSONEquality() throws {
+        func c(_ text: String) throws -> CanonicalJSON { try Array(text.utf8).withUnsafeBytes { try CanonicalJSON(validating: $0) } }
+        #expect(try c("1") == c("1.0"), "numbers by value")
+        #expect(try c(#"{"a":1,"b":2}"#) == c(#"{"b":2,"a":1}"#), "objects regardless of member order")
+        #expect(try c(#"{"a":1}"#) != c(#"{"a":2}"#))
+        #expect(try c(#""é""#) != c(#""e\u0301""#), "strings by code points")
+        #expect(try c("[1,2]") != c("[2,1]"))
+        #expect(try c("-0") == c("0"))
+        #expect(try c("9007199254740993") != c("9007199254740992.0"))
+        #expect(try c("[1,2]").isPlain && !c("[1.5]").isPlain && !c(#"{"a":1,"b":2}"#).isPlain && c(#"{"a":{"b":1}}"#).isPlain)
+    }
+
+    @Test func deepNestingIsBoundedAsByTheParser() throws {
+        let deep = String(repeating: "[", count: 600) + String(repeating: "]", count: 600)
+        #expect(throws: JSONParseError.self) { try Array(deep.utf8).withUnsafeBytes { try CanonicalJSON(validating: $0) } }
+        let many = "{" + (0..<5000).map { #""k\#($0)":\#($0)"# }.joined(separator: ",") + #","k7":"last"}"#
+        let canonical = try Array(many.utf8).withUnsafeBytes { try CanonicalJSON(validating: $0) }
+        #expect(String(decoding: canonical.bytes, as: UTF8.self) == (try JSONParser.parse(many)).jsonText, "a repeated name among thousands")
+    }
+}

@@ -132,19 +132,40 @@ func failure(_ text: String) -> RequestFailure? {
         #expect(b.selection == .all)
     }
 
-    @Test func requestObjectRoundTrips() throws {
+    @Test func encodedRequestsRoundTrip() throws {
         let commands: [Command] = [
             .set(repo: "ui", key: "k", value: ["a": [1, 2.5]], ifRev: 4, force: true),
             .batch(repo: "ui", ops: [.set("a", 1, ifRevision: 0, force: false), .delete("b", ifRevision: nil)]),
-            .subscribe(SubscribeRequest(repo: "ui", selection: .prefix("p"), initial: false, since: 9, once: true)),
+            .subscribe(SubscribeRequest(repo: "ui", selection: .prefix("p"), initial: false, since: 9, epoch: "e1", once: true)),
+            .hello(protocol: 1, client: "c"), .get(repo: "ui", key: "k"), .list(repo: "ui", prefix: "p", values: true),
         ]
         for command in commands {
-            let text = JSONValue.object(command.requestObject(id: 3)).jsonText
-            let back = try decode(text)
+            var encoded: [UInt8] = []
+            command.encodeRequest(into: &encoded, id: 3)
+            #expect(encoded.last == UInt8(ascii: "\n"))
+            let back = try decode(String(decoding: encoded.dropLast(), as: UTF8.self))
             #expect(back.id == 3)
             #expect(back.command.op == command.op)
-            #expect(JSONValue.object(back.command.requestObject(id: 3)) == .object(command.requestObject(id: 3)))
+            var again: [UInt8] = []
+            back.command.encodeRequest(into: &again, id: 3)
+            #expect(again == encoded)
         }
+    }
+
+    @Test func valuesAreKeptCanonicalAsTheTreeWouldEncodeThem() throws {
+        let line = #"{"op":"batch","repo":"r","ops":[{"op":"set","key":"a","value":{ "x" : [1, 2.50, "\u00e9"], "x": -0 }},"#
+            + #"{"op":"delete","key":"b"},{"op":"set","key":"c","value":"plain"}],"value":"ignored","id":1}"#
+        guard case .batch(_, let ops) = try decode(line).command, ops.count == 3,
+            case .set(_, let a, _, _) = ops[0], case .set(_, let c, _, _) = ops[2]
+        else { Issue.record("batch"); return }
+        #expect(String(decoding: a.bytes, as: UTF8.self) == #"{"x":0}"#, "a repeated name: the last value, at the first position")
+        #expect(String(decoding: c.bytes, as: UTF8.self) == #""plain""#)
+        guard case .set(_, _, let v, _, _) = try decode(#"{"op":"set","repo":"r","key":"k","value":[1.0, {"b":1,"a":2}],"value":7}"#).command
+        else { Issue.record("set"); return }
+        #expect(v == 7, "the last value member wins")
+        #expect(throws: RequestFailure.self) { try decode(#"{"op":"set","repo":"r","key":"k","value":[1,]}"#) }
+        let missing = #expect(throws: RequestFailure.self) { try decode(#"{"op":"set","repo":"r","key":"k"}"#) }
+        #expect(missing?.error.message == "missing field \"value\"")
     }
 }
 

@@ -49,7 +49,7 @@ let writeLimits = WriteLimits(maxKeys: 1000, maxRepositories: 1000, maxRevisionB
     @Test func aRepositoryWhoseFirstRevisionWasUndoneIsStillTheOneTheHubHandsOut() throws {
         let storage = ManualStorage()
         let hub = try makeHub(storage: storage)
-        let set: (Int64) -> [WriteOp<StoredValue>] = { [.set("k", StoredValue(.int($0)))] }
+        let set: (Int64) -> [WriteOp<CanonicalJSON>] = { [.set("k", CanonicalJSON(.int($0)))] }
         _ = try hub.using("r") { try $0.write(set(1), now: 0, limits: writeLimits) }
         let first = try #require(hub.existing("r"))
         try hub.using("r") { held in
@@ -63,7 +63,7 @@ let writeLimits = WriteLimits(maxKeys: 1000, maxRepositories: 1000, maxRevisionB
         }
         let now = try #require(hub.existing("r"), "the hub kept the repository")
         #expect(now === first)
-        #expect(now.get("k").entry?.value == StoredValue(.int(2)), "the write is where readers look")
+        #expect(now.get("k").entry?.value == CanonicalJSON(.int(2)), "the write is where readers look")
     }
 
     @Test func concurrentConnectionsAndCreationsNeverPassTheirLimits() async throws {
@@ -94,7 +94,7 @@ let writeLimits = WriteLimits(maxKeys: 1000, maxRepositories: 1000, maxRevisionB
             for i in 0..<100 {
                 group.addTask {
                     let result = hub.using("r\(i)") { repo in
-                        Result { () throws(WriteRefusal) in try repo.write([.set("k", StoredValue(1))], now: 0, limits: repositoryLimits) }
+                        Result { () throws(WriteRefusal) in try repo.write([.set("k", CanonicalJSON(1))], now: 0, limits: repositoryLimits) }
                     }
                     if case .success = result { created.withLock { $0 += 1 } }
                 }

@@ -22,7 +22,7 @@ final class ListenerStub: DurabilityListener {
 
 func record(_ repo: String, _ revision: UInt64, _ key: String = "k", _ value: JSONValue = 1) -> RevisionRecord {
     RevisionRecord(
-        repo: repo, changeSet: ChangeSet(revision: revision, changes: [Change(key: Key(key), old: nil, new: StoredValue(value))]),
+        repo: repo, changeSet: ChangeSet(revision: revision, changes: [Change(key: Key(key), old: nil, new: CanonicalJSON(value))]),
         time: 1_700_000_000)
 }
 

@@ -1,44 +1,18 @@
-// ObsStore — values as the daemon keeps them, and revisions as it delivers and stores them.
+// ObsStore — revisions as the daemon delivers and stores them.
 //
-// A `StoredValue` is a JSON value together with its encoding, made once when the value
-// is written: replies, events, snapshots and history then copy bytes instead of
-// re-encoding. A `RevisionRecord` is one committed revision with its change event body
-// pre-encoded, shared by every subscriber, the history and storage.
+// A `RevisionRecord` is one committed revision with its change event body pre-encoded,
+// shared by every subscriber, the history and storage. Values are `CanonicalJSON`: their
+// encoding is made once when a value arrives; replies, events, snapshots and history copy
+// bytes instead of re-encoding.
 
 import ObsProtocol
 import ObservableKit
-
-/// A JSON value with its compact encoding.
-public struct StoredValue: Sendable, Equatable {
-    public let json: JSONValue
-    public let bytes: [UInt8]
-
-    public init(_ json: JSONValue) {
-        self.json = json
-        self.bytes = json.jsonBytes()
-    }
-
-    public init(json: JSONValue, bytes: [UInt8]) {
-        self.json = json
-        self.bytes = bytes
-    }
-
-    /// JSON equality — the contract's rule for "changes nothing".
-    public static func == (lhs: StoredValue, rhs: StoredValue) -> Bool {
-        lhs.bytes == rhs.bytes || lhs.json == rhs.json
-    }
-}
-
-extension JSONSink {
-    /// Writes a stored value's encoding.
-    public mutating func writeStored(_ value: StoredValue) { writeRaw(value.bytes) }
-}
 
 /// One committed revision of a repository, ready to deliver and to store.
 public final class RevisionRecord: Sendable {
     public let repo: String
     public let revision: UInt64
-    public let changes: [Change<StoredValue>]
+    public let changes: [Change<CanonicalJSON>]
     /// When it was committed, in seconds since 1970 (for age-based history retention).
     public let time: Int64
     /// `,"repo":…,"rev":…,"changes":[…all…]}\n` — a change event minus its head.
@@ -49,7 +23,7 @@ public final class RevisionRecord: Sendable {
     /// The length of the changes array at the end of `body`.
     private let changesLength: Int
 
-    public init(repo: String, changeSet: ChangeSet<StoredValue>, time: Int64) {
+    public init(repo: String, changeSet: ChangeSet<CanonicalJSON>, time: Int64) {
         self.repo = repo
         self.revision = changeSet.revision
         self.changes = changeSet.changes
@@ -85,10 +59,10 @@ public final class RevisionRecord: Sendable {
         }
     }
 
-    private static func encode(_ change: Change<StoredValue>) -> [UInt8] {
+    private static func encode(_ change: Change<CanonicalJSON>) -> [UInt8] {
         var out: [UInt8] = []
         out.reserveCapacity(change.key.utf8Count + (change.old?.bytes.count ?? 0) + (change.new?.bytes.count ?? 0) + 24)
-        EventEncoder.writeChange(&out, change) { sink, value in sink.writeStored(value) }
+        EventEncoder.writeChange(&out, change) { sink, value in sink.writeCanonical(value) }
         return out
     }
 }
