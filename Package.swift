@@ -27,9 +27,10 @@ let package = Package(
         .systemLibrary(name: "CSQLite", pkgConfig: "sqlite3", providers: [.apt(["libsqlite3-dev"])]),
         // What the daemon persists and how: stored values, revision records, the storage
         // boundary, and the SQLite store with group commit.
-        .target(name: "ObsStore", dependencies: ["ObservableKit", "ObsProtocol", "CSQLite", "CFileIdentity"]),
-        // Which file a descriptor is (statx: inode and birth time), for the store's provenance checks.
-        .target(name: "CFileIdentity"),
+        .target(name: "ObsStore", dependencies: ["ObservableKit", "ObsProtocol", "CSQLite", "CLinux"]),
+        // Linux facts Swift's Glibc module hides: which file a descriptor is (statx, for the
+        // store's provenance checks), how many CPUs the process may use (sched_getaffinity).
+        .target(name: "CLinux"),
         // libsystemd (libsystemd-dev) and the small Swift module over it: notify, listen fds, journal.
         .systemLibrary(name: "CSystemd", pkgConfig: "libsystemd", providers: [.apt(["libsystemd-dev"])]),
         .target(name: "Systemd", dependencies: ["CSystemd", .product(name: "Logging", package: "swift-log")]),

@@ -2,7 +2,7 @@
 // the provenance checks that decide whether the file still holds the history its epochs
 // name, and loading every repository at start-up.
 
-import CFileIdentity
+import CLinux
 import CSQLite
 import ObsProtocol
 import ObservableKit

@@ -38,30 +38,126 @@ public struct Routed<Element: Sendable>: Sendable {
     }
 }
 
-/// A thread-safe index of observers by exact key, key prefix, or all keys.
+/// The routes of observers by exact key, key prefix, or all keys: a value, for one owner
+/// (a lock, an event loop). `KeyedObserverIndex` is the thread-safe form.
 ///
-/// Routing is `@inlinable` so that a client module specializes it for its observer type:
-/// it runs once per revision on the delivery path, and unspecialized generic code there
-/// cost a daemon a quarter of its throughput in runtime metadata lookups.
-public final class KeyedObserverIndex<Element: Sendable>: Sendable {
-    @usableFromInline
-    struct Storage: Sendable {
-        @usableFromInline var exact: [Key: SlotList<Element>] = [:]
-        @usableFromInline var prefixes: [Key: SlotList<Element>] = [:]
-        /// UTF-8 length → number of distinct registered prefixes of that length.
-        @usableFromInline var prefixLengths: [Int: Int] = [:]
-        @usableFromInline var all = SlotList<Element>()
-        @usableFromInline var selections: [ObserverID: Selection] = [:]
-
-        @usableFromInline init() {}
-    }
-
-    @usableFromInline let storage = Locked(Storage())
+/// `@inlinable` so that a client module specializes it for its observer type: it runs once
+/// per revision on the delivery path, and unspecialized generic code there cost a daemon a
+/// quarter of its throughput in runtime metadata lookups.
+public struct KeyedRoutes<Element: Sendable>: Sendable {
+    @usableFromInline var exact: [Key: SlotList<Element>] = [:]
+    @usableFromInline var prefixes: [Key: SlotList<Element>] = [:]
+    /// UTF-8 length → number of distinct registered prefixes of that length.
+    @usableFromInline var prefixLengths: [Int: Int] = [:]
+    @usableFromInline var all = SlotList<Element>()
+    @usableFromInline var selections: [ObserverID: Selection] = [:]
 
     public init() {}
 
     /// The number of registrations.
-    public var count: Int { storage.withLock { $0.selections.count } }
+    public var count: Int { selections.count }
+
+    /// Registers `observer` for `selection` under `id` (from `ObserverID.next()`).
+    public mutating func insert(_ observer: Element, for selection: Selection, id: ObserverID) {
+        selections[id] = selection
+        switch selection {
+        case .all:
+            all.append(observer, id: id)
+        case .keys(let keys):
+            for key in keys { exact[key, default: SlotList()].append(observer, id: id) }
+        case .prefix(let prefix) where prefix.isEmpty:
+            all.append(observer, id: id)
+        case .prefix(let prefix):
+            let p = Key(prefix)
+            if prefixes[p] == nil { prefixLengths[p.utf8Count, default: 0] += 1 }
+            prefixes[p, default: SlotList()].append(observer, id: id)
+        }
+    }
+
+    /// Removes a registration; returns its observer if it was present.
+    @discardableResult
+    public mutating func remove(_ id: ObserverID) -> Element? {
+        guard let selection = selections.removeValue(forKey: id) else { return nil }
+        var removed: Element?
+        switch selection {
+        case .all:
+            removed = all.remove(id)
+        case .keys(let keys):
+            for key in keys {
+                guard var list = exact.removeValue(forKey: key) else { continue }
+                removed = list.remove(id) ?? removed
+                if !list.isEmpty { exact[key] = list }
+            }
+        case .prefix(let prefix) where prefix.isEmpty:
+            removed = all.remove(id)
+        case .prefix(let prefix):
+            let p = Key(prefix)
+            if var list = prefixes.removeValue(forKey: p) {
+                removed = list.remove(id)
+                if list.isEmpty {
+                    let n = p.utf8Count
+                    let left = (prefixLengths[n] ?? 1) - 1
+                    prefixLengths[n] = left == 0 ? nil : left
+                } else {
+                    prefixes[p] = list
+                }
+            }
+        }
+        return removed
+    }
+
+    /// Calls `body` for each observer that selects any of `keys` (one revision's keys, in
+    /// application order) — once per observer, with the positions it selects.
+    @inlinable
+    public func route(_ keys: [Key], _ body: (ObserverID, Element, SelectedChanges) -> Void) {
+        if keys.count == 1 {
+            forEachMatch(of: keys[0]) { slot in body(slot.id, slot.element, .all) }
+            return
+        }
+        var position: [ObserverID: Int] = [:]
+        var matches: [(slot: SlotList<Element>.Slot, indices: [Int])] = []
+        for (i, key) in keys.enumerated() {
+            forEachMatch(of: key) { slot in
+                if let j = position[slot.id] {
+                    matches[j].indices.append(i)
+                } else {
+                    position[slot.id] = matches.count
+                    matches.append((slot, [i]))
+                }
+            }
+        }
+        for m in matches {
+            body(m.slot.id, m.slot.element, m.indices.count == keys.count ? .all : .some(m.indices))
+        }
+    }
+
+    @inlinable
+    func forEachMatch(of key: Key, _ body: (SlotList<Element>.Slot) -> Void) {
+        if let list = exact[key] { list.slots.forEach(body) }
+        if !prefixLengths.isEmpty {
+            key.withUTF8 { bytes in
+                for length in prefixLengths.keys where length <= bytes.count {
+                    // A prefix is valid UTF-8: it cannot end just before a continuation byte.
+                    if length < bytes.count, bytes[length] & 0xC0 == 0x80 { continue }
+                    let candidate = Key(String(decoding: UnsafeBufferPointer(rebasing: bytes[..<length]), as: UTF8.self))
+                    prefixes[candidate]?.slots.forEach(body)
+                }
+            }
+        }
+        all.slots.forEach(body)
+    }
+}
+
+/// A thread-safe index of observers by exact key, key prefix, or all keys.
+///
+/// Routing snapshots the matches under a short lock; callbacks then run with no lock held.
+public final class KeyedObserverIndex<Element: Sendable>: Sendable {
+    @usableFromInline let storage = Locked(KeyedRoutes<Element>())
+
+    public init() {}
+
+    /// The number of registrations.
+    public var count: Int { storage.withLock { $0.count } }
 
     /// Registers `observer` for `selection`; returns the identifier that removes it.
     @discardableResult
@@ -74,65 +170,20 @@ public final class KeyedObserverIndex<Element: Sendable>: Sendable {
     /// Registers `observer` for `selection` under an identifier the caller allocated
     /// with `ObserverID.next()`.
     public func insert(_ observer: Element, for selection: Selection, id: ObserverID) {
-        storage.withLock { s in
-            s.selections[id] = selection
-            switch selection {
-            case .all:
-                s.all.append(observer, id: id)
-            case .keys(let keys):
-                for key in keys { s.exact[key, default: SlotList()].append(observer, id: id) }
-            case .prefix(let prefix) where prefix.isEmpty:
-                s.all.append(observer, id: id)
-            case .prefix(let prefix):
-                let p = Key(prefix)
-                if s.prefixes[p] == nil { s.prefixLengths[p.utf8Count, default: 0] += 1 }
-                s.prefixes[p, default: SlotList()].append(observer, id: id)
-            }
-        }
+        storage.withLock { $0.insert(observer, for: selection, id: id) }
     }
 
     /// Removes a registration; returns its observer if it was present.
     @discardableResult
     public func remove(_ id: ObserverID) -> Element? {
-        storage.withLock { Self.remove(id, from: &$0) }
+        storage.withLock { $0.remove(id) }
     }
 
     /// Removes several registrations in one step.
     public func remove(contentsOf ids: some Sequence<ObserverID>) {
         storage.withLock { s in
-            for id in ids { Self.remove(id, from: &s) }
+            for id in ids { s.remove(id) }
         }
-    }
-
-    @discardableResult
-    private static func remove(_ id: ObserverID, from s: inout Storage) -> Element? {
-        guard let selection = s.selections.removeValue(forKey: id) else { return nil }
-        var removed: Element?
-        switch selection {
-        case .all:
-            removed = s.all.remove(id)
-        case .keys(let keys):
-            for key in keys {
-                guard var list = s.exact.removeValue(forKey: key) else { continue }
-                removed = list.remove(id) ?? removed
-                if !list.isEmpty { s.exact[key] = list }
-            }
-        case .prefix(let prefix) where prefix.isEmpty:
-            removed = s.all.remove(id)
-        case .prefix(let prefix):
-            let p = Key(prefix)
-            if var list = s.prefixes.removeValue(forKey: p) {
-                removed = list.remove(id)
-                if list.isEmpty {
-                    let n = p.utf8Count
-                    let left = (s.prefixLengths[n] ?? 1) - 1
-                    s.prefixLengths[n] = left == 0 ? nil : left
-                } else {
-                    s.prefixes[p] = list
-                }
-            }
-        }
-        return removed
     }
 
     /// The observers whose selection includes `key`.
@@ -146,48 +197,9 @@ public final class KeyedObserverIndex<Element: Sendable>: Sendable {
     @inlinable
     public func route(_ keys: [Key]) -> [Routed<Element>] {
         storage.withLock { s in
-            if keys.count == 1 {
-                var out: [Routed<Element>] = []
-                Self.forEachMatch(of: keys[0], in: s) { slot in
-                    out.append(Routed(id: slot.id, observer: slot.element, selected: .all))
-                }
-                return out
-            }
-            var position: [ObserverID: Int] = [:]
-            var matches: [(slot: SlotList<Element>.Slot, indices: [Int])] = []
-            for (i, key) in keys.enumerated() {
-                Self.forEachMatch(of: key, in: s) { slot in
-                    if let j = position[slot.id] {
-                        matches[j].indices.append(i)
-                    } else {
-                        position[slot.id] = matches.count
-                        matches.append((slot, [i]))
-                    }
-                }
-            }
-            return matches.map { m in
-                Routed(
-                    id: m.slot.id, observer: m.slot.element,
-                    selected: m.indices.count == keys.count ? .all : .some(m.indices))
-            }
+            var out: [Routed<Element>] = []
+            s.route(keys) { id, element, selected in out.append(Routed(id: id, observer: element, selected: selected)) }
+            return out
         }
-    }
-
-    @inlinable
-    static func forEachMatch(
-        of key: Key, in s: Storage, _ body: (SlotList<Element>.Slot) -> Void
-    ) {
-        if let list = s.exact[key] { list.slots.forEach(body) }
-        if !s.prefixLengths.isEmpty {
-            key.withUTF8 { bytes in
-                for length in s.prefixLengths.keys where length <= bytes.count {
-                    // A prefix is valid UTF-8: it cannot end just before a continuation byte.
-                    if length < bytes.count, bytes[length] & 0xC0 == 0x80 { continue }
-                    let candidate = Key(String(decoding: UnsafeBufferPointer(rebasing: bytes[..<length]), as: UTF8.self))
-                    s.prefixes[candidate]?.slots.forEach(body)
-                }
-            }
-        }
-        s.all.slots.forEach(body)
     }
 }

@@ -1,10 +1,11 @@
-// CFileIdentity — see include/CFileIdentity.h.
+// CLinux — see include/CLinux.h.
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
 #include <string.h>
 #include <sys/stat.h>
-#include "CFileIdentity.h"
+#include <sched.h>
+#include "CLinux.h"
 
 int obs_file_identity_of(int fd, obs_file_identity *out) {
     memset(out, 0, sizeof *out);
@@ -25,4 +26,11 @@ int obs_file_identity_of(int fd, obs_file_identity *out) {
     if (fstat(fd, &plain) != 0) return -1;
     out->inode = plain.st_ino;
     return 0;
+}
+
+int obs_cpus_allowed(void) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof set, &set) != 0) return -1;
+    return CPU_COUNT(&set);
 }
