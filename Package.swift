@@ -40,7 +40,7 @@ let package = Package(
         .target(
             name: "ObsServer",
             dependencies: [
-                "ObservableKit", "ObsProtocol", "ObsStore",
+                "ObservableKit", "ObsProtocol", "ObsStore", "CLinux",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),

@@ -60,19 +60,23 @@ final class ConnectionHandler: ChannelDuplexHandler {
 
     func handlerAdded(context: ChannelHandlerContext) {
         self.context = context
-        outbox = Outbox(
-            channel: context.channel,
+        let outbox = Outbox(
+            shard: hub.shard(for: context.eventLoop),
             limits: OutboxLimits(maxBytes: limits.queueBytes, maxEvents: limits.queueEvents, grace: TimeAmount(limits.overflowGrace)),
-            stats: hub.stats
-        ) { [weak self] in
+            stats: hub.stats, allocator: context.channel.allocator)
+        outbox.context = context
+        outbox.onProgress = { [weak self] in
             self?.resumeReading()
             self?.finishInput()
             self?.checkDrained()
         }
+        self.outbox = outbox
     }
 
     func handlerRemoved(context: ChannelHandlerContext) {
         endSession()
+        outbox?.context = nil
+        outbox?.onProgress = nil
         drained?.succeed(())
         drained = nil
         self.context = nil
@@ -87,7 +91,7 @@ final class ConnectionHandler: ChannelDuplexHandler {
         let session = Session(hub: hub, outbox: outbox, peer: peer, settings: settings, logger: logger)
         let loop = context.eventLoop
         let bound = NIOLoopBound(session, eventLoop: loop)
-        let entry = ConnectedPeer(peer: peer, outbox: outbox, since: .now) {
+        let entry = ConnectedPeer(peer: peer, since: .now, subscriptions: outbox.tally) {
             loop.execute { bound.value.revalidate() }
         }
         if let reason = hub.admit(ObjectIdentifier(self), entry) {
@@ -149,7 +153,6 @@ final class ConnectionHandler: ChannelDuplexHandler {
             held = nil
         case ShutdownEvent.drain(let promise, _):
             drained = promise
-            session?.outbox.flush()
             checkDrained()
             return
         default:
@@ -158,11 +161,18 @@ final class ConnectionHandler: ChannelDuplexHandler {
         context.fireUserInboundEventTriggered(event)
     }
 
-    /// At shutdown: completes the drain once nothing is left to write.
+    /// At shutdown: completes the drain once everything queued is written.
     private func checkDrained() {
-        guard let promise = drained, session?.outbox.isIdle ?? true else { return }
-        drained = nil
-        promise.succeed(())
+        guard let promise = drained else { return }
+        guard let outbox = session?.outbox else {
+            drained = nil
+            return promise.succeed(())
+        }
+        outbox.whenWritten { [weak self] in
+            guard let self, self.drained?.futureResult === promise.futureResult, outbox.isEmpty else { return }
+            self.drained = nil
+            promise.succeed(())
+        }
     }
 
     /// After the client's end of file: handles what is left of its input, ends its
@@ -179,17 +189,25 @@ final class ConnectionHandler: ChannelDuplexHandler {
             framer.finish { frame in
                 if session.outbox.isOpen { session.handle(frame) }
             }
-            for subscription in session.outbox.unregisterAll() { hub.subscriptionEnded(subscription) }
-            session.outbox.flush()
+            session.endSubscriptions()
         }
-        if session.outbox.isIdle { context.close(promise: nil) }
+        session.outbox.whenWritten { [weak self] in
+            guard let self, let session = self.session, session.outbox.isEmpty else { return }
+            context.close(promise: nil)
+        }
+    }
+
+    func channelWritabilityChanged(context: ChannelHandlerContext) {
+        // The socket took what the channel held: hand it more.
+        if context.channel.isWritable { outbox?.flush() }
+        context.fireChannelWritabilityChanged()
     }
 
     func channelReadComplete(context: ChannelHandlerContext) {
         // Not a flush right here: a write can fail and close the channel, and NIO goes on
         // to half-close this very channel's input after this callback when the read ended
         // in end of file. The flush runs later in this loop tick, once per tick.
-        session?.outbox.requestFlush()
+        if let outbox = session?.outbox { outbox.shard.markDirty(outbox) }
         context.fireChannelReadComplete()
     }
 

@@ -21,10 +21,6 @@ final class ServerStats: Sendable {
     let connectionsTotal = Atomic<Int>(0)
     let connectionsRefused = Atomic<Int>(0)
     let subscriptions = Atomic<Int>(0)
-    let requests = Atomic<Int>(0)
-    let writes = Atomic<Int>(0)
-    let eventsOut = Atomic<Int>(0)
-    let bytesOut = Atomic<Int>(0)
     let overflows = Atomic<Int>(0)
     let errors = Atomic<Int>(0)
     let denied = Atomic<Int>(0)
@@ -50,11 +46,19 @@ final class ServerStats: Sendable {
     }
 }
 
-/// A connection as the hub knows it: who, and where to run code on its loop.
+/// A connection's live subscriptions, counted on its loop, read by `stats` anywhere.
+final class SubscriptionTally: Sendable {
+    private let count = Atomic<Int>(0)
+    func add(_ n: Int) { count.add(n, ordering: .relaxed) }
+    var value: Int { count.load(ordering: .relaxed) }
+}
+
+/// A connection as the hub knows it: who, since when, how many subscriptions, and where to
+/// run code on its loop.
 struct ConnectedPeer: Sendable {
     let peer: Peer
-    let outbox: Outbox
     let since: ContinuousClock.Instant
+    let subscriptions: SubscriptionTally
     /// Runs on the connection's event loop: re-checks its subscriptions after a reload.
     let revalidate: @Sendable () -> Void
 }
@@ -70,8 +74,6 @@ final class Hub: Sendable {
     let storage: any Storage
     let runtime: Runtime
     let users = UserDatabase()
-    /// Event loops that deliver revisions made durable by the storage thread.
-    private let deliveryLoops: (any EventLoopGroup)?
 
     private struct Slot {
         let repository: Repository
@@ -80,16 +82,15 @@ final class Hub: Sendable {
     }
 
     private let repositories = Locked<[String: Slot]>([:])
+    /// Every event loop's share (set once the loops run).
+    private let loopShards = Locked<[LoopShard]>([])
     private let peers = Locked<[ObjectIdentifier: ConnectedPeer]>([:])
     private let perUID = Locked<[UInt32: Int]>([:])
 
-    init(
-        historyLimit: Int, historyMaxAge: Int64?, storage: any Storage, deliveryLoops: (any EventLoopGroup)?, runtime: Runtime
-    ) throws(StorageError) {
+    init(historyLimit: Int, historyMaxAge: Int64?, storage: any Storage, runtime: Runtime) throws(StorageError) {
         self.historyLimit = historyLimit
         self.historyMaxAge = historyMaxAge
         self.storage = storage
-        self.deliveryLoops = deliveryLoops
         self.runtime = runtime
         let loaded = try storage.load()
         repositories.withLock { map in
@@ -101,10 +102,25 @@ final class Hub: Sendable {
     }
 
     private func makeRepository(_ name: String, loaded: LoadedRepository? = nil) -> Repository {
-        Repository(
-            name: name, loaded: loaded, historyLimit: historyLimit, historyMaxAge: historyMaxAge, storage: storage,
-            deliveryLoop: deliveryLoops?.next(), hub: self)
+        Repository(name: name, loaded: loaded, historyLimit: historyLimit, historyMaxAge: historyMaxAge, storage: storage, hub: self)
     }
+
+    // MARK: Event loops
+
+    /// Gives every event loop of `loops` its shard.
+    func attach(_ loops: [any EventLoop]) {
+        loopShards.withLock { $0 = loops.map { LoopShard(eventLoop: $0, hub: self) } }
+    }
+
+    /// The shard of `loop`.
+    func shard(for loop: any EventLoop) -> LoopShard {
+        let shards = loopShards.withLock { $0 }
+        // Every connection's loop is one of the server's (precondition: `attach` came first).
+        return shards.first { $0.eventLoop === loop }!
+    }
+
+    /// Every loop's counters.
+    var loopCounters: [LoopCounters] { loopShards.withLock { $0.map(\.counters) } }
 
     // MARK: Repositories
 
@@ -142,10 +158,9 @@ final class Hub: Sendable {
         }
     }
 
-    /// Called once for every subscription that ends, whatever ended it.
-    func subscriptionEnded(_ subscription: Subscription) {
-        let repo = subscription.repository
-        repo.removeSubscriber(subscription)
+    /// Called after a subscription to `repo` ended, whatever ended it: drops the repository
+    /// if it was a placeholder nobody uses any more.
+    func subscriptionEnded(_ repo: Repository) {
         if !repo.isPermanent {
             repositories.withLock { map in
                 if let slot = map[repo.name], slot.repository === repo, Self.isDisposable(slot) {

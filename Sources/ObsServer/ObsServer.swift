@@ -152,7 +152,7 @@ public final class ObsServer: Service, Sendable {
 
     public func run() async throws {
         let config = configuration
-        let threads = config.threads ?? System.coreCount
+        let (threads, threadsReason) = config.threads.map { ($0, "server.threads") } ?? EventLoops.sized()
         let group = MultiThreadedEventLoopGroup(numberOfThreads: max(1, threads))
         let opened = ContinuousClock.now
         let storage: any Storage
@@ -162,7 +162,8 @@ public final class ObsServer: Service, Sendable {
             storage = try openStorage()
             hub = try Hub(
                 historyLimit: config.historyLimit, historyMaxAge: config.historyMaxAge?.components.seconds, storage: storage,
-                deliveryLoops: group, runtime: runtime)
+                runtime: runtime)
+            hub.attach(Array(group.makeIterator()))
         } catch {
             try? await group.shutdownGracefully()
             throw error
@@ -193,7 +194,7 @@ public final class ObsServer: Service, Sendable {
         self.hub.withLock { $0 = hub }
         logger.info(
             "obsd serving",
-            metadata: ["listener": "\(config.listener)", "version": "\(Self.version)", "threads": "\(threads)"])
+            metadata: ["listener": "\(config.listener)", "version": "\(Self.version)", "threads": "\(threads)", "threadsFrom": "\(threadsReason)"])
         observer?.serverDidStart(status)
 
         let closeAll: @Sendable () -> Void = { for listener in listeners { listener.close(promise: nil) } }

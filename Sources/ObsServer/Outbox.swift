@@ -1,18 +1,19 @@
 // ObsServer — one connection's outgoing queue: the single place where replies and events
-// are put in the order the client must see them.
+// are put in the order the client must see them. It lives on the connection's event loop
+// and takes no lock.
 //
-// - Replies are appended in request order. A reply that is not ready yet (its write is
-//   not durable yet, or a subscription's first messages) holds a *slot*: everything
-//   appended after it waits behind it, so a subscription's events can never overtake its
-//   subscribe reply, and pipelined replies stay in order.
-// - Events are appended by whichever thread delivers a revision. The queue is bounded in
-//   bytes and events: a delivery that finds it full marks the connection overflowed,
-//   appends the `overflow` event as the last message and ends every subscription; the
-//   connection closes once that is written, or after the grace period. Writers and other
-//   connections never wait for a slow reader.
-// - Appends from other threads schedule one flush per event-loop tick; the connection
-//   handler flushes replies at the end of each read.
-// The lock is a leaf: nothing else is locked while it is held.
+// - Replies are appended in request order. A reply that is not ready yet (its state is not
+//   durable yet) holds a *slot*: everything appended after it waits behind it, so a
+//   subscription's events never overtake its subscribe reply, and pipelined replies stay
+//   in order. A slot counts as `slotBytes` toward the queue limit until it is filled.
+// - Events are appended by the loop's shard as it delivers revisions: the subscription's
+//   own head, then the revision's body, encoded once for every subscriber. When the queue
+//   is at its limit the connection overflows: the `overflow` event is its last message,
+//   every subscription ends, and it closes once that is written or after the grace period.
+//   Writers and other connections never wait for a slow reader.
+// - The shard writes each connection with output once per loop tick: ready bytes are handed
+//   to the channel while it is writable (NIO buffers up to its write watermark), the rest
+//   waits here and counts against the limit. Handing bytes over is what drains the queue.
 
 import NIOCore
 import ObsProtocol
@@ -27,9 +28,9 @@ struct OutboxLimits: Sendable {
     var grace: TimeAmount
 }
 
-final class Outbox: Sendable {
+final class Outbox {
     /// Identifies a reserved reply slot.
-    struct Slot: Sendable, Equatable { fileprivate let number: UInt64 }
+    struct Slot: Equatable { fileprivate let number: UInt64 }
 
     /// What happened to a change event handed to `deliver`.
     enum Delivery {
@@ -50,284 +51,270 @@ final class Outbox: Sendable {
 
     private enum Phase { case open, overflowed, closed }
 
-    private struct Live {
-        let subscription: Subscription
-        /// Every change this subscription selects up to here was queued.
-        var completeThrough: UInt64
-    }
+    /// What a pending slot counts toward the byte limit (a reply's typical size).
+    static let slotBytes = 64
 
-    private struct State {
-        var chunks = CircularBuffer<Chunk>()
-        /// Bytes and events queued: in chunks, and written to the channel but not yet sent.
-        var queuedBytes = 0
-        var queuedEvents = 0
-        var flushScheduled = false
-        var phase = Phase.open
-        var live: [UInt64: Live] = [:]
-        var nextSlot: UInt64 = 0
-    }
-
-    let channel: any Channel
+    let shard: LoopShard
     let limits: OutboxLimits
     private let stats: ServerStats
-    private let state = Locked(State())
-    private let allocator = ByteBufferAllocator()
-    /// Called on the event loop after a write completes that drained the queue below half
-    /// its byte limit, or emptied it.
-    private let onProgress: NIOLoopBound<(() -> Void)?>
+    /// This connection's live subscriptions, for `stats`.
+    let tally = SubscriptionTally()
+    /// Where bytes are written: the connection handler's context (nil once it is removed).
+    var context: ChannelHandlerContext?
+    /// Called when the queue drains below half its byte limit, or becomes empty.
+    var onProgress: (() -> Void)?
+    /// Set by the shard while the outbox is on its list of connections to write.
+    var isDirty = false
 
-    init(channel: any Channel, limits: OutboxLimits, stats: ServerStats, onProgress: (() -> Void)?) {
-        self.channel = channel
+    /// Chunks before `tail`: sealed ready bytes and pending slots.
+    private var chunks = CircularBuffer<Chunk>()
+    /// The open end of the queue, where replies and events are appended.
+    private var tail: ByteBuffer
+    private var tailEvents = 0
+    /// Bytes and events queued here (not yet handed to the channel); slots count `slotBytes`.
+    private(set) var queuedBytes = 0
+    private(set) var queuedEvents = 0
+    private var phase = Phase.open
+    private var live: [UInt64: Subscription] = [:]
+    private var nextSlot: UInt64 = 0
+    private let allocator: ByteBufferAllocator
+
+    init(shard: LoopShard, limits: OutboxLimits, stats: ServerStats, allocator: ByteBufferAllocator) {
+        self.shard = shard
         self.limits = limits
         self.stats = stats
-        self.onProgress = NIOLoopBound(onProgress, eventLoop: channel.eventLoop)
+        self.allocator = allocator
+        self.tail = allocator.buffer(capacity: 0)
     }
 
     // MARK: Replies
 
-    /// Appends ready bytes (a reply, or events that belong to one). The caller flushes.
+    /// Appends ready bytes (a reply, or events that belong to one). The caller marks the
+    /// outbox dirty (or flushes).
     func append(_ bytes: ByteBuffer, events: Int = 0) {
-        state.withLock { s in
-            guard s.phase == .open else { return }
-            Self.push(bytes, events: events, into: &s)
-        }
+        guard phase == .open else { return }
+        appendToTail(bytes, events: events)
+    }
+
+    /// Appends a reply encoded by `write` straight into the queue.
+    func appendReply(_ write: (inout ByteBuffer) -> Void) {
+        guard phase == .open else { return }
+        let before = tail.readableBytes
+        write(&tail)
+        queuedBytes += tail.readableBytes - before
     }
 
     /// Reserves the position of a reply that will be known later.
     func reserveSlot() -> Slot {
-        state.withLock { s in
-            s.nextSlot += 1
-            let slot = Slot(number: s.nextSlot)
-            if s.phase == .open { s.chunks.append(.pending(slot)) }
-            return slot
-        }
+        nextSlot += 1
+        let slot = Slot(number: nextSlot)
+        guard phase == .open else { return slot }
+        sealTail()
+        chunks.append(.pending(slot))
+        queuedBytes += Self.slotBytes
+        return slot
     }
 
-    /// Fills a reserved slot. Schedules a flush when this unblocks the head of the queue.
+    /// Fills a reserved slot. Slots are filled mostly in order, so the search from the
+    /// head of the queue ends at once.
     func fill(_ slot: Slot, with bytes: ByteBuffer, events: Int = 0) {
-        let schedule = state.withLock { s -> Bool in
-            guard s.phase != .closed,
-                let i = s.chunks.firstIndex(where: { if case .pending(slot) = $0 { return true } else { return false } })
-            else { return false }
-            s.chunks[i] = .ready(bytes, events: events)
-            s.queuedBytes += bytes.readableBytes
-            s.queuedEvents += events
-            return i == s.chunks.startIndex && Self.claimFlush(&s)
-        }
-        if schedule { scheduleFlush() }
+        guard phase != .closed,
+            let i = chunks.firstIndex(where: { if case .pending(slot) = $0 { return true } else { return false } })
+        else { return }
+        chunks[i] = .ready(bytes, events: events)
+        queuedBytes += bytes.readableBytes - Self.slotBytes
+        queuedEvents += events
     }
 
     // MARK: Subscriptions
 
-    /// Makes a subscription live on this connection, complete through `revision`.
-    /// Returns `false` if the connection is no longer open.
-    func register(_ subscription: Subscription, completeThrough revision: UInt64) -> Bool {
-        state.withLock { s in
-            guard s.phase == .open else { return false }
-            s.live[subscription.id] = Live(subscription: subscription, completeThrough: revision)
-            stats.subscriptions.add(1, ordering: .relaxed)
-            return true
-        }
+    /// Makes a subscription live on this connection. Returns `false` if the connection is
+    /// no longer open.
+    func register(_ subscription: Subscription) -> Bool {
+        guard phase == .open else { return false }
+        live[subscription.id] = subscription
+        count(subscriptions: 1)
+        return true
     }
 
     /// Ends a live subscription; returns it, or `nil` if it is not live (unknown, ended
     /// by `once`, or by overflow). No event of it is queued after this returns.
     func unregister(_ id: UInt64) -> Subscription? {
-        state.withLock { s in
-            guard let live = s.live.removeValue(forKey: id) else { return nil }
-            stats.subscriptions.subtract(1, ordering: .relaxed)
-            return live.subscription
-        }
+        guard let subscription = live.removeValue(forKey: id) else { return nil }
+        count(subscriptions: -1)
+        return subscription
     }
-
-    /// The number of live subscriptions.
-    var liveCount: Int { state.withLock { $0.live.count } }
-
-    /// The live subscriptions.
-    var liveSubscriptions: [Subscription] { state.withLock { $0.live.values.map(\.subscription) } }
 
     /// Ends every live subscription (the connection stays open for its replies); returns them.
     func unregisterAll() -> [Subscription] {
-        state.withLock { s in
-            let ended = s.live.values.map(\.subscription)
-            stats.subscriptions.subtract(ended.count, ordering: .relaxed)
-            s.live.removeAll()
-            return ended
-        }
+        let ended = Array(live.values)
+        count(subscriptions: -ended.count)
+        live.removeAll()
+        return ended
     }
+
+    /// The number of live subscriptions.
+    var liveCount: Int { live.count }
+
+    /// The live subscriptions.
+    var liveSubscriptions: [Subscription] { Array(live.values) }
 
     /// Ends a live subscription and queues `notice` (its last message) in the same step, so
     /// no event of it follows. Returns it, or nil if it was not live.
     func revoke(_ id: UInt64, notice: ByteBuffer) -> Subscription? {
-        let (ended, schedule) = state.withLock { s -> (Subscription?, Bool) in
-            guard s.phase == .open, let live = s.live.removeValue(forKey: id) else { return (nil, false) }
-            stats.subscriptions.subtract(1, ordering: .relaxed)
-            Self.push(notice, events: 1, into: &s)
-            return (live.subscription, Self.claimFlush(&s))
-        }
-        if schedule { scheduleFlush() }
-        return ended
+        guard phase == .open, let subscription = live.removeValue(forKey: id) else { return nil }
+        count(subscriptions: -1)
+        appendToTail(notice, events: 1)
+        return subscription
     }
 
     // MARK: Events
 
     /// Queues the change event of `record` for `subscription`, or overflows.
     func deliver(_ record: RevisionRecord, selected: SelectedChanges, to subscription: Subscription) -> Delivery {
-        var schedule = false
-        let outcome = state.withLock { s -> Delivery in
-            guard s.phase == .open, s.live[subscription.id] != nil else { return .skipped }
-            if s.queuedBytes >= limits.maxBytes || s.queuedEvents >= limits.maxEvents {
-                let victims = overflow(&s)
-                schedule = Self.claimFlush(&s)
-                return .overflowed(victims)
-            }
-            Self.append(into: &s, allocator: allocator, capacity: record.body.count + 48) { buffer in
-                record.writeEvent(&buffer, sub: subscription.id, selected: selected)
-            }
-            schedule = Self.claimFlush(&s)
-            if subscription.once {
-                s.live[subscription.id] = nil
-                stats.subscriptions.subtract(1, ordering: .relaxed)
-                return .ended
-            }
-            s.live[subscription.id]!.completeThrough = record.revision
-            return .delivered
+        guard phase == .open, live[subscription.id] != nil else { return .skipped }
+        if queuedBytes >= limits.maxBytes || queuedEvents >= limits.maxEvents {
+            return .overflowed(overflow())
         }
-        if schedule { scheduleFlush() }
-        if case .overflowed = outcome {
-            channel.eventLoop.scheduleTask(in: limits.grace) { [channel] in channel.close(promise: nil) }
+        let before = tail.readableBytes
+        tail.writeRaw(subscription.head)
+        record.writeEventBody(&tail, selected: selected)
+        queuedBytes += tail.readableBytes - before
+        queuedEvents += 1
+        tailEvents += 1
+        if subscription.once {
+            live[subscription.id] = nil
+            count(subscriptions: -1)
+            return .ended
         }
-        return outcome
+        subscription.completeThrough = record.revision
+        return .delivered
     }
 
-    /// Marks the connection overflowed: queues the `overflow` event, ends every subscription.
-    private func overflow(_ s: inout State) -> [Subscription] {
-        s.phase = .overflowed
-        let revs = s.live.map { (sub: $0.key, rev: $0.value.completeThrough) }.sorted { $0.sub < $1.sub }
+    /// Marks the connection overflowed: queues the `overflow` event, ends every
+    /// subscription, and closes the connection after the grace period if it is still open.
+    private func overflow() -> [Subscription] {
+        phase = .overflowed
+        let revs = live.map { (sub: $0.key, rev: $0.value.completeThrough) }.sorted { $0.sub < $1.sub }
         var buffer = allocator.buffer(capacity: 32 + 24 * revs.count)
         EventEncoder.writeOverflow(&buffer, revs: revs)
-        s.chunks.append(.ready(buffer, events: 1))
-        s.queuedBytes += buffer.readableBytes
-        s.queuedEvents += 1
-        let victims = s.live.values.map(\.subscription)
-        stats.subscriptions.subtract(victims.count, ordering: .relaxed)
+        appendToTail(buffer, events: 1)
+        let victims = Array(live.values)
+        count(subscriptions: -victims.count)
         stats.overflows.add(1, ordering: .relaxed)
-        s.live.removeAll()
+        live.removeAll()
+        if let channel = context?.channel {
+            channel.eventLoop.scheduleTask(in: limits.grace) { channel.close(promise: nil) }
+        }
         return victims
     }
 
-    // MARK: Flushing
+    // MARK: Writing
 
     /// Whether the queue holds at least its byte limit (the handler stops reading requests).
-    var isCongested: Bool { state.withLock { $0.queuedBytes >= limits.maxBytes } }
+    var isCongested: Bool { queuedBytes >= limits.maxBytes }
 
     /// Whether requests should still be processed.
-    var isOpen: Bool { state.withLock { $0.phase == .open } }
+    var isOpen: Bool { phase == .open }
 
-    /// Whether nothing is queued, reserved or on its way to the socket.
-    var isIdle: Bool { state.withLock { $0.chunks.isEmpty && $0.queuedBytes == 0 } }
+    /// Whether nothing is queued or reserved here (the channel may still be writing).
+    var isEmpty: Bool { chunks.isEmpty && tail.readableBytes == 0 }
 
-    /// Flushes later in this event-loop tick (once, however often it is asked).
-    func requestFlush() {
-        if state.withLock({ Self.claimFlush(&$0) }) { scheduleFlush() }
+    /// Hands ready bytes to the channel, from the head of the queue up to the first pending
+    /// slot, while the channel is writable; returns the number of bytes handed over.
+    @discardableResult
+    func flush() -> Int {
+        guard phase != .closed, let context else { return 0 }
+        let channel = context.channel
+        let wasCongested = queuedBytes >= limits.maxBytes / 2
+        var handed = 0
+        var events = 0
+        while channel.isWritable, let first = chunks.first, case .ready(let buffer, let n) = first {
+            chunks.removeFirst()
+            handed += buffer.readableBytes
+            events += n
+            context.write(NIOAny(buffer), promise: nil)
+        }
+        if chunks.isEmpty, tail.readableBytes > 0, channel.isWritable {
+            handed += tail.readableBytes
+            events += tailEvents
+            context.write(NIOAny(tail), promise: nil)
+            tail = freshTail()
+            tailEvents = 0
+        }
+        guard handed > 0 else { return 0 }
+        queuedBytes -= handed
+        queuedEvents -= events
+        context.flush()
+        if phase == .overflowed, isEmpty {
+            // The overflow event is handed over: close once the socket has taken it.
+            let channel = context.channel
+            let promise = context.eventLoop.makePromise(of: Void.self)
+            promise.futureResult.whenComplete { _ in channel.close(promise: nil) }
+            context.writeAndFlush(NIOAny(allocator.buffer(capacity: 0)), promise: promise)
+        } else if (wasCongested && queuedBytes < limits.maxBytes / 2) || isEmpty {
+            onProgress?()
+        }
+        return handed
     }
 
-    /// Writes every ready chunk at the head of the queue. Must run on the event loop.
-    func flush() {
-        channel.eventLoop.assertInEventLoop()
-        let (ready, bytes, events) = state.withLock { s -> ([ByteBuffer], Int, Int) in
-            s.flushScheduled = false
-            var ready: [ByteBuffer] = []
-            var bytes = 0
-            var events = 0
-            while let first = s.chunks.first, case .ready(let buffer, let n) = first {
-                s.chunks.removeFirst()
-                ready.append(buffer)
-                bytes += buffer.readableBytes
-                events += n
-            }
-            return (ready, bytes, events)
-        }
-        guard let last = ready.last else { return }
-        for buffer in ready.dropLast() { channel.write(buffer, promise: nil) }
-        stats.bytesOut.add(bytes, ordering: .relaxed)
-        channel.writeAndFlush(last).whenComplete { [self] _ in
-            self.written(bytes: bytes, events: events)
-        }
-    }
-
-    /// Accounts for bytes that left the process (or were dropped by a closed channel).
-    private func written(bytes: Int, events: Int) {
-        let (progress, finished) = state.withLock { s -> (Bool, Bool) in
-            let wasCongested = s.queuedBytes >= limits.maxBytes / 2
-            s.queuedBytes -= bytes
-            s.queuedEvents -= events
-            let drained = wasCongested && s.queuedBytes < limits.maxBytes / 2
-            let empty = s.queuedBytes == 0 && s.chunks.isEmpty
-            return (drained || empty, s.phase == .overflowed && empty)
-        }
-        if finished { channel.close(promise: nil) }
-        if progress { onProgress.value?() }
+    /// Calls `body` once everything queued has been written to the socket, or the
+    /// connection has closed (for a half-closed client's last replies, and shutdown).
+    func whenWritten(_ body: @escaping () -> Void) {
+        guard let context, phase != .closed else { return body() }
+        flush()
+        guard isEmpty else { return }  // the next progress calls back again
+        let promise = context.eventLoop.makePromise(of: Void.self)
+        promise.futureResult.whenComplete { _ in body() }
+        // An empty write completes once everything before it is written.
+        context.writeAndFlush(NIOAny(allocator.buffer(capacity: 0)), promise: promise)
     }
 
     /// Closes the queue; returns the subscriptions that were still live.
     func close() -> [Subscription] {
-        state.withLock { s in
-            s.phase = .closed
-            s.chunks.removeAll()
-            let remaining = s.live.values.map(\.subscription)
-            stats.subscriptions.subtract(remaining.count, ordering: .relaxed)
-            s.live.removeAll()
-            return remaining
-        }
+        phase = .closed
+        chunks.removeAll()
+        tail.clear()
+        queuedBytes = 0
+        queuedEvents = 0
+        return unregisterAll()
     }
 
     // MARK: Helpers
 
-    /// Queues encoded bytes: small ones are copied into the tail chunk, larger ones become
-    /// a chunk of their own.
-    private static func push(_ bytes: ByteBuffer, events: Int, into s: inout State) {
-        if bytes.readableBytes < 4096, appendToTail(&s, events: events, { tail in tail.writeImmutableBuffer(bytes) }) { return }
-        s.queuedBytes += bytes.readableBytes
-        s.queuedEvents += events
-        s.chunks.append(.ready(bytes, events: events))
+    private func count(subscriptions n: Int) {
+        stats.subscriptions.add(n, ordering: .relaxed)
+        tally.add(n)
     }
 
-    /// Encodes one event straight into the tail chunk when it has room (no buffer of its
-    /// own per event and subscriber: this runs once per delivered event), else into a new chunk.
-    private static func append(
-        into s: inout State, allocator: ByteBufferAllocator, capacity: Int, _ write: (inout ByteBuffer) -> Void
-    ) {
-        if appendToTail(&s, events: 1, write) { return }
-        var buffer = allocator.buffer(capacity: capacity)
-        write(&buffer)
-        s.queuedBytes += buffer.readableBytes
-        s.queuedEvents += 1
-        s.chunks.append(.ready(buffer, events: 1))
+    /// Moves the tail into the sealed chunks (before a slot), if it holds anything.
+    private func sealTail() {
+        guard tail.readableBytes > 0 else { return }
+        chunks.append(.ready(tail, events: tailEvents))
+        tail = freshTail()
+        tailEvents = 0
     }
 
-    /// Writes into the tail chunk, in place, if it is ready and under 64 KiB; `false`
-    /// (nothing written) otherwise.
-    private static func appendToTail(_ s: inout State, events: Int, _ write: (inout ByteBuffer) -> Void) -> Bool {
-        guard let last = s.chunks.indices.last, case .ready(var tail, let n) = s.chunks[last], tail.readableBytes < 64 * 1024
-        else { return false }
-        s.chunks[last] = .ready(ByteBuffer(), events: 0)  // `tail` is now the only reference: no copy
-        let before = tail.readableBytes
-        write(&tail)
-        s.queuedBytes += tail.readableBytes - before
-        s.queuedEvents += events
-        s.chunks[last] = .ready(tail, events: n + events)
-        return true
+    /// A new tail, sized like the last one was (within 1–64 KiB), so it rarely grows.
+    private func freshTail() -> ByteBuffer {
+        allocator.buffer(capacity: min(64 * 1024, max(1024, tail.readableBytes)))
     }
 
-    /// Marks a flush as scheduled; `true` if the caller must schedule it.
-    private static func claimFlush(_ s: inout State) -> Bool {
-        if s.flushScheduled { return false }
-        s.flushScheduled = true
-        return true
-    }
-
-    private func scheduleFlush() {
-        channel.eventLoop.execute { [self] in self.flush() }
+    /// Appends bytes: copied into the tail, or — a large reply or snapshot — queued as they
+    /// are, after the tail, with no copy.
+    private func appendToTail(_ bytes: ByteBuffer, events: Int) {
+        queuedBytes += bytes.readableBytes
+        queuedEvents += events
+        if bytes.readableBytes >= 64 * 1024 {
+            sealTail()
+            chunks.append(.ready(bytes, events: events))
+            return
+        }
+        var bytes = bytes
+        tail.writeBuffer(&bytes)
+        tailEvents += events
     }
 }
+
+@available(*, unavailable)
+extension Outbox: Sendable {}

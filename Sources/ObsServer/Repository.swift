@@ -1,45 +1,20 @@
 // ObsServer — one repository as the daemon serves it.
 //
-// The in-process `ObservableKit` parts, composed with the daemon's concerns: the keyed
-// state and its write rules, the index of subscriptions, ordered delivery of each
-// revision's pre-encoded event outside the lock, the bounded history for `since`, and
-// durability. A revision is applied in memory at once (later writes validate against it)
-// and handed to storage; nobody sees it — no event, no reply that reports it — until
-// storage says it is durable. If storage fails, the revisions it could not store are
-// undone in memory and whoever waited for them gets an error.
+// The keyed state and its write rules, the bounded history for `since`, and durability.
+// A revision is applied in memory at once (later writes validate against it) and handed to
+// storage; nobody sees it — no event, no reply that reports it — until storage says it is
+// durable. Then it is posted to every event loop with subscribers to the repository (see
+// `LoopShard`), and the loops waiting for replies are told. If storage fails, the revisions
+// it could not store are undone in memory and whoever waited for them gets an error.
 //
 // Subscribing happens under the same lock as writing, so a subscription's snapshot or
-// replay and its live events meet at exactly one revision: no gap, no overlap.
+// replay and its live events meet at exactly one revision: no gap, no overlap. What a
+// reader takes is copied out under the lock and encoded outside it.
 
-import NIOCore
 import ObsProtocol
 import ObsStore
 import ObservableKit
 import Synchronization
-
-/// A subscription as the index holds it: revisions at or below `after` were covered by
-/// its subscribe reply (snapshot or replay), so delivery skips them.
-struct Subscriber: Sendable {
-    let subscription: Subscription
-    let after: UInt64
-}
-
-/// One subscription of one connection.
-final class Subscription: Sendable {
-    /// The subscription number on its connection.
-    let id: UInt64
-    let repository: Repository
-    let outbox: Outbox
-    let once: Bool
-    let indexID = ObserverID.next()
-
-    init(id: UInt64, repository: Repository, outbox: Outbox, once: Bool) {
-        self.id = id
-        self.repository = repository
-        self.outbox = outbox
-        self.once = once
-    }
-}
 
 /// Identifies the state a reply was computed from: the number of revisions applied in
 /// memory so far, counting those later undone. Unlike revisions, these are never reused
@@ -78,16 +53,27 @@ struct WriteLimits: Sendable {
     var maxRevisionBytes: Int
 }
 
-/// Called once when a state is durable (`.success`) or will never be (`.failure`).
-typealias DurabilityWaiter = @Sendable (Result<Void, StorageError>) -> Void
-
 /// Whether the state a reply reports may be shown.
 enum Durability {
     case durable
-    /// A waiter was registered and will be called.
+    /// The loop that asked will be told (`LoopShard.Item.durable` or `.failed`).
     case pending
     /// The state was undone after a storage failure.
     case failed(StorageError)
+}
+
+/// What a new subscription starts with, copied out under the lock: its revision, the
+/// sequence of the state it reports, and its snapshot values or replayed revisions.
+struct SubscriptionStart {
+    let revision: UInt64
+    let sequence: StateSequence
+    /// With `initial`: the selected entries (unsorted).
+    let snapshot: [(key: Key, value: CanonicalJSON)]?
+    /// With `since`: the retained revisions above it.
+    let replay: [RevisionRecord]
+    /// Whether the subscription went live (false when its one `once` change was replayed,
+    /// or its connection is closing).
+    let registered: Bool
 }
 
 final class Repository: DurabilityListener, Sendable {
@@ -115,46 +101,37 @@ final class Repository: DurabilityListener, Sendable {
         var lastFailure: StorageError? = nil
         /// Applied in memory, handed to storage, not yet durable; oldest first.
         var pending: [Pending] = []
-        var waiters: [(sequence: StateSequence, waiter: DurabilityWaiter)] = []
-        /// Subscriptions registered on a state that is not durable yet.
-        var unconfirmed: [(subscriber: Subscriber, sequence: StateSequence)] = []
+        /// Event loops with subscribers to this repository, and how many each has.
+        var subscriberLoops: [(shard: LoopShard, count: Int)] = []
+        /// Event loops that have waited for a state of this repository to be durable.
+        var waitingLoops: [LoopShard] = []
     }
 
     private let state: Locked<State>
     /// The sequence of the latest durable state; readable without the lock.
     private let durableSequence = Atomic<StateSequence>(0)
+    /// The highest sequence ever undone (0: none); readable without the lock.
+    private let undoneCeiling = Atomic<StateSequence>(0)
+    /// Subscriptions of every loop; readable without the lock (the hub drops placeholders
+    /// nobody subscribes to).
+    private let subscribers = Atomic<Int>(0)
     /// Loaded from storage, or written in this process (even if storage undid it since): the
     /// hub never drops it (see `Hub`). Set once, never cleared.
     private let permanent = Atomic<Bool>(false)
-    /// The highest sequence ever undone (0: none); readable without the lock.
-    private let undoneCeiling = Atomic<StateSequence>(0)
-    private let index = KeyedObserverIndex<Subscriber>()
-    private let delivery: SerialDeliveryQueue<RevisionRecord>
     private let storage: any Storage
-    /// Where delivery runs when durability is reported by the storage thread.
-    private let deliveryLoop: (any EventLoop)?
     /// Counts repositories that exist (revision > 0).
     private let stats: ServerStats
 
-    init(
-        name: String, loaded: LoadedRepository? = nil, historyLimit: Int, historyMaxAge: Int64?, storage: any Storage,
-        deliveryLoop: (any EventLoop)?, hub: Hub
-    ) {
+    init(name: String, loaded: LoadedRepository? = nil, historyLimit: Int, historyMaxAge: Int64?, storage: any Storage, hub: Hub) {
         self.name = name
         self.epoch = loaded?.epoch ?? hub.freshEpoch
         self.storage = storage
         self.stats = hub.stats
-        self.deliveryLoop = storage.isImmediate ? nil : deliveryLoop
         var history = History(capacity: historyLimit, maxAge: historyMaxAge)
         for record in loaded?.history ?? [] { history.append(record) }
         let data = loaded?.state ?? KeyedState()
         self.state = Locked(State(data: data, history: history))
         if loaded != nil { permanent.store(true, ordering: .relaxed) }
-        let index = self.index
-        self.delivery = SerialDeliveryQueue { [weak hub] record in
-            guard let hub else { return }
-            Self.deliver(record, through: index, hub: hub)
-        }
     }
 
     // MARK: Reading
@@ -169,18 +146,18 @@ final class Repository: DurabilityListener, Sendable {
     /// Whether the hub keeps this repository for good (see `permanent`).
     var isPermanent: Bool { permanent.load(ordering: .acquiring) }
 
+    /// The number of live subscriptions, on every loop.
+    var subscriberCount: Int { subscribers.load(ordering: .relaxed) }
+
     /// The key's entry, and the state it was read from.
     func get(_ key: Key) -> (entry: Entry<CanonicalJSON>?, sequence: StateSequence) {
         state.withLock { ($0.data[key], $0.current) }
     }
 
-    /// The keys (optionally with a prefix) in byte order, with their values, at the current revision.
-    /// Replies that report them carry `epoch` too.
+    /// The keys (optionally with a prefix) with their values, unsorted, at the current
+    /// revision: copied out under the lock, sorted by the caller.
     func list(prefix: String?) -> (revision: UInt64, entries: [(key: Key, value: CanonicalJSON)], sequence: StateSequence) {
-        state.withLock { s in
-            let keys = s.data.keys(prefix: prefix)
-            return (s.data.revision, keys.map { ($0, s.data[$0]!.value) }, s.current)
-        }
+        state.withLock { s in (s.data.revision, Self.entries(of: s.data, .prefix(prefix ?? "")), s.current) }
     }
 
     /// The current state, for replies that report it (a conflict, say).
@@ -189,12 +166,12 @@ final class Repository: DurabilityListener, Sendable {
     // MARK: Writing
 
     /// Applies `ops` atomically. The resulting revision (if any) is delivered to
-    /// subscribers once durable; `whenDurable` tells the writer.
+    /// subscribers once durable; `awaitDurable` tells the writer's loop.
     ///
     /// The write rules are checked first: a write that fails them, or changes nothing, gets
     /// that answer whatever the limits. Then the limits, before anything is applied.
     func write(_ ops: [WriteOp<CanonicalJSON>], now: Int64, limits: WriteLimits) throws(WriteRefusal) -> WriteOutcome {
-        let outcome = try state.withLock { (s) throws(WriteRefusal) -> WriteOutcome in
+        try state.withLock { (s) throws(WriteRefusal) -> WriteOutcome in
             let changes: [Change<CanonicalJSON>]
             do throws(WriteError) { changes = try s.data.plan(ops) } catch { throw .rules(error) }
             let before = ops.map { s.data[$0.key] }
@@ -233,15 +210,13 @@ final class Repository: DurabilityListener, Sendable {
             s.history.append(record)
             if storage.isImmediate {
                 durableSequence.store(s.applied, ordering: .releasing)
-                enqueueForDelivery(record)
+                Self.publish(record, of: self, to: s.subscriberLoops)
             } else {
                 let beforeByKey = Dictionary(zip(ops.map(\.key), before), uniquingKeysWith: { first, _ in first })
                 s.pending.append(Pending(record: record, sequence: s.applied, previous: changes.map { beforeByKey[$0.key] ?? nil }))
             }
             return WriteOutcome(revision: changeSet.revision, changed: true, previous: previous, sequence: s.applied)
         }
-        if outcome.changed && storage.isImmediate { delivery.drain() }
-        return outcome
     }
 
     /// What one change adds to a revision record: its key, old and new value, and framing.
@@ -258,29 +233,27 @@ final class Repository: DurabilityListener, Sendable {
         return state.withLock { s in !s.undone.contains { $0.contains(sequence) } }
     }
 
-    /// Whether the state `sequence` may be shown; if it is not durable yet, `waiter` is
-    /// called once it is — or once it is undone.
-    func whenDurable(_ sequence: StateSequence, _ waiter: @escaping DurabilityWaiter) -> Durability {
+    /// Whether the state `sequence` may be shown; if it is not durable yet, `shard` is told
+    /// once it is — or once it is undone — and holds the reply meanwhile.
+    func awaitDurable(_ sequence: StateSequence, on shard: LoopShard) -> Durability {
         if durableSequence.load(ordering: .acquiring) >= sequence, sequence > undoneCeiling.load(ordering: .acquiring) {
             return .durable
         }
         return state.withLock { s in
             if s.undone.contains(where: { $0.contains(sequence) }), let failure = s.lastFailure { return .failed(failure) }
             if durableSequence.load(ordering: .relaxed) >= sequence { return .durable }
-            s.waiters.append((sequence, waiter))
+            if !s.waitingLoops.contains(where: { $0 === shard }) { s.waitingLoops.append(shard) }
             return .pending
         }
     }
 
     func durable(through revision: UInt64) {
-        let ready = state.withLock { s in confirm(&s, through: revision) }
-        scheduleDelivery()
-        for waiter in ready { waiter(.success(())) }
+        state.withLock { s in _ = confirm(&s, through: revision) }
     }
 
     func failed(after revision: UInt64, error: StorageError) {
-        let (ready, failed) = state.withLock { s in
-            let ready = confirm(&s, through: revision)
+        state.withLock { s in
+            confirm(&s, through: revision)
             // Undo, newest first, every revision storage did not keep.
             let undone = s.pending.filter { $0.record.revision > revision }
             for p in undone.reversed() {
@@ -303,62 +276,42 @@ final class Repository: DurabilityListener, Sendable {
             }
             s.current = durable
             s.lastFailure = error
-            let failed = s.waiters.filter { $0.sequence > durable }.map(\.waiter)
-            s.waiters.removeAll { $0.sequence > durable }
-            // Subscriptions that began on an undone state saw values that are gone; their
-            // subscribe waiters (among `failed`) end them on their connections.
-            for orphan in s.unconfirmed where orphan.sequence > durable { index.remove(orphan.subscriber.subscription.indexID) }
-            s.unconfirmed.removeAll { $0.sequence > durable }
-            return (ready, failed)
+            for shard in s.waitingLoops { shard.post(.failed(self, after: durable, error)) }
         }
-        scheduleDelivery()
-        for waiter in ready { waiter(.success(())) }
-        for waiter in failed { waiter(.failure(error)) }
     }
 
-    /// Moves revisions up to `revision` from pending to delivery; returns the waiters it satisfies.
-    private func confirm(_ s: inout State, through revision: UInt64) -> [DurabilityWaiter] {
+    /// Publishes the pending revisions up to `revision` and tells the waiting loops.
+    @discardableResult
+    private func confirm(_ s: inout State, through revision: UInt64) -> Bool {
         var confirmed = 0
         for p in s.pending {
             guard p.record.revision <= revision else { break }
-            enqueueForDelivery(p.record)
+            Self.publish(p.record, of: self, to: s.subscriberLoops)
             confirmed += 1
         }
-        guard confirmed > 0 else { return [] }
+        guard confirmed > 0 else { return false }
         let durable = s.pending[confirmed - 1].sequence
         s.pending.removeFirst(confirmed)
         durableSequence.store(durable, ordering: .releasing)
-        s.unconfirmed.removeAll { $0.sequence <= durable }
-        let ready = s.waiters.filter { $0.sequence <= durable }.map(\.waiter)
-        s.waiters.removeAll { $0.sequence <= durable }
-        return ready
+        for shard in s.waitingLoops { shard.post(.durable(self, through: durable)) }
+        return true
     }
 
-    /// Queues a revision for delivery — unless nobody subscribes to the repository. Runs
-    /// under the state lock, as subscribing does: a subscription registered later starts
-    /// at or above this revision and would not be sent it anyway.
-    private func enqueueForDelivery(_ record: RevisionRecord) {
-        if index.count > 0 { delivery.enqueue(record) }
-    }
-
-    private func scheduleDelivery() {
-        if let deliveryLoop {
-            deliveryLoop.execute { [delivery] in delivery.drain() }
-        } else {
-            delivery.drain()
-        }
+    /// Posts a durable revision to the loops with subscribers. Under the state lock, so each
+    /// loop's inbox holds this repository's revisions in order.
+    private static func publish(_ record: RevisionRecord, of repository: Repository, to loops: [(shard: LoopShard, count: Int)]) {
+        for loop in loops { loop.shard.post(.revision(record, repository)) }
     }
 
     // MARK: Subscribing
 
-    /// Registers `subscription` and reserves its reply in its outbox, with the snapshot
-    /// or replay the request asks for. Returns the slot, the bytes to fill it with, and the
-    /// state that must be durable before they may be sent.
+    /// Takes what `subscription` starts with and — unless its one `once` change is in the
+    /// replay — makes it live on its connection and routes it on its loop, all under the
+    /// lock, so its snapshot or replay and its first event meet at one revision.
     ///
-    /// - Throws: `compacted` when `since` cannot be served from the history.
-    func subscribe(
-        _ subscription: Subscription, _ request: SubscribeRequest, replyID: JSONValue, now: Int64
-    ) throws(ProtocolError) -> (slot: Outbox.Slot, reply: ByteBuffer, events: Int, sequence: StateSequence) {
+    /// - Throws: `compacted` when `since` cannot be served from the history (another
+    ///   epoch, a revision this daemon does not have, or one no longer retained).
+    func subscribe(_ subscription: Subscription, _ request: SubscribeRequest, now: Int64) throws(ProtocolError) -> SubscriptionStart {
         try state.withLock { (s) throws(ProtocolError) in
             let revision = s.data.revision
             var replay: [RevisionRecord] = []
@@ -381,103 +334,54 @@ final class Repository: DurabilityListener, Sendable {
                         .compacted,
                         "history of repository \(name) \(oldest); since \(since) is older: subscribe with initial: true")
                 }
-                replay = records
+                replay = records.filter { Self.selects(request.selection, $0) }
             }
-
-            var buffer = ByteBuffer()
-            ReplyEncoder.begin(&buffer, id: replyID)
-            buffer.writeMember(",\"sub\":", subscription.id)
-            buffer.writeMember(",\"rev\":", revision)
-            buffer.writeMember(",\"epoch\":", epoch)
-            ReplyEncoder.end(&buffer)
-            var events = 0
-            if request.initial {
-                Self.writeSnapshot(&buffer, of: s.data, subscription: subscription, request: request)
-                events += 1
-            }
-            for record in replay {
-                let keys = record.keys
-                let selected: SelectedChanges
-                switch request.selection {
-                case .all: selected = .all
-                default:
-                    let positions = keys.indices.filter { request.selection.matches(keys[$0]) }
-                    if positions.isEmpty { continue }
-                    selected = positions.count == keys.count ? .all : .some(positions)
+            let snapshot = request.initial ? Self.entries(of: s.data, request.selection) : nil
+            // A `once` subscription whose change is in the replay ends there, unregistered.
+            let live = !(subscription.once && !replay.isEmpty) && subscription.outbox.register(subscription)
+            if live {
+                subscription.after = revision
+                subscription.completeThrough = revision
+                let shard = subscription.outbox.shard
+                shard.route(subscription, for: request.selection)
+                if let i = s.subscriberLoops.firstIndex(where: { $0.shard === shard }) {
+                    s.subscriberLoops[i].count += 1
+                } else {
+                    s.subscriberLoops.append((shard, 1))
                 }
-                record.writeEvent(&buffer, sub: subscription.id, selected: selected)
-                events += 1
-                if subscription.once {
-                    // Its one change was in the replay: it ends here, unregistered.
-                    return (subscription.outbox.reserveSlot(), buffer, events, s.current)
-                }
+                subscribers.add(1, ordering: .relaxed)
             }
-            if request.since != nil {
-                EventEncoder.writeSynced(&buffer, sub: subscription.id, repo: name, rev: revision)
-                events += 1
-            }
-            let slot = subscription.outbox.reserveSlot()
-            if subscription.outbox.register(subscription, completeThrough: revision) {
-                let subscriber = Subscriber(subscription: subscription, after: revision)
-                index.insert(subscriber, for: request.selection, id: subscription.indexID)
-                if durableSequence.load(ordering: .relaxed) < s.current { s.unconfirmed.append((subscriber, s.current)) }
-            }
-            return (slot, buffer, events, s.current)
+            return SubscriptionStart(revision: revision, sequence: s.current, snapshot: snapshot, replay: replay, registered: live)
         }
     }
 
-    /// Removes a subscription from the index. Idempotent.
-    func removeSubscriber(_ subscription: Subscription) {
-        index.remove(subscription.indexID)
+    /// A subscription on `shard` ended (the shard stopped routing it).
+    func subscriberLeft(_ shard: LoopShard) {
+        state.withLock { s in
+            guard let i = s.subscriberLoops.firstIndex(where: { $0.shard === shard }) else { return }
+            s.subscriberLoops[i].count -= 1
+            if s.subscriberLoops[i].count == 0 { s.subscriberLoops.remove(at: i) }
+        }
+        subscribers.subtract(1, ordering: .relaxed)
     }
 
-    /// The number of subscriptions in the index.
-    var subscriberCount: Int { index.count }
+    // MARK: Helpers
 
-    // MARK: Delivery
+    /// Whether a revision touches a key the selection picks.
+    private static func selects(_ selection: Selection, _ record: RevisionRecord) -> Bool {
+        if case .all = selection { return true }
+        return record.changes.contains { selection.matches($0.key) }
+    }
 
-    private static func writeSnapshot(
-        _ buffer: inout ByteBuffer, of data: KeyedState<CanonicalJSON>, subscription: Subscription, request: SubscribeRequest
-    ) {
-        buffer.writeMember("{\"event\":\"snapshot\",\"sub\":", subscription.id)
-        buffer.writeMember(",\"repo\":", subscription.repository.name)
-        buffer.writeMember(",\"rev\":", data.revision)
-        buffer.writeRaw(",\"values\":{")
-        var first = true
-        func member(_ key: Key, _ value: CanonicalJSON) {
-            if !first { buffer.writeByte(UInt8(ascii: ",")) }
-            first = false
-            buffer.writeJSONString(key)
-            buffer.writeByte(UInt8(ascii: ":"))
-            buffer.writeCanonical(value)
-        }
-        switch request.selection {
+    /// The selected entries, unsorted.
+    private static func entries(of data: KeyedState<CanonicalJSON>, _ selection: Selection) -> [(key: Key, value: CanonicalJSON)] {
+        switch selection {
         case .keys(let keys):
-            for key in keys.sorted() { if let e = data[key] { member(key, e.value) } }
-        case .prefix(let prefix):
-            for key in data.keys(prefix: prefix) { member(key, data[key]!.value) }
-        case .all:
-            for key in data.keys() { member(key, data[key]!.value) }
+            return keys.compactMap { key in data[key].map { (key, $0.value) } }
+        case .prefix(let prefix) where !prefix.isEmpty:
+            return data.entries.compactMap { $0.key.hasBytePrefix(prefix) ? ($0.key, $0.value.value) : nil }
+        case .all, .prefix:
+            return data.entries.map { ($0.key, $0.value.value) }
         }
-        buffer.writeRaw("}}\n")
-    }
-
-    private static func deliver(_ record: RevisionRecord, through index: KeyedObserverIndex<Subscriber>, hub: Hub) {
-        var delivered = 0
-        for match in index.route(record.keys) where record.revision > match.observer.after {
-            let subscription = match.observer.subscription
-            switch subscription.outbox.deliver(record, selected: match.selected, to: subscription) {
-            case .delivered:
-                delivered += 1
-            case .skipped:
-                break
-            case .ended:
-                delivered += 1
-                hub.subscriptionEnded(subscription)
-            case .overflowed(let victims):
-                for victim in victims { hub.subscriptionEnded(victim) }
-            }
-        }
-        hub.stats.eventsOut.add(delivered, ordering: .relaxed)
     }
 }

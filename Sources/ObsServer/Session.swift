@@ -19,8 +19,8 @@ final class Session {
     let settings: SessionSettings
     let logger: Logger
     var nextSub: UInt64 = 1
-    /// Reused for encoding replies.
-    var scratch: ByteBuffer
+    /// The connection's loop's share of the daemon.
+    var shard: LoopShard { outbox.shard }
     /// The limits and policy this session last read, and what the policy grants per repository.
     private var runtime: Runtime.Snapshot
     private var permissions: [String: Permission] = [:]
@@ -35,7 +35,6 @@ final class Session {
         logger[metadataKey: "peer.uid"] = "\(peer.uid)"
         logger[metadataKey: "peer.pid"] = "\(peer.pid)"
         self.logger = logger
-        self.scratch = ByteBufferAllocator().buffer(capacity: 1024)
         self.runtime = hub.runtime.snapshot
     }
 
@@ -45,7 +44,7 @@ final class Session {
 
     /// Handles one frame from the connection.
     func handle(_ frame: LineFramer.Frame) {
-        hub.stats.requests.add(1, ordering: .relaxed)
+        shard.counters.countRequest()
         if hub.runtime.generation != runtime.generation {
             runtime = hub.runtime.snapshot
             permissions.removeAll()
@@ -65,7 +64,13 @@ final class Session {
 
     /// Ends every subscription; called when the connection closes.
     func close() {
-        for subscription in outbox.close() { hub.subscriptionEnded(subscription) }
+        for subscription in outbox.close() { shard.unroute(subscription) }
+    }
+
+    /// Ends every subscription and keeps the connection for its replies (the client shut
+    /// down its sending side: it asks for nothing more).
+    func endSubscriptions() {
+        for subscription in outbox.unregisterAll() { shard.unroute(subscription) }
     }
 
     // MARK: Commands
@@ -132,7 +137,7 @@ final class Session {
             guard let subscription = outbox.unregister(sub) else {
                 return fail(id: id, ProtocolError(.notFound, "no subscription \(sub) on this connection"))
             }
-            hub.subscriptionEnded(subscription)
+            shard.unroute(subscription)
             reply(id) { _ in }
         case .stats:
             stats(id)
@@ -158,7 +163,8 @@ final class Session {
 
     private func list(_ id: JSONValue, repo: String, prefix: String?, values: Bool) {
         let repository = hub.existing(repo)
-        let (revision, entries, sequence) = repository?.list(prefix: prefix) ?? (0, [], 0)
+        var (revision, entries, sequence) = repository?.list(prefix: prefix) ?? (0, [], 0)
+        entries.sort { $0.key < $1.key }  // outside the repository's lock
         let epoch = repository?.epoch ?? hub.freshEpoch
         reply(id, after: sequence, in: repository) { b in
             b.writeMember(",\"rev\":", revision)
@@ -211,7 +217,7 @@ final class Session {
         case .failure(.storageClosed):
             return fail(id: id, ProtocolError(.internal, "the daemon is stopping and takes no more writes; nothing was applied"))
         }
-        if outcome.changed { hub.stats.writes.add(1, ordering: .relaxed) }
+        if outcome.changed { shard.counters.countWrite() }
         reply(id, after: outcome.sequence, in: repository) { b in
             b.writeMember(",\"rev\":", outcome.revision)
             b.writeMember(",\"changed\":", outcome.changed)
@@ -272,11 +278,11 @@ final class Session {
             notice.writeMember(",\"message\":", error.message)
             notice.writeRaw("}}\n")
             if let ended = outbox.revoke(subscription.id, notice: notice) {
-                hub.subscriptionEnded(ended)
+                shard.unroute(ended)
                 logger.notice("subscription revoked by the access policy", metadata: ["repo": "\(subscription.repository.name)"])
             }
         }
-        outbox.flush()
+        shard.markDirty(outbox)
     }
 }
 

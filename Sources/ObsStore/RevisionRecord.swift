@@ -19,7 +19,7 @@ public final class RevisionRecord: Sendable {
     public let body: [UInt8]
     /// Each change's encoded object, kept only for multi-change revisions (which some
     /// subscribers see in part).
-    let encodedChanges: [[UInt8]]
+    @usableFromInline let encodedChanges: [[UInt8]]
     /// The length of the changes array at the end of `body`.
     private let changesLength: Int
 
@@ -50,6 +50,13 @@ public final class RevisionRecord: Sendable {
     /// changes `selected` picks.
     public func writeEvent<S: JSONSink>(_ sink: inout S, sub: UInt64, selected: SelectedChanges) {
         EventEncoder.writeChangeHead(&sink, sub: sub)
+        writeEventBody(&sink, selected: selected)
+    }
+
+    /// Writes a change event minus its head (`{"event":"change","sub":N`, which the
+    /// subscriber writes itself): the part every subscriber shares.
+    @inlinable
+    public func writeEventBody<S: JSONSink>(_ sink: inout S, selected: SelectedChanges) {
         switch selected {
         case .all:
             sink.writeRaw(body)

@@ -44,7 +44,7 @@ public struct Routed<Element: Sendable>: Sendable {
 /// `@inlinable` so that a client module specializes it for its observer type: it runs once
 /// per revision on the delivery path, and unspecialized generic code there cost a daemon a
 /// quarter of its throughput in runtime metadata lookups.
-public struct KeyedRoutes<Element: Sendable>: Sendable {
+public struct KeyedRoutes<Element> {
     @usableFromInline var exact: [Key: SlotList<Element>] = [:]
     @usableFromInline var prefixes: [Key: SlotList<Element>] = [:]
     /// UTF-8 length → number of distinct registered prefixes of that length.
@@ -147,6 +147,8 @@ public struct KeyedRoutes<Element: Sendable>: Sendable {
         all.slots.forEach(body)
     }
 }
+
+extension KeyedRoutes: Sendable where Element: Sendable {}
 
 /// A thread-safe index of observers by exact key, key prefix, or all keys.
 ///

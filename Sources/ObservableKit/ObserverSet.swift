@@ -26,9 +26,9 @@ private let observerIDCounter = Atomic<UInt64>(0)
 ///
 /// Order is not preserved across removals. Not thread-safe: owners keep it under a lock.
 @usableFromInline
-struct SlotList<Element: Sendable>: Sendable {
+struct SlotList<Element> {
     @usableFromInline
-    struct Slot: Sendable {
+    struct Slot {
         @usableFromInline let id: ObserverID
         @usableFromInline let element: Element
     }
@@ -74,6 +74,9 @@ struct SlotList<Element: Sendable>: Sendable {
         return removed
     }
 }
+
+extension SlotList: Sendable where Element: Sendable {}
+extension SlotList.Slot: Sendable where Element: Sendable {}
 
 /// A thread-safe set of observers of any `Sendable` type.
 ///

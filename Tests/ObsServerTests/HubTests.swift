@@ -35,9 +35,7 @@ extension Limits {
 }
 
 func makeHub(storage: any Storage = InMemoryStorage(), limits: Limits = .testing) throws -> Hub {
-    try Hub(
-        historyLimit: 100, historyMaxAge: nil, storage: storage, deliveryLoops: nil,
-        runtime: Runtime(limits: limits, policy: .open))
+    try Hub(historyLimit: 100, historyMaxAge: nil, storage: storage, runtime: Runtime(limits: limits, policy: .open))
 }
 
 /// An object whose identity stands for a connection.
@@ -70,17 +68,13 @@ let writeLimits = WriteLimits(maxKeys: 1000, maxRepositories: 1000, maxRevisionB
         var limits = Limits.testing
         limits.maxConnections = 10
         let hub = try makeHub(limits: limits)
-        let channel = EmbeddedChannel()
-        let outbox = Outbox(
-            channel: channel, limits: OutboxLimits(maxBytes: 1 << 20, maxEvents: 1000, grace: .seconds(1)), stats: hub.stats,
-            onProgress: nil)
         let peer = Peer(uid: 0, gid: 0, pid: 1)
         let admitted = Locked(0)
         let owners = (0..<200).map { _ in NSObjectLike() }
         await withTaskGroup(of: Void.self) { group in
             for owner in owners {
                 group.addTask {
-                    let entry = ConnectedPeer(peer: peer, outbox: outbox, since: .now) {}
+                    let entry = ConnectedPeer(peer: peer, since: .now, subscriptions: SubscriptionTally()) {}
                     if hub.admit(ObjectIdentifier(owner), entry) == nil { admitted.withLock { $0 += 1 } }
                 }
             }

@@ -1,0 +1,240 @@
+// ObsServer — one event loop's share of the daemon: the subscriptions of its connections,
+// by repository and key; the revisions and durability news waiting to be delivered on it;
+// the replies waiting for durability; and the connections with output to write.
+//
+// Delivery takes no lock per event. A repository posts each revision it may show (a
+// durable one) to the inbox of every loop with subscribers to it — under its own lock, so
+// an inbox holds each repository's revisions in revision order — and once per loop tick the
+// loop takes its inbox, routes each revision through its own index to its own connections'
+// outboxes, and writes each connection once. The inbox lock is taken once per revision per
+// loop, never per subscriber; nothing crosses threads per event.
+
+import NIOCore
+import ObsProtocol
+import ObsStore
+import ObservableKit
+import Synchronization
+
+/// What one loop has done, for `stats`. Written only by its loop — so a plain load and
+/// store count, no read-modify-write shared between threads — and read by anyone.
+final class LoopCounters: Sendable {
+    let requests = Atomic<Int>(0)
+    let writes = Atomic<Int>(0)
+    let eventsOut = Atomic<Int>(0)
+    let bytesOut = Atomic<Int>(0)
+
+    func countRequest() { Self.bump(requests, 1) }
+    func countWrite() { Self.bump(writes, 1) }
+    func count(events: Int) { Self.bump(eventsOut, events) }
+    func count(bytes: Int) { Self.bump(bytesOut, bytes) }
+
+    private static func bump(_ counter: borrowing Atomic<Int>, _ n: Int) {
+        counter.store(counter.load(ordering: .relaxed) &+ n, ordering: .relaxed)
+    }
+}
+
+final class LoopShard: @unchecked Sendable {
+    // @unchecked Sendable: `inbox` is behind a lock and `counters` are atomics; every other
+    // stored property is read and written only on `eventLoop` — by the loop's connection
+    // handlers and sessions, and by `tick`, which the loop runs — so no two threads ever touch
+    // them. Entry points assert it in debug builds.
+
+    /// News for this loop, posted from any thread.
+    enum Item: Sendable {
+        /// A durable revision of a repository this loop has subscribers to.
+        case revision(RevisionRecord, Repository)
+        /// Every state of the repository up to this sequence is durable.
+        case durable(Repository, through: StateSequence)
+        /// States of the repository after this sequence were undone.
+        case failed(Repository, after: StateSequence, StorageError)
+    }
+
+    let eventLoop: any EventLoop
+    let counters = LoopCounters()
+    private let hub: Hub
+    private let inbox = Locked<(items: [Item], scheduled: Bool)>(([], false))
+
+    // Loop-confined from here on.
+
+    private struct RepositoryRoutes {
+        let repository: Repository
+        var routes = KeyedRoutes<Subscription>()
+    }
+
+    /// A reply (or a subscription's first messages) waiting for a state to be durable.
+    struct Waiter {
+        let sequence: StateSequence
+        let outbox: Outbox
+        let slot: Outbox.Slot
+        let bytes: ByteBuffer
+        let events: Int
+        let id: JSONValue
+        /// Ends with the reply if the state is undone.
+        let subscription: Subscription?
+    }
+
+    private var routes: [ObjectIdentifier: RepositoryRoutes] = [:]
+    private var waiters: [ObjectIdentifier: CircularBuffer<Waiter>] = [:]
+    private var dirty: [Outbox] = []
+    private var tickScheduled = false
+
+    init(eventLoop: any EventLoop, hub: Hub) {
+        self.eventLoop = eventLoop
+        self.hub = hub
+    }
+
+    // MARK: Posting (any thread)
+
+    /// Queues news for this loop; it is handled in the loop's next tick.
+    func post(_ item: Item) {
+        let wasScheduled = inbox.withLock { box -> Bool in
+            box.items.append(item)
+            defer { box.scheduled = true }
+            return box.scheduled
+        }
+        guard !wasScheduled else { return }
+        if eventLoop.inEventLoop {
+            requestTick()
+        } else {
+            eventLoop.execute { self.tick() }
+        }
+    }
+
+    // MARK: Subscriptions (on the loop)
+
+    /// Makes `subscription` receive the revisions of its repository that its selection
+    /// picks. Called with the repository's lock held (see `Repository.subscribe`), so no
+    /// revision can slip between its snapshot and its first event.
+    func route(_ subscription: Subscription, for selection: Selection) {
+        eventLoop.assertInEventLoop()
+        let id = ObjectIdentifier(subscription.repository)
+        routes[id, default: RepositoryRoutes(repository: subscription.repository)].routes.insert(
+            subscription, for: selection, id: subscription.routeID)
+    }
+
+    /// Stops routing to `subscription`. Idempotent.
+    func unroute(_ subscription: Subscription) {
+        eventLoop.assertInEventLoop()
+        let id = ObjectIdentifier(subscription.repository)
+        guard routes[id]?.routes.remove(subscription.routeID) != nil else { return }
+        if routes[id]?.routes.count == 0 { routes[id] = nil }
+        subscription.repository.subscriberLeft(self)
+        hub.subscriptionEnded(subscription.repository)
+    }
+
+    // MARK: Durability waits (on the loop)
+
+    /// Holds a reply in its outbox slot until its state is durable; `Repository.awaitDurable`
+    /// said it is pending, and registered this loop for the news.
+    func wait(_ waiter: Waiter, on repository: Repository) {
+        eventLoop.assertInEventLoop()
+        waiters[ObjectIdentifier(repository), default: CircularBuffer()].append(waiter)
+    }
+
+    // MARK: Output (on the loop)
+
+    /// Writes `outbox` at the end of this tick (once, however often it is asked).
+    func markDirty(_ outbox: Outbox) {
+        eventLoop.assertInEventLoop()
+        if outbox.isDirty { return }
+        outbox.isDirty = true
+        dirty.append(outbox)
+        requestTick()
+    }
+
+    private func requestTick() {
+        if tickScheduled { return }
+        tickScheduled = true
+        eventLoop.execute { self.tick() }
+    }
+
+    // MARK: The tick
+
+    /// Handles what was posted, then writes every connection that has output. Runs as a
+    /// task of the loop, after the loop has handled the reads of its current iteration.
+    private func tick() {
+        eventLoop.assertInEventLoop()
+        tickScheduled = false
+        let items = inbox.withLock { box -> [Item] in
+            box.scheduled = false
+            var taken: [Item] = []
+            swap(&taken, &box.items)
+            return taken
+        }
+        var delivered = 0
+        for item in items {
+            switch item {
+            case .revision(let record, let repository): delivered += deliver(record, of: repository)
+            case .durable(let repository, let sequence): release(repository, through: sequence)
+            case .failed(let repository, let sequence, let error): fail(repository, after: sequence, error)
+            }
+        }
+        if delivered > 0 { counters.count(events: delivered) }
+        let outboxes = dirty
+        dirty.removeAll(keepingCapacity: true)
+        var written = 0
+        for outbox in outboxes {
+            outbox.isDirty = false
+            written += outbox.flush()
+        }
+        if written > 0 { counters.count(bytes: written) }
+    }
+
+    /// Routes one revision to this loop's subscribers of its repository; the number of
+    /// events queued.
+    private func deliver(_ record: RevisionRecord, of repository: Repository) -> Int {
+        guard let entry = routes[ObjectIdentifier(repository)] else { return 0 }
+        var delivered = 0
+        var ended: [Subscription] = []
+        entry.routes.route(record.keys) { _, subscription, selected in
+            guard record.revision > subscription.after else { return }
+            let outbox = subscription.outbox
+            switch outbox.deliver(record, selected: selected, to: subscription) {
+            case .delivered:
+                delivered += 1
+            case .skipped:
+                return
+            case .ended:
+                delivered += 1
+                ended.append(subscription)
+            case .overflowed(let victims):
+                ended.append(contentsOf: victims)
+            }
+            markDirty(outbox)
+        }
+        for subscription in ended { unroute(subscription) }
+        return delivered
+    }
+
+    /// Sends the waiting replies whose states are now durable, in order.
+    private func release(_ repository: Repository, through sequence: StateSequence) {
+        let id = ObjectIdentifier(repository)
+        guard var queue = waiters.removeValue(forKey: id) else { return }
+        while let first = queue.first, first.sequence <= sequence {
+            queue.removeFirst()
+            first.outbox.fill(first.slot, with: first.bytes, events: first.events)
+            markDirty(first.outbox)
+        }
+        if !queue.isEmpty { waiters[id] = queue }
+    }
+
+    /// Replaces the waiting replies whose states were undone by the error; a subscription
+    /// that began on undone state ends with it (it saw values that are gone).
+    private func fail(_ repository: Repository, after sequence: StateSequence, _ error: StorageError) {
+        let id = ObjectIdentifier(repository)
+        guard var queue = waiters.removeValue(forKey: id) else { return }
+        var kept = CircularBuffer<Waiter>()
+        while let waiter = queue.popFirst() {
+            guard waiter.sequence > sequence else {
+                kept.append(waiter)
+                continue
+            }
+            if let subscription = waiter.subscription, waiter.outbox.unregister(subscription.id) != nil {
+                unroute(subscription)
+            }
+            waiter.outbox.fill(waiter.slot, with: Session.storageFailure(id: waiter.id, error, repo: repository.name))
+            markDirty(waiter.outbox)
+        }
+        if !kept.isEmpty { waiters[id] = kept }
+    }
+}
