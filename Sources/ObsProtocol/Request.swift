@@ -10,7 +10,7 @@
 import ObservableKit
 
 /// A decoded request: its echoed `id` and what it asks.
-public struct Request: Sendable {
+public struct Request: Sendable, Equatable {
     /// The request's `id`, echoed verbatim in the reply; `.null` when it had none.
     public var id: JSONValue
     public var command: Command
@@ -22,7 +22,7 @@ public struct Request: Sendable {
 }
 
 /// What a request asks the daemon to do.
-public enum Command: Sendable {
+public enum Command: Sendable, Equatable {
     case hello(protocol: Int64?, client: String?)
     case ping
     case get(repo: String, key: Key)
@@ -105,6 +105,13 @@ extension Request {
     /// Decodes one line (without its newline). The values a request only stores and
     /// forwards are validated and kept canonical, never built as trees.
     public static func decode(line: UnsafeRawBufferPointer, maxDepth: Int = JSONParser.defaultMaxDepth) throws(RequestFailure) -> Request {
+        if let request = scan(line, maxDepth: maxDepth) { return request }
+        return try decodeInGeneral(line: line, maxDepth: maxDepth)
+    }
+
+    /// The general decoder: every request, every error with its message. `decode(line:)`
+    /// reads the common requests faster (`scan`) and comes here for the rest.
+    public static func decodeInGeneral(line: UnsafeRawBufferPointer, maxDepth: Int = JSONParser.defaultMaxDepth) throws(RequestFailure) -> Request {
         guard let base = line.baseAddress, line.count > 0 else {
             throw RequestFailure(id: .null, .badJSON, "invalid JSON: \(JSONParseError(reason: "empty input", offset: 0))")
         }

@@ -12,7 +12,7 @@ struct History: Sendable {
     let capacity: Int
     /// Records older than this many seconds are gone (nil: no age limit).
     let maxAge: Int64?
-    private var ring: [RevisionRecord] = []
+    private var ring: [Revision] = []
     private var head = 0  // index of the oldest record once the ring is full
 
     init(capacity: Int, maxAge: Int64?) {
@@ -22,7 +22,7 @@ struct History: Sendable {
 
     var count: Int { ring.count }
 
-    private func record(_ i: Int) -> RevisionRecord { ring[(head + i) % ring.count] }
+    private func record(_ i: Int) -> Revision { ring[(head + i) % ring.count] }
 
     /// The oldest revision held and not expired at `now`, if any.
     func oldestRevision(now: Int64) -> UInt64? {
@@ -39,13 +39,13 @@ struct History: Sendable {
         var high = ring.count
         while low < high {
             let mid = (low + high) / 2
-            if record(mid).time < now - maxAge { low = mid + 1 } else { high = mid }
+            if record(mid).record.time < now - maxAge { low = mid + 1 } else { high = mid }
         }
         return low < ring.count ? low : nil
     }
 
     /// Appends the next revision, dropping the oldest when full.
-    mutating func append(_ record: RevisionRecord) {
+    mutating func append(_ record: Revision) {
         guard capacity > 0 else { return }
         if ring.count < capacity {
             ring.append(record)
@@ -66,7 +66,7 @@ struct History: Sendable {
 
     /// The records with revisions above `revision`, oldest first — or `nil` when the
     /// history (as of `now`) no longer reaches back to `revision + 1` while `current` is above it.
-    func records(after revision: UInt64, current: UInt64, now: Int64) -> [RevisionRecord]? {
+    func records(after revision: UInt64, current: UInt64, now: Int64) -> [Revision]? {
         if revision >= current { return [] }
         guard let first = firstLive(now: now) else { return nil }
         let oldest = record(first).revision

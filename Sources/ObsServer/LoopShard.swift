@@ -42,7 +42,7 @@ final class LoopShard: @unchecked Sendable {
     /// News for this loop, posted from any thread.
     enum Item: Sendable {
         /// A durable revision of a repository this loop has subscribers to.
-        case revision(RevisionRecord, Repository)
+        case revision(Revision, Repository)
         /// Every state of the repository up to this sequence is durable.
         case durable(Repository, through: StateSequence)
         /// States of the repository after this sequence were undone.
@@ -182,7 +182,7 @@ final class LoopShard: @unchecked Sendable {
 
     /// Routes one revision to this loop's subscribers of its repository; the number of
     /// events queued.
-    private func deliver(_ record: RevisionRecord, of repository: Repository) -> Int {
+    private func deliver(_ record: Revision, of repository: Repository) -> Int {
         guard let entry = routes[ObjectIdentifier(repository)] else { return 0 }
         var delivered = 0
         var ended: [Subscription] = []

@@ -171,7 +171,7 @@ final class Outbox {
     // MARK: Events
 
     /// Queues the change event of `record` for `subscription`, or overflows.
-    func deliver(_ record: RevisionRecord, selected: SelectedChanges, to subscription: Subscription) -> Delivery {
+    func deliver(_ record: Revision, selected: SelectedChanges, to subscription: Subscription) -> Delivery {
         guard phase == .open, live[subscription.id] != nil else { return .skipped }
         if queuedBytes >= limits.maxBytes || queuedEvents >= limits.maxEvents {
             return .overflowed(overflow())

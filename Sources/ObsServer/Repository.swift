@@ -70,7 +70,7 @@ struct SubscriptionStart {
     /// With `initial`: the selected entries (unsorted).
     let snapshot: [(key: Key, value: CanonicalJSON)]?
     /// With `since`: the retained revisions above it.
-    let replay: [RevisionRecord]
+    let replay: [Revision]
     /// Whether the subscription went live (false when its one `once` change was replayed,
     /// or its connection is closing).
     let registered: Bool
@@ -83,7 +83,7 @@ final class Repository: DurabilityListener, Sendable {
     let epoch: String
 
     private struct Pending: Sendable {
-        let record: RevisionRecord
+        let revision: Revision
         let sequence: StateSequence
         /// Each change's key entry before the revision, to undo it.
         let previous: [Entry<CanonicalJSON>?]
@@ -128,7 +128,7 @@ final class Repository: DurabilityListener, Sendable {
         self.storage = storage
         self.stats = hub.stats
         var history = History(capacity: historyLimit, maxAge: historyMaxAge)
-        for record in loaded?.history ?? [] { history.append(record) }
+        for record in loaded?.history ?? [] { history.append(Revision(record)) }
         let data = loaded?.state ?? KeyedState()
         self.state = Locked(State(data: data, history: history))
         if loaded != nil { permanent.store(true, ordering: .relaxed) }
@@ -197,6 +197,7 @@ final class Repository: DurabilityListener, Sendable {
             }
             let changeSet = ChangeSet(revision: s.data.revision + 1, changes: changes)
             let record = RevisionRecord(repo: name, changeSet: changeSet, time: now)
+            let revision = Revision(record)
             // Storage never calls back from inside `append` (this lock is held): a store that
             // no longer takes revisions says so, and nothing is applied.
             if !storage.isImmediate, !storage.append(record, listener: self) {
@@ -207,13 +208,13 @@ final class Repository: DurabilityListener, Sendable {
             if creates { permanent.store(true, ordering: .releasing) }
             s.applied += 1
             s.current = s.applied
-            s.history.append(record)
+            s.history.append(revision)
             if storage.isImmediate {
                 durableSequence.store(s.applied, ordering: .releasing)
-                Self.publish(record, of: self, to: s.subscriberLoops)
+                Self.publish(revision, of: self, to: s.subscriberLoops)
             } else {
                 let beforeByKey = Dictionary(zip(ops.map(\.key), before), uniquingKeysWith: { first, _ in first })
-                s.pending.append(Pending(record: record, sequence: s.applied, previous: changes.map { beforeByKey[$0.key] ?? nil }))
+                s.pending.append(Pending(revision: revision, sequence: s.applied, previous: changes.map { beforeByKey[$0.key] ?? nil }))
             }
             return WriteOutcome(revision: changeSet.revision, changed: true, previous: previous, sequence: s.applied)
         }
@@ -255,13 +256,13 @@ final class Repository: DurabilityListener, Sendable {
         state.withLock { s in
             confirm(&s, through: revision)
             // Undo, newest first, every revision storage did not keep.
-            let undone = s.pending.filter { $0.record.revision > revision }
+            let undone = s.pending.filter { $0.revision.revision > revision }
             for p in undone.reversed() {
-                s.data.revert(ChangeSet(revision: p.record.revision, changes: p.record.changes), previous: p.previous)
-                if p.record.revision == 1 { stats.repositories.subtract(1, ordering: .relaxed) }
+                s.data.revert(ChangeSet(revision: p.revision.revision, changes: p.revision.record.changes), previous: p.previous)
+                if p.revision.revision == 1 { stats.repositories.subtract(1, ordering: .relaxed) }
             }
             s.history.removeLast(undone.count)
-            s.pending.removeAll { $0.record.revision > revision }
+            s.pending.removeAll { $0.revision.revision > revision }
             storage.discard(self, after: revision)
             // Every state after the durable one is gone, including those reported by no-op
             // writes and reads; what remains is the durable state itself.
@@ -285,8 +286,8 @@ final class Repository: DurabilityListener, Sendable {
     private func confirm(_ s: inout State, through revision: UInt64) -> Bool {
         var confirmed = 0
         for p in s.pending {
-            guard p.record.revision <= revision else { break }
-            Self.publish(p.record, of: self, to: s.subscriberLoops)
+            guard p.revision.revision <= revision else { break }
+            Self.publish(p.revision, of: self, to: s.subscriberLoops)
             confirmed += 1
         }
         guard confirmed > 0 else { return false }
@@ -299,8 +300,8 @@ final class Repository: DurabilityListener, Sendable {
 
     /// Posts a durable revision to the loops with subscribers. Under the state lock, so each
     /// loop's inbox holds this repository's revisions in order.
-    private static func publish(_ record: RevisionRecord, of repository: Repository, to loops: [(shard: LoopShard, count: Int)]) {
-        for loop in loops { loop.shard.post(.revision(record, repository)) }
+    private static func publish(_ revision: Revision, of repository: Repository, to loops: [(shard: LoopShard, count: Int)]) {
+        for loop in loops { loop.shard.post(.revision(revision, repository)) }
     }
 
     // MARK: Subscribing
@@ -314,7 +315,7 @@ final class Repository: DurabilityListener, Sendable {
     func subscribe(_ subscription: Subscription, _ request: SubscribeRequest, now: Int64) throws(ProtocolError) -> SubscriptionStart {
         try state.withLock { (s) throws(ProtocolError) in
             let revision = s.data.revision
-            var replay: [RevisionRecord] = []
+            var replay: [Revision] = []
             if let since = request.since {
                 if let seen = request.epoch, seen != epoch {
                     throw ProtocolError(
@@ -368,9 +369,9 @@ final class Repository: DurabilityListener, Sendable {
     // MARK: Helpers
 
     /// Whether a revision touches a key the selection picks.
-    private static func selects(_ selection: Selection, _ record: RevisionRecord) -> Bool {
+    private static func selects(_ selection: Selection, _ revision: Revision) -> Bool {
         if case .all = selection { return true }
-        return record.changes.contains { selection.matches($0.key) }
+        return revision.record.changes.contains { selection.matches($0.key) }
     }
 
     /// The selected entries, unsorted.

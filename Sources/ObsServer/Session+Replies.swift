@@ -121,7 +121,7 @@ extension Session {
     }
 
     /// Which of a replayed revision's changes a selection picks.
-    private static func selected(_ selection: Selection, of record: RevisionRecord) -> SelectedChanges {
+    private static func selected(_ selection: Selection, of record: Revision) -> SelectedChanges {
         if case .all = selection { return .all }
         let keys = record.keys
         let positions = keys.indices.filter { selection.matches(keys[$0]) }

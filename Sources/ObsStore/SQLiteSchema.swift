@@ -235,13 +235,8 @@ enum Loader {
     }
 
     private static func changes(_ bytes: UnsafeRawBufferPointer, path: String, repo: String, rev: UInt64) throws(StorageError) -> [Change<CanonicalJSON>] {
-        let damaged = StorageError(.corrupt, "\(path): history revision \(rev) of repository \(repo) is damaged")
-        guard let array = try? JSONParser.parse(bytes, maxDepth: 100_000).arrayValue else { throw damaged }
-        var changes: [Change<CanonicalJSON>] = []
-        changes.reserveCapacity(array.count)
-        for item in array {
-            guard let object = item.objectValue, let key = object["key"]?.stringValue else { throw damaged }
-            changes.append(Change(key: Key(key), old: object["old"].map { CanonicalJSON($0) }, new: object["new"].map { CanonicalJSON($0) }))
+        guard let changes = HistoryCodec.decode(bytes) else {
+            throw StorageError(.corrupt, "\(path): history revision \(rev) of repository \(repo) is damaged")
         }
         return changes
     }

@@ -323,7 +323,7 @@ private final class Committer {
             try insertHistory.bind(1, id)
             try insertHistory.bind(2, Int64(bitPattern: record.revision))
             try insertHistory.bind(3, record.time)
-            try insertHistory.bind(4, lending: { record.changesJSON.withUnsafeBufferPointer($0) })
+            try insertHistory.bind(4, bytes: HistoryCodec.encode(record.changes))
             try insertHistory.run()
         }
         for name in order {

@@ -44,6 +44,8 @@ public enum WriteOp<Value: Sendable>: Sendable {
     }
 }
 
+extension WriteOp: Equatable where Value: Equatable {}
+
 /// Why a write was refused. Nothing was applied.
 public enum WriteError: Error, Sendable, Equatable {
     /// A compare-and-set condition failed: `key` is at `actual`, not `expected`.

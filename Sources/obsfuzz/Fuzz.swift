@@ -11,7 +11,8 @@
 // - whatever parses as JSON re-encodes to text that parses to an equal value, and that
 //   encoding is stable;
 // - the canonicalizing parser (values as the daemon keeps them, no tree) accepts exactly
-//   what the tree parser accepts, and yields the tree's encoding and plainness.
+//   what the tree parser accepts, and yields the tree's encoding and plainness;
+// - the request decoder's fast path never decodes a line differently from the general one.
 
 import ObsProtocol
 import ObservableKit
@@ -37,7 +38,11 @@ func fuzzOne(_ data: UnsafeRawBufferPointer) {
 }
 
 func check(_ line: UnsafeRawBufferPointer) {
-    _ = try? Request.decode(line: line)
+    let general = Result { () throws(RequestFailure) in try Request.decodeInGeneral(line: line) }
+    if let fast = Request.scan(line, maxDepth: JSONParser.defaultMaxDepth) {
+        guard case .success(let request) = general else { preconditionFailure("the fast path accepted a line the decoder refuses") }
+        precondition(fast == request, "the fast path decoded a line differently")
+    }
     _ = try? ServerMessage.decode(line: line)
     let canonical = try? CanonicalJSON(validating: line)
     guard let value = try? JSONParser.parse(line) else {

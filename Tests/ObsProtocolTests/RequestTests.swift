@@ -226,3 +226,43 @@ func failure(_ text: String) -> RequestFailure? {
         #expect(text.contains("\"obsd/\(ObsRelease.version)\""), "docs/PROTOCOL.md shows the hello reply of this release")
     }
 }
+
+@Suite struct FastPathTests {
+    static let lines = [
+        #"{"id":1,"op":"set","repo":"busbench","key":"bb.fan","value":1700000000000}"#,
+        #"{"op":"set","repo":"r","key":"é/k","value":{"b":[1,2.5,null],"a":"x"},"ifRev":0,"force":true,"extra":{"deep":[1]}}"#,
+        #"{"id":"s","op":"get","repo":"r","key":"k"}"#,
+        #"{"op":"delete","repo":"r","key":"k","ifRev":null}"#,
+        #"{"op":"subscribe","repo":"r","keys":["a","b","a"],"initial":true,"once":false}"#,
+        #"{"op":"subscribe","repo":"r","prefix":"","since":4,"epoch":"e"}"#,
+        #"{"op":"subscribe","repo":"r","prefix":"p/","epoch":"e"}"#,
+        #"{"op":"unsubscribe","sub":3,"id":-9}"#,
+        #"{"op":"list","repo":"r","values":true,"prefix":null}"#,
+        #"{"op":"hello","protocol":1,"client":"c"}"#,
+        #"{ "op" : "ping" , "op" : "stats" }"#,
+        #"{"op":"repos"}"#,
+    ]
+    /// Lines the fast path leaves to the general decoder (which accepts or refuses them).
+    static let general = [
+        #"{"op":"set","repo":"r","key":"k\u0041","value":1}"#, #"{"op":"batch","repo":"r","ops":[]}"#,
+        #"{"op":"set","repo":"bad name","key":"k","value":1}"#, #"{"op":"set","repo":"r","key":"","value":1}"#,
+        #"{"op":"set","repo":"r","key":"k","value":1,"ifRev":3.0}"#, #"{"op":"get","repo":"r","key":"k","id":1.5}"#,
+        #"{"op":"subscribe","repo":"r","keys":["a"],"prefix":"p"}"#, #"{"op":"subscribe","repo":"r","initial":true,"since":1}"#,
+        #"{"op":"nope"}"#, #"{}"#, #"[1]"#, #"{"op":"set","repo":"r","key":"k"}"#, #"{"op":"get","repo":"r","key":"k"} x"#,
+        #"{"op":"get","repo":"r","key":"k","id":true}"#, #"{"op":"get","repo":"r","key":"k","junk":[1,]}"#,
+        #"{"op":"subscribe","repo":"r","prefix":"p/","epoch":7}"#,
+    ]
+
+    @Test(arguments: lines) func theFastPathReadsTheCommonRequestsAsTheDecoderDoes(_ text: String) throws {
+        try Array(text.utf8).withUnsafeBytes { raw in
+            let fast = try #require(Request.scan(raw), "the fast path takes \(text)")
+            #expect(fast == (try Request.decodeInGeneral(line: raw)))
+        }
+    }
+
+    @Test(arguments: general) func theRestGoesToTheGeneralDecoder(_ text: String) {
+        Array(text.utf8).withUnsafeBytes { raw in
+            #expect(Request.scan(raw) == nil, "\(text)")
+        }
+    }
+}

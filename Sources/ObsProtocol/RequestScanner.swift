@@ -1,0 +1,267 @@
+// ObsProtocol — the fast path of request decoding: the requests clients send most, read
+// straight from their bytes into a `Request`, with no tree and no member table.
+//
+// It takes only what it is sure of: member names and strings without escapes, ids that are
+// integers, strings or null, revisions that are plain integer literals, booleans, a value
+// (canonicalized in one pass), a list of plain keys. Every other member is validated and
+// skipped as the general decoder would skip it. Anything else — an escape, a `batch`, a
+// field of an unexpected type, a rule broken, invalid JSON — returns nil and the general
+// decoder takes the line, so every answer, every error message included, is exactly the
+// general decoder's (the fuzz harness checks that the two agree).
+
+import ObservableKit
+
+extension Request {
+    /// The request `line` holds, when the fast path can read it; nil otherwise.
+    public static func scan(_ line: UnsafeRawBufferPointer, maxDepth: Int = JSONParser.defaultMaxDepth) -> Request? {
+        guard let base = line.baseAddress, line.count > 0 else { return nil }
+        var parser = Parser(base: base.assumingMemoryBound(to: UInt8.self), end: line.count, maxDepth: maxDepth)
+        var fields = ScannedFields()
+        guard (try? parser.scanRequest(into: &fields)) == true else { return nil }
+        return fields.request()
+    }
+}
+
+/// The members the fast path knows, as it found them. `nil`: absent (or JSON `null`).
+struct ScannedFields {
+    var id: JSONValue = .null
+    var op: String?
+    var repo: String?
+    var key: Key?
+    var value: CanonicalJSON?
+    var ifRev: UInt64?
+    var force: Bool?
+    var since: UInt64?
+    var sub: UInt64?
+    var epoch: String?
+    var initial: Bool?
+    var once: Bool?
+    var values: Bool?
+    var prefix: String?
+    var keys: Set<Key>?
+    var client: String?
+    var proto: Int64?
+
+    /// The request these members make, when it is well-formed; nil leaves the judgement
+    /// (and the message) to the general decoder.
+    func request() -> Request? {
+        guard let op else { return nil }
+        let command: Command
+        switch op {
+        case "set":
+            guard let repo, let key, let value else { return nil }
+            command = .set(repo: repo, key: key, value: value, ifRev: ifRev, force: force ?? false)
+        case "get":
+            guard let repo, let key else { return nil }
+            command = .get(repo: repo, key: key)
+        case "delete":
+            guard let repo, let key else { return nil }
+            command = .delete(repo: repo, key: key, ifRev: ifRev)
+        case "subscribe":
+            guard let repo, keys == nil || prefix == nil, !(initial == true && since != nil) else { return nil }
+            var selection = Selection.all
+            if let keys { selection = .keys(keys) } else if let prefix, !prefix.isEmpty { selection = .prefix(prefix) }
+            command = .subscribe(
+                SubscribeRequest(
+                    repo: repo, selection: selection, initial: initial ?? false, since: since, epoch: since == nil ? nil : epoch,
+                    once: once ?? false))
+        case "unsubscribe":
+            guard let sub else { return nil }
+            command = .unsubscribe(sub: sub)
+        case "list":
+            guard let repo else { return nil }
+            command = .list(repo: repo, prefix: prefix, values: values ?? false)
+        case "ping": command = .ping
+        case "hello": command = .hello(protocol: proto, client: client)
+        case "repos": command = .repos
+        case "stats": command = .stats
+        default: return nil
+        }
+        return Request(id: id, command: command)
+    }
+}
+
+/// The fast path's reading of a member it does not trust itself to judge.
+private struct NotFast: Error {}
+
+extension Parser {
+    /// Reads a request object into `fields`; false (or a throw) when the line needs the
+    /// general decoder.
+    mutating func scanRequest(into fields: inout ScannedFields) throws -> Bool {
+        skipWhitespace()
+        guard pos < end, base[pos] == UInt8(ascii: "{") else { return false }
+        pos += 1
+        skipWhitespace()
+        if pos < end, base[pos] == UInt8(ascii: "}") { return false }  // no op: the general decoder says so
+        while true {
+            skipWhitespace()
+            guard pos < end, base[pos] == UInt8(ascii: "\"") else { return false }
+            let name = try plainString()
+            skipWhitespace()
+            guard pos < end, base[pos] == UInt8(ascii: ":") else { return false }
+            pos += 1
+            skipWhitespace()
+            guard pos < end else { return false }
+            try scanMember(name, into: &fields)
+            skipWhitespace()
+            guard pos < end else { return false }
+            if base[pos] == UInt8(ascii: ",") {
+                pos += 1
+                continue
+            }
+            guard base[pos] == UInt8(ascii: "}") else { return false }
+            pos += 1
+            skipWhitespace()
+            return pos == end
+        }
+    }
+
+    private mutating func scanMember(_ name: UnsafeBufferPointer<UInt8>, into f: inout ScannedFields) throws {
+        switch name.count {
+        case 2 where Self.equal(name, "id"):
+            switch base[pos] {
+            case UInt8(ascii: "\""): f.id = .string(try text())
+            case UInt8(ascii: "n"): try expectLiteral("null"); f.id = .null
+            case UInt8(ascii: "-"), UInt8(ascii: "0")...UInt8(ascii: "9"):
+                guard case .int(let i) = try parseNumber() else { throw NotFast() }
+                f.id = .int(i)
+            default: throw NotFast()
+            }
+        case 2 where Self.equal(name, "op"): f.op = try optionalText()
+        case 4 where Self.equal(name, "repo"):
+            guard let repo = try optionalText(), ProtocolRules.isValidRepoName(repo) else { throw NotFast() }
+            f.repo = repo
+        case 3 where Self.equal(name, "key"):
+            guard let key = try optionalText(), ProtocolRules.keyProblem(key) == nil else { throw NotFast() }
+            f.key = Key(key)
+        case 5 where Self.equal(name, "value"):
+            var out: [UInt8] = []
+            let plain = try canonicalValue(depthBelow: 1, into: &out)
+            f.value = CanonicalJSON(canonical: out, isPlain: plain)
+        case 5 where Self.equal(name, "ifRev"): f.ifRev = try optionalUnsigned()
+        case 5 where Self.equal(name, "since"): f.since = try optionalUnsigned()
+        case 3 where Self.equal(name, "sub"): f.sub = try optionalUnsigned()
+        case 5 where Self.equal(name, "force"): f.force = try optionalBool()
+        case 7 where Self.equal(name, "initial"): f.initial = try optionalBool()
+        case 4 where Self.equal(name, "once"): f.once = try optionalBool()
+        case 6 where Self.equal(name, "values"): f.values = try optionalBool()
+        case 6 where Self.equal(name, "prefix"): f.prefix = try optionalText()
+        case 5 where Self.equal(name, "epoch"): f.epoch = try optionalText()
+        case 6 where Self.equal(name, "client"): f.client = try optionalText()
+        case 8 where Self.equal(name, "protocol"):
+            if base[pos] == UInt8(ascii: "n") {
+                try expectLiteral("null")
+                f.proto = nil
+            } else {
+                guard case .int(let i) = try parseNumber() else { throw NotFast() }
+                f.proto = i
+            }
+        case 4 where Self.equal(name, "keys"): f.keys = try optionalKeys()
+        case 3 where Self.equal(name, "ops"): throw NotFast()  // a batch: the general decoder
+        default:
+            _ = try parseValue(depth: 1)  // validated, ignored
+        }
+    }
+
+    // MARK: Values the fast path reads
+
+    /// A string without escapes at `pos` (its opening quote): its UTF-8 bytes, validated.
+    private mutating func plainString() throws -> UnsafeBufferPointer<UInt8> {
+        pos += 1
+        let start = pos
+        var ascii = true
+        while pos < end {
+            let b = base[pos]
+            if b == UInt8(ascii: "\"") {
+                let bytes = UnsafeBufferPointer(start: base + start, count: pos - start)
+                pos += 1
+                if !ascii, String(validating: bytes, as: UTF8.self) == nil { throw NotFast() }
+                return bytes
+            }
+            if b == UInt8(ascii: "\\") || b < 0x20 { throw NotFast() }
+            if b >= 0x80 { ascii = false }
+            pos += 1
+        }
+        throw NotFast()
+    }
+
+    private mutating func text() throws -> String {
+        String(decoding: try plainString(), as: UTF8.self)
+    }
+
+    private mutating func optionalText() throws -> String? {
+        if base[pos] == UInt8(ascii: "n") {
+            try expectLiteral("null")
+            return nil
+        }
+        guard base[pos] == UInt8(ascii: "\"") else { throw NotFast() }
+        return try text()
+    }
+
+    /// A non-negative integer literal below 2^64, or null.
+    private mutating func optionalUnsigned() throws -> UInt64? {
+        if base[pos] == UInt8(ascii: "n") {
+            try expectLiteral("null")
+            return nil
+        }
+        let start = pos
+        var value: UInt64 = 0
+        while pos < end, base[pos] >= UInt8(ascii: "0"), base[pos] <= UInt8(ascii: "9") {
+            let (m, o1) = value.multipliedReportingOverflow(by: 10)
+            let (s, o2) = m.addingReportingOverflow(UInt64(base[pos] - UInt8(ascii: "0")))
+            if o1 || o2 { throw NotFast() }
+            value = s
+            pos += 1
+        }
+        // Digits only, no leading zero (JSON's rule), nothing number-like after them.
+        let count = pos - start
+        guard count > 0, count == 1 || base[start] != UInt8(ascii: "0") else { throw NotFast() }
+        if pos < end, [UInt8(ascii: "."), UInt8(ascii: "e"), UInt8(ascii: "E")].contains(base[pos]) { throw NotFast() }
+        return value
+    }
+
+    private mutating func optionalBool() throws -> Bool? {
+        switch base[pos] {
+        case UInt8(ascii: "t"): try expectLiteral("true"); return true
+        case UInt8(ascii: "f"): try expectLiteral("false"); return false
+        case UInt8(ascii: "n"): try expectLiteral("null"); return nil
+        default: throw NotFast()
+        }
+    }
+
+    /// An array of keys, or null.
+    private mutating func optionalKeys() throws -> Set<Key>? {
+        if base[pos] == UInt8(ascii: "n") {
+            try expectLiteral("null")
+            return nil
+        }
+        guard base[pos] == UInt8(ascii: "[") else { throw NotFast() }
+        pos += 1
+        var keys = Set<Key>()
+        skipWhitespace()
+        if pos < end, base[pos] == UInt8(ascii: "]") {
+            pos += 1
+            return keys
+        }
+        while true {
+            skipWhitespace()
+            guard pos < end, base[pos] == UInt8(ascii: "\"") else { throw NotFast() }
+            let key = try text()
+            guard ProtocolRules.keyProblem(key) == nil else { throw NotFast() }
+            keys.insert(Key(key))
+            skipWhitespace()
+            guard pos < end else { throw NotFast() }
+            if base[pos] == UInt8(ascii: ",") {
+                pos += 1
+                continue
+            }
+            guard base[pos] == UInt8(ascii: "]") else { throw NotFast() }
+            pos += 1
+            return keys
+        }
+    }
+
+    private static func equal(_ bytes: UnsafeBufferPointer<UInt8>, _ literal: StaticString) -> Bool {
+        bytes.count == literal.utf8CodeUnitCount && memcmp(bytes.baseAddress!, literal.utf8Start, bytes.count) == 0
+    }
+}

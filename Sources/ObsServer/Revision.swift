@@ -1,0 +1,60 @@
+// ObsServer — a committed revision as the daemon shows it: the stored record, and the body
+// of its change event (`,"repo":…,"rev":…,"changes":[…]}\n`), encoded the first time a
+// subscriber or a replay needs it and shared by every subscriber on every loop after that.
+// A revision nobody watches is never encoded.
+
+import ObsProtocol
+import ObsStore
+import ObservableKit
+
+final class Revision: Sendable {
+    let record: RevisionRecord
+
+    private struct Encoded: Sendable {
+        /// The body with every change.
+        let body: [UInt8]
+        /// Each change's object, for subscribers that select some of a revision's changes.
+        let changes: [[UInt8]]
+    }
+
+    private let encoded = Locked<Encoded?>(nil)
+
+    init(_ record: RevisionRecord) { self.record = record }
+
+    var revision: UInt64 { record.revision }
+    var keys: [Key] { record.keys }
+
+    /// Writes a change event minus its head (`{"event":"change","sub":N`, which each
+    /// subscriber writes itself), holding the changes `selected` picks.
+    func writeEventBody<S: JSONSink>(_ sink: inout S, selected: SelectedChanges) {
+        encoded.withLock { cached in
+            if cached == nil { cached = encode() }
+            let e = cached!
+            switch selected {
+            case .all:
+                sink.writeRaw(e.body)
+            case .some(let positions):
+                EventEncoder.writeChangeBody(&sink, repo: record.repo, rev: record.revision, encodedChanges: positions.lazy.map { e.changes[$0] })
+            }
+        }
+    }
+
+    /// Writes the whole change event for subscription `sub`.
+    func writeEvent<S: JSONSink>(_ sink: inout S, sub: UInt64, selected: SelectedChanges) {
+        EventEncoder.writeChangeHead(&sink, sub: sub)
+        writeEventBody(&sink, selected: selected)
+    }
+
+    private func encode() -> Encoded {
+        let changes = record.changes.map { change -> [UInt8] in
+            var out: [UInt8] = []
+            out.reserveCapacity(change.key.utf8Count + (change.old?.bytes.count ?? 0) + (change.new?.bytes.count ?? 0) + 24)
+            EventEncoder.writeChange(&out, change) { sink, value in sink.writeCanonical(value) }
+            return out
+        }
+        var body: [UInt8] = []
+        body.reserveCapacity(changes.reduce(record.repo.utf8.count + 48) { $0 + $1.count + 1 })
+        EventEncoder.writeChangeBody(&body, repo: record.repo, rev: record.revision, encodedChanges: changes)
+        return Encoded(body: body, changes: changes.count > 1 ? changes : [])
+    }
+}

@@ -1,0 +1,32 @@
+// ObsStore — how the SQLite store writes a revision's changes in its history table: a JSON
+// array `[{"key":…,"old":…,"new":…},…]` (values canonical), read back at start-up.
+
+import ObsProtocol
+import ObservableKit
+
+enum HistoryCodec {
+    /// The stored form of `changes`.
+    static func encode(_ changes: [Change<CanonicalJSON>]) -> [UInt8] {
+        var out: [UInt8] = []
+        out.reserveCapacity(changes.reduce(2) { $0 + $1.key.utf8Count + ($1.old?.bytes.count ?? 0) + ($1.new?.bytes.count ?? 0) + 24 })
+        out.writeByte(UInt8(ascii: "["))
+        for (i, change) in changes.enumerated() {
+            if i > 0 { out.writeByte(UInt8(ascii: ",")) }
+            EventEncoder.writeChange(&out, change) { sink, value in sink.writeCanonical(value) }
+        }
+        out.writeByte(UInt8(ascii: "]"))
+        return out
+    }
+
+    /// The changes stored as `bytes`, or nil when they are not what `encode` writes.
+    static func decode(_ bytes: UnsafeRawBufferPointer) -> [Change<CanonicalJSON>]? {
+        guard let array = try? JSONParser.parse(bytes, maxDepth: 100_000).arrayValue else { return nil }
+        var changes: [Change<CanonicalJSON>] = []
+        changes.reserveCapacity(array.count)
+        for item in array {
+            guard let object = item.objectValue, let key = object["key"]?.stringValue else { return nil }
+            changes.append(Change(key: Key(key), old: object["old"].map(CanonicalJSON.init), new: object["new"].map(CanonicalJSON.init)))
+        }
+        return changes
+    }
+}
