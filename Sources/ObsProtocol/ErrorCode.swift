@@ -60,13 +60,19 @@ public enum ProtocolRules {
 
     /// Whether `name` is a valid repository name: 1–128 characters of `[A-Za-z0-9._-]`.
     public static func isValidRepoName(_ name: String) -> Bool {
-        let utf8 = name.utf8
-        guard !utf8.isEmpty, utf8.count <= maxRepoNameLength else { return false }
-        return utf8.allSatisfy { b in
-            (b >= UInt8(ascii: "a") && b <= UInt8(ascii: "z")) || (b >= UInt8(ascii: "A") && b <= UInt8(ascii: "Z"))
-                || (b >= UInt8(ascii: "0") && b <= UInt8(ascii: "9"))
-                || b == UInt8(ascii: ".") || b == UInt8(ascii: "_") || b == UInt8(ascii: "-")
+        var name = name
+        return name.withUTF8 { isValidRepoName(bytes: $0) }
+    }
+
+    /// Whether these bytes are a valid repository name.
+    public static func isValidRepoName(bytes: UnsafeBufferPointer<UInt8>) -> Bool {
+        guard !bytes.isEmpty, bytes.count <= maxRepoNameLength else { return false }
+        for b in bytes {
+            let letter = (b | 0x20) >= UInt8(ascii: "a") && (b | 0x20) <= UInt8(ascii: "z")
+            let digit = b >= UInt8(ascii: "0") && b <= UInt8(ascii: "9")
+            if !(letter || digit || b == UInt8(ascii: ".") || b == UInt8(ascii: "_") || b == UInt8(ascii: "-")) { return false }
         }
+        return true
     }
 
     /// Why `key` is not a valid key, or `nil` if it is.

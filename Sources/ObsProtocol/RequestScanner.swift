@@ -11,6 +11,14 @@
 
 import ObservableKit
 
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Musl)
+import Musl
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
 extension Request {
     /// The request `line` holds, when the fast path can read it; nil otherwise.
     public static func scan(_ line: UnsafeRawBufferPointer, maxDepth: Int = JSONParser.defaultMaxDepth) -> Request? {
@@ -22,10 +30,30 @@ extension Request {
     }
 }
 
+/// The operations the fast path reads.
+enum Operation {
+    case set, get, delete, subscribe, unsubscribe, list, ping, hello, repos, stats, other
+
+    init(_ bytes: UnsafeBufferPointer<UInt8>) {
+        func `is`(_ name: StaticString) -> Bool {
+            bytes.count == name.utf8CodeUnitCount && memcmp(bytes.baseAddress!, name.utf8Start, bytes.count) == 0
+        }
+        switch bytes.count {
+        case 3: self = `is`("set") ? .set : `is`("get") ? .get : .other
+        case 6: self = `is`("delete") ? .delete : .other
+        case 9: self = `is`("subscribe") ? .subscribe : .other
+        case 11: self = `is`("unsubscribe") ? .unsubscribe : .other
+        case 4: self = `is`("list") ? .list : `is`("ping") ? .ping : .other
+        case 5: self = `is`("hello") ? .hello : `is`("repos") ? .repos : `is`("stats") ? .stats : .other
+        default: self = .other
+        }
+    }
+}
+
 /// The members the fast path knows, as it found them. `nil`: absent (or JSON `null`).
 struct ScannedFields {
     var id: JSONValue = .null
-    var op: String?
+    var op: Operation?
     var repo: String?
     var key: Key?
     var value: CanonicalJSON?
@@ -48,16 +76,16 @@ struct ScannedFields {
         guard let op else { return nil }
         let command: Command
         switch op {
-        case "set":
+        case .set:
             guard let repo, let key, let value else { return nil }
             command = .set(repo: repo, key: key, value: value, ifRev: ifRev, force: force ?? false)
-        case "get":
+        case .get:
             guard let repo, let key else { return nil }
             command = .get(repo: repo, key: key)
-        case "delete":
+        case .delete:
             guard let repo, let key else { return nil }
             command = .delete(repo: repo, key: key, ifRev: ifRev)
-        case "subscribe":
+        case .subscribe:
             guard let repo, keys == nil || prefix == nil, !(initial == true && since != nil) else { return nil }
             var selection = Selection.all
             if let keys { selection = .keys(keys) } else if let prefix, !prefix.isEmpty { selection = .prefix(prefix) }
@@ -65,17 +93,17 @@ struct ScannedFields {
                 SubscribeRequest(
                     repo: repo, selection: selection, initial: initial ?? false, since: since, epoch: since == nil ? nil : epoch,
                     once: once ?? false))
-        case "unsubscribe":
+        case .unsubscribe:
             guard let sub else { return nil }
             command = .unsubscribe(sub: sub)
-        case "list":
+        case .list:
             guard let repo else { return nil }
             command = .list(repo: repo, prefix: prefix, values: values ?? false)
-        case "ping": command = .ping
-        case "hello": command = .hello(protocol: proto, client: client)
-        case "repos": command = .repos
-        case "stats": command = .stats
-        default: return nil
+        case .ping: command = .ping
+        case .hello: command = .hello(protocol: proto, client: client)
+        case .repos: command = .repos
+        case .stats: command = .stats
+        case .other: return nil
         }
         return Request(id: id, command: command)
     }
@@ -127,10 +155,14 @@ extension Parser {
                 f.id = .int(i)
             default: throw NotFast()
             }
-        case 2 where Self.equal(name, "op"): f.op = try optionalText()
+        case 2 where Self.equal(name, "op"):
+            guard base[pos] == UInt8(ascii: "\"") else { throw NotFast() }
+            f.op = Operation(try plainString())
         case 4 where Self.equal(name, "repo"):
-            guard let repo = try optionalText(), ProtocolRules.isValidRepoName(repo) else { throw NotFast() }
-            f.repo = repo
+            guard base[pos] == UInt8(ascii: "\""), case let bytes = try plainString(), ProtocolRules.isValidRepoName(bytes: bytes) else {
+                throw NotFast()
+            }
+            f.repo = String(decoding: bytes, as: UTF8.self)
         case 3 where Self.equal(name, "key"):
             guard let key = try optionalText(), ProtocolRules.keyProblem(key) == nil else { throw NotFast() }
             f.key = Key(key)
@@ -166,23 +198,48 @@ extension Parser {
     // MARK: Values the fast path reads
 
     /// A string without escapes at `pos` (its opening quote): its UTF-8 bytes, validated.
+    /// Finds the closing quote with `memchr`, then checks the span eight bytes at a time.
     private mutating func plainString() throws -> UnsafeBufferPointer<UInt8> {
         pos += 1
         let start = pos
-        var ascii = true
-        while pos < end {
-            let b = base[pos]
-            if b == UInt8(ascii: "\"") {
-                let bytes = UnsafeBufferPointer(start: base + start, count: pos - start)
-                pos += 1
-                if !ascii, String(validating: bytes, as: UTF8.self) == nil { throw NotFast() }
-                return bytes
-            }
-            if b == UInt8(ascii: "\\") || b < 0x20 { throw NotFast() }
-            if b >= 0x80 { ascii = false }
-            pos += 1
+        guard let quote = memchr(base + start, Int32(UInt8(ascii: "\"")), end - start) else { throw NotFast() }
+        let count = UnsafeRawPointer(quote) - UnsafeRawPointer(base + start)
+        let bytes = UnsafeBufferPointer(start: base + start, count: count)
+        switch Self.classify(bytes) {
+        case .escapesOrControl: throw NotFast()
+        case .ascii: break
+        case .nonASCII: if String(validating: bytes, as: UTF8.self) == nil { throw NotFast() }
         }
-        throw NotFast()
+        pos = start + count + 1
+        return bytes
+    }
+
+    private enum StringClass { case ascii, nonASCII, escapesOrControl }
+
+    /// Whether a string body holds a backslash or a control character, else whether it is ASCII.
+    private static func classify(_ bytes: UnsafeBufferPointer<UInt8>) -> StringClass {
+        let ones: UInt64 = 0x0101_0101_0101_0101
+        let highs: UInt64 = 0x8080_8080_8080_8080
+        var high: UInt64 = 0
+        var i = 0
+        let n = bytes.count
+        let raw = UnsafeRawPointer(bytes.baseAddress!)
+        while i + 8 <= n {
+            let w = raw.loadUnaligned(fromByteOffset: i, as: UInt64.self)
+            let backslash = w ^ (0x5C * ones)
+            // A zero byte in `backslash`, or a byte below 0x20 in `w`: (x - 0x01…) & ~x & 0x80…
+            let special = ((backslash &- ones) & ~backslash) | ((w &- 0x20 * ones) & ~w)
+            if special & highs != 0 { return .escapesOrControl }
+            high |= w
+            i += 8
+        }
+        while i < n {
+            let b = bytes[i]
+            if b == UInt8(ascii: "\\") || b < 0x20 { return .escapesOrControl }
+            high |= UInt64(b)
+            i += 1
+        }
+        return high & highs == 0 ? .ascii : .nonASCII
     }
 
     private mutating func text() throws -> String {

@@ -128,7 +128,7 @@ final class Repository: DurabilityListener, Sendable {
         self.storage = storage
         self.stats = hub.stats
         var history = History(capacity: historyLimit, maxAge: historyMaxAge)
-        for record in loaded?.history ?? [] { history.append(Revision(record)) }
+        for record in loaded?.history ?? [] { history.append(Revision(record, encode: false)) }
         let data = loaded?.state ?? KeyedState()
         self.state = Locked(State(data: data, history: history))
         if loaded != nil { permanent.store(true, ordering: .relaxed) }
@@ -197,7 +197,7 @@ final class Repository: DurabilityListener, Sendable {
             }
             let changeSet = ChangeSet(revision: s.data.revision + 1, changes: changes)
             let record = RevisionRecord(repo: name, changeSet: changeSet, time: now)
-            let revision = Revision(record)
+            let revision = Revision(record, encode: !s.subscriberLoops.isEmpty)
             // Storage never calls back from inside `append` (this lock is held): a store that
             // no longer takes revisions says so, and nothing is applied.
             if !storage.isImmediate, !storage.append(record, listener: self) {

@@ -1,7 +1,7 @@
 // ObsServer — a committed revision as the daemon shows it: the stored record, and the body
-// of its change event (`,"repo":…,"rev":…,"changes":[…]}\n`), encoded the first time a
-// subscriber or a replay needs it and shared by every subscriber on every loop after that.
-// A revision nobody watches is never encoded.
+// of its change event (`,"repo":…,"rev":…,"changes":[…]}\n`), encoded once when the revision
+// is made if anyone subscribes to its repository, and shared by every subscriber on every
+// loop. A revision nobody watches is never encoded; a replay of one encodes it then.
 
 import ObsProtocol
 import ObsStore
@@ -9,6 +9,8 @@ import ObservableKit
 
 final class Revision: Sendable {
     let record: RevisionRecord
+    /// The encoded event, when made with the revision (immutable after that: read by any loop).
+    private let encoded: Encoded?
 
     private struct Encoded: Sendable {
         /// The body with every change.
@@ -17,9 +19,11 @@ final class Revision: Sendable {
         let changes: [[UInt8]]
     }
 
-    private let encoded = Locked<Encoded?>(nil)
-
-    init(_ record: RevisionRecord) { self.record = record }
+    /// - Parameter encode: whether to encode its event now (someone subscribes).
+    init(_ record: RevisionRecord, encode: Bool) {
+        self.record = record
+        self.encoded = encode ? Self.encode(record) : nil
+    }
 
     var revision: UInt64 { record.revision }
     var keys: [Key] { record.keys }
@@ -27,15 +31,12 @@ final class Revision: Sendable {
     /// Writes a change event minus its head (`{"event":"change","sub":N`, which each
     /// subscriber writes itself), holding the changes `selected` picks.
     func writeEventBody<S: JSONSink>(_ sink: inout S, selected: SelectedChanges) {
-        encoded.withLock { cached in
-            if cached == nil { cached = encode() }
-            let e = cached!
-            switch selected {
-            case .all:
-                sink.writeRaw(e.body)
-            case .some(let positions):
-                EventEncoder.writeChangeBody(&sink, repo: record.repo, rev: record.revision, encodedChanges: positions.lazy.map { e.changes[$0] })
-            }
+        let e = encoded ?? Self.encode(record)
+        switch selected {
+        case .all:
+            sink.writeRaw(e.body)
+        case .some(let positions):
+            EventEncoder.writeChangeBody(&sink, repo: record.repo, rev: record.revision, encodedChanges: positions.lazy.map { e.changes[$0] })
         }
     }
 
@@ -45,7 +46,7 @@ final class Revision: Sendable {
         writeEventBody(&sink, selected: selected)
     }
 
-    private func encode() -> Encoded {
+    private static func encode(_ record: RevisionRecord) -> Encoded {
         let changes = record.changes.map { change -> [UInt8] in
             var out: [UInt8] = []
             out.reserveCapacity(change.key.utf8Count + (change.old?.bytes.count ?? 0) + (change.new?.bytes.count ?? 0) + 24)
