@@ -25,9 +25,11 @@ let package = Package(
         .target(name: "ObsProtocol", dependencies: ["ObservableKit"]),
         // The system SQLite (libsqlite3-dev).
         .systemLibrary(name: "CSQLite", pkgConfig: "sqlite3", providers: [.apt(["libsqlite3-dev"])]),
-        // What the daemon persists and how: stored values, revision records, the storage
-        // boundary, and the SQLite store with group commit.
-        .target(name: "ObsStore", dependencies: ["ObservableKit", "ObsProtocol", "CSQLite", "CLinux"]),
+        // What the daemon persists and how: revision records, the storage boundary, the
+        // write-ahead log with group commit, and the compacted state in SQLite.
+        .target(
+            name: "ObsStore",
+            dependencies: ["ObservableKit", "ObsProtocol", "CSQLite", "CLinux", .product(name: "Logging", package: "swift-log")]),
         // Linux facts Swift's Glibc module hides: which file a descriptor is (statx, for the
         // store's provenance checks), how many CPUs the process may use (sched_getaffinity).
         .target(name: "CLinux"),
@@ -87,19 +89,28 @@ let package = Package(
         .testTarget(name: "ObservableKitTests", dependencies: ["ObservableKit"]),
         .testTarget(name: "ObsProtocolTests", dependencies: ["ObsProtocol", "ObservableKit"]),
         .testTarget(name: "ObsConfigTests", dependencies: ["ObsConfig"]),
-        .testTarget(name: "ObsStoreTests", dependencies: ["ObsStore", "ObsProtocol", "ObservableKit"]),
+        .testTarget(
+            name: "ObsStoreTests",
+            dependencies: ["ObsStore", "ObsProtocol", "ObservableKit", "TestSupport", .product(name: "Logging", package: "swift-log")]),
         // In-process tests of the daemon's parts: hub, outbox, connection handler.
         .testTarget(
             name: "ObsServerTests",
             dependencies: [
                 "ObsServer", "ObsStore", "ObsProtocol", "ObservableKit",
                 .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOEmbedded", package: "swift-nio"),
             ]),
         .target(name: "TestSupport", path: "Tests/TestSupport"),
         .testTarget(name: "SystemdTests", dependencies: ["Systemd", "TestSupport", .product(name: "Logging", package: "swift-log")]),
         // Starts the real obsd binary on a temporary socket; drives it over raw sockets,
         // through ObsClient and through obsctl.
-        .testTarget(name: "EndToEndTests", dependencies: ["ObsClient", "ObsProtocol", "ObservableKit", "TestSupport", "obsd", "obsctl", "obs-mirror"]),
+        // Some run the daemon in-process instead, with a storage that fails on demand.
+        .testTarget(
+            name: "EndToEndTests",
+            dependencies: [
+                "ObsClient", "ObsProtocol", "ObservableKit", "ObsServer", "ObsStore", "ObsConfig", "TestSupport", "obsd", "obsctl",
+                "obs-mirror", .product(name: "Logging", package: "swift-log"),
+            ]),
     ]
 )

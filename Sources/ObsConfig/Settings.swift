@@ -19,6 +19,7 @@ public struct DaemonSettings: Sendable, Equatable {
     public var syncIntervalMS = 1000
     public var historyLimit = 10_000
     public var historyMaxAgeSeconds = 0
+    public var historyMaxBytes = 64 << 20
     public var maxLine = 1 << 20
     public var queueBytes = 16 << 20
     public var queueEvents = 100_000
@@ -132,6 +133,8 @@ public struct Setting: Sendable {
                 "With --sync relaxed: the longest time between fsyncs."),
         integer("history.limit", "OBSD_HISTORY_LIMIT", "history-limit", 0...100_000_000, \.historyLimit, "n",
                 "Revisions kept per repository for `since`."),
+        integer("history.max-bytes", "OBSD_HISTORY_MAX_BYTES", "history-max-bytes", 0...(1 << 40), \.historyMaxBytes, "bytes",
+                "Bytes of history kept per repository (keys and old and new values); the newest revision stays whatever its size."),
         integer("history.max-age-seconds", "OBSD_HISTORY_MAX_AGE", "history-max-age", 0...Int(Int32.max), \.historyMaxAgeSeconds, "s",
                 "Drop history older than this; 0: no age limit."),
         integer("limits.max-line", "OBSD_MAX_LINE", "max-line", 64...(1 << 30), \.maxLine, "bytes", "Longest request line in bytes."),

@@ -1,67 +1,69 @@
 // ObsServer — a repository's recent revisions, kept for `since` replay.
 //
-// A ring of the last `capacity` revisions (contiguous: every revision is recorded),
-// optionally also bounded by age. A subscriber resuming after revision N is served from
-// here if the ring still reaches back to N + 1; otherwise the answer is `compacted`. The
-// persistent store keeps the same window on disk, so the ring is rebuilt at start-up.
+// The newest revisions, contiguous (every revision is recorded), bounded three ways: by
+// count (`history.limit`), by bytes (`history.max-bytes`, counted as
+// `RevisionRecord.byteSize`; the newest revision stays whatever its size) and optionally by
+// age. A subscriber resuming after revision N is served from here if the history still
+// reaches back to N + 1; otherwise the answer is `compacted`. The store keeps the same
+// window on disk, so it is rebuilt at start-up.
 
+import NIOCore
 import ObsStore
+
+/// How much history a repository keeps.
+struct HistoryLimits: Sendable {
+    /// Revisions (0: none).
+    var count: Int
+    /// Bytes of revisions.
+    var maxBytes: Int
+    /// Seconds (nil: no age limit).
+    var maxAge: Int64?
+}
 
 /// The most recent revisions of one repository, oldest first.
 struct History: Sendable {
-    let capacity: Int
-    /// Records older than this many seconds are gone (nil: no age limit).
-    let maxAge: Int64?
-    private var ring: [Revision] = []
-    private var head = 0  // index of the oldest record once the ring is full
+    let limits: HistoryLimits
+    private var revisions = CircularBuffer<Revision>()
+    private var bytes = 0
 
-    init(capacity: Int, maxAge: Int64?) {
-        self.capacity = max(0, capacity)
-        self.maxAge = maxAge
+    init(limits: HistoryLimits) {
+        self.limits = limits
     }
 
-    var count: Int { ring.count }
-
-    private func record(_ i: Int) -> Revision { ring[(head + i) % ring.count] }
+    var count: Int { revisions.count }
 
     /// The oldest revision held and not expired at `now`, if any.
     func oldestRevision(now: Int64) -> UInt64? {
-        guard let i = firstLive(now: now) else { return nil }
-        return record(i).revision
+        firstLive(now: now).map { revisions[revisions.index(revisions.startIndex, offsetBy: $0)].revision }
     }
 
-    /// The position of the oldest record not expired at `now`.
+    /// The offset of the oldest record not expired at `now`.
     private func firstLive(now: Int64) -> Int? {
-        guard !ring.isEmpty else { return nil }
-        guard let maxAge else { return 0 }
-        // Records are in commit order, so their times only grow: binary search.
+        guard !revisions.isEmpty else { return nil }
+        guard let maxAge = limits.maxAge else { return 0 }
+        // Times never go back within a repository (see `Repository.write`): binary search.
         var low = 0
-        var high = ring.count
+        var high = revisions.count
         while low < high {
             let mid = (low + high) / 2
-            if record(mid).record.time < now - maxAge { low = mid + 1 } else { high = mid }
+            if revisions[revisions.index(revisions.startIndex, offsetBy: mid)].record.time < now - maxAge { low = mid + 1 } else { high = mid }
         }
-        return low < ring.count ? low : nil
+        return low < revisions.count ? low : nil
     }
 
-    /// Appends the next revision, dropping the oldest when full.
-    mutating func append(_ record: Revision) {
-        guard capacity > 0 else { return }
-        if ring.count < capacity {
-            ring.append(record)
-        } else {
-            ring[head] = record
-            head = (head + 1) % capacity
+    /// Appends the next revision, dropping the oldest beyond the limits.
+    mutating func append(_ revision: Revision) {
+        guard limits.count > 0 else { return }
+        revisions.append(revision)
+        bytes += revision.record.byteSize
+        while revisions.count > limits.count || (bytes > limits.maxBytes && revisions.count > 1) {
+            bytes -= revisions.removeFirst().record.byteSize
         }
     }
 
     /// Removes the `n` newest records (revisions undone after a storage failure).
     mutating func removeLast(_ n: Int) {
-        guard n > 0, !ring.isEmpty else { return }
-        var ordered = (0..<ring.count).map { record($0) }
-        ordered.removeLast(min(n, ordered.count))
-        ring = ordered
-        head = 0
+        for _ in 0..<min(n, revisions.count) { bytes -= revisions.removeLast().record.byteSize }
     }
 
     /// The records with revisions above `revision`, oldest first — or `nil` when the
@@ -69,9 +71,9 @@ struct History: Sendable {
     func records(after revision: UInt64, current: UInt64, now: Int64) -> [Revision]? {
         if revision >= current { return [] }
         guard let first = firstLive(now: now) else { return nil }
-        let oldest = record(first).revision
+        let oldest = revisions[revisions.index(revisions.startIndex, offsetBy: first)].revision
         guard oldest <= revision + 1 else { return nil }
         let skip = Int(revision + 1 - oldest)
-        return (first + skip..<ring.count).map { record($0) }
+        return Array(revisions[revisions.index(revisions.startIndex, offsetBy: first + skip)...])
     }
 }

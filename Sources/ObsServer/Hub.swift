@@ -69,8 +69,7 @@ final class Hub: Sendable {
     /// is no history to tell apart — and that repositories created by this process keep.
     /// New at every start, so no other daemon or run hands it out.
     let freshEpoch = Epoch.random()
-    let historyLimit: Int
-    let historyMaxAge: Int64?
+    let historyLimits: HistoryLimits
     let storage: any Storage
     let runtime: Runtime
     let users = UserDatabase()
@@ -82,16 +81,18 @@ final class Hub: Sendable {
     }
 
     private let repositories = Locked<[String: Slot]>([:])
-    /// Every event loop's share (set once the loops run).
-    private let loopShards = Locked<[LoopShard]>([])
+    /// Every event loop's share, by index.
+    let shards: [LoopShard]
     private let peers = Locked<[ObjectIdentifier: ConnectedPeer]>([:])
     private let perUID = Locked<[UInt32: Int]>([:])
 
-    init(historyLimit: Int, historyMaxAge: Int64?, storage: any Storage, runtime: Runtime) throws(StorageError) {
-        self.historyLimit = historyLimit
-        self.historyMaxAge = historyMaxAge
+    /// A hub serving on `loops` (at least one), with what `storage` holds.
+    init(loops: [any EventLoop], historyLimits: HistoryLimits, storage: any Storage, runtime: Runtime) throws(StorageError) {
+        self.historyLimits = historyLimits
         self.storage = storage
         self.runtime = runtime
+        precondition(!loops.isEmpty, "a hub needs an event loop")
+        shards = loops.enumerated().map { LoopShard(eventLoop: $1, index: $0) }
         let loaded = try storage.load()
         repositories.withLock { map in
             for repo in loaded {
@@ -99,28 +100,22 @@ final class Hub: Sendable {
             }
         }
         stats.repositories.store(loaded.filter { $0.state.revision > 0 }.count, ordering: .relaxed)
+        for shard in shards { shard.hub = self }
     }
 
     private func makeRepository(_ name: String, loaded: LoadedRepository? = nil) -> Repository {
-        Repository(name: name, loaded: loaded, historyLimit: historyLimit, historyMaxAge: historyMaxAge, storage: storage, hub: self)
+        Repository(name: name, loaded: loaded, storage: storage, hub: self)
     }
 
     // MARK: Event loops
 
-    /// Gives every event loop of `loops` its shard.
-    func attach(_ loops: [any EventLoop]) {
-        loopShards.withLock { $0 = loops.map { LoopShard(eventLoop: $0, hub: self) } }
-    }
-
-    /// The shard of `loop`.
+    /// The shard of `loop` (every connection's loop is one of the hub's).
     func shard(for loop: any EventLoop) -> LoopShard {
-        let shards = loopShards.withLock { $0 }
-        // Every connection's loop is one of the server's (precondition: `attach` came first).
-        return shards.first { $0.eventLoop === loop }!
+        shards.first { $0.eventLoop === loop }!
     }
 
     /// Every loop's counters.
-    var loopCounters: [LoopCounters] { loopShards.withLock { $0.map(\.counters) } }
+    var loopCounters: [LoopCounters] { shards.map(\.counters) }
 
     // MARK: Repositories
 

@@ -34,10 +34,11 @@ final class LoopCounters: Sendable {
 }
 
 final class LoopShard: @unchecked Sendable {
-    // @unchecked Sendable: `inbox` is behind a lock and `counters` are atomics; every other
-    // stored property is read and written only on `eventLoop` — by the loop's connection
-    // handlers and sessions, and by `tick`, which the loop runs — so no two threads ever touch
-    // them. Entry points assert it in debug builds.
+    // @unchecked Sendable: `inbox` is behind a lock and `counters` are atomics; `hub` is set
+    // once by the hub's initializer, before the shard is published to any other thread;
+    // every other stored property is read and written only on `eventLoop` — by the loop's
+    // connection handlers and sessions, and by `tick`, which the loop runs — so no two
+    // threads ever touch them. Entry points assert it in debug builds.
 
     /// News for this loop, posted from any thread.
     enum Item: Sendable {
@@ -47,11 +48,17 @@ final class LoopShard: @unchecked Sendable {
         case durable(Repository, through: StateSequence)
         /// States of the repository after this sequence were undone.
         case failed(Repository, after: StateSequence, StorageError)
+        /// Storage's news for a repository whose home this shard is (see `Repository.durable`).
+        case confirm(Repository, through: UInt64)
+        case undo(Repository, after: UInt64, StorageError)
     }
 
     let eventLoop: any EventLoop
+    /// This shard's place among the hub's.
+    let index: Int
     let counters = LoopCounters()
-    private let hub: Hub
+    /// The hub this shard belongs to (which owns it).
+    weak var hub: Hub?
     private let inbox = Locked<(items: [Item], scheduled: Bool)>(([], false))
 
     // Loop-confined from here on.
@@ -78,9 +85,9 @@ final class LoopShard: @unchecked Sendable {
     private var dirty: [Outbox] = []
     private var tickScheduled = false
 
-    init(eventLoop: any EventLoop, hub: Hub) {
+    init(eventLoop: any EventLoop, index: Int) {
         self.eventLoop = eventLoop
-        self.hub = hub
+        self.index = index
     }
 
     // MARK: Posting (any thread)
@@ -119,7 +126,7 @@ final class LoopShard: @unchecked Sendable {
         guard routes[id]?.routes.remove(subscription.routeID) != nil else { return }
         if routes[id]?.routes.count == 0 { routes[id] = nil }
         subscription.repository.subscriberLeft(self)
-        hub.subscriptionEnded(subscription.repository)
+        hub?.subscriptionEnded(subscription.repository)
     }
 
     // MARK: Durability waits (on the loop)
@@ -155,18 +162,25 @@ final class LoopShard: @unchecked Sendable {
     private func tick() {
         eventLoop.assertInEventLoop()
         tickScheduled = false
-        let items = inbox.withLock { box -> [Item] in
-            box.scheduled = false
-            var taken: [Item] = []
-            swap(&taken, &box.items)
-            return taken
-        }
         var delivered = 0
-        for item in items {
-            switch item {
-            case .revision(let record, let repository): delivered += deliver(record, of: repository)
-            case .durable(let repository, let sequence): release(repository, through: sequence)
-            case .failed(let repository, let sequence, let error): fail(repository, after: sequence, error)
+        // News handled here may post more for this loop (a confirmation tells the waiting
+        // loops, this one among them): a few rounds take it in this tick.
+        for _ in 0..<3 {
+            let items = inbox.withLock { box -> [Item] in
+                box.scheduled = false
+                var taken: [Item] = []
+                swap(&taken, &box.items)
+                return taken
+            }
+            if items.isEmpty { break }
+            for item in items {
+                switch item {
+                case .revision(let record, let repository): delivered += deliver(record, of: repository)
+                case .durable(let repository, let sequence): release(repository, through: sequence)
+                case .failed(let repository, let sequence, let error): fail(repository, after: sequence, error)
+                case .confirm(let repository, let revision): repository.confirm(through: revision)
+                case .undo(let repository, let revision, let error): repository.undo(after: revision, error: error)
+                }
             }
         }
         if delivered > 0 { counters.count(events: delivered) }

@@ -27,8 +27,10 @@ public enum Listener: Sendable, Equatable {
 public enum StorageConfiguration: Sendable {
     /// Nothing persists (tests, ephemeral buses).
     case inMemory
-    /// SQLite in `directory`, with the given sync policy.
-    case sqlite(directory: String, sync: SyncPolicy)
+    /// A write-ahead log and a compacted state in `directory`, with the given sync policy.
+    case disk(directory: String, sync: SyncPolicy)
+    /// A storage the embedder made (e.g. one that fails on demand, in tests).
+    case custom(any Storage)
 }
 
 /// Everything the daemon is configured with. The defaults are the daemon's settings'
@@ -48,19 +50,19 @@ public struct ServerConfiguration: Sendable {
     public var storage: StorageConfiguration
     /// Revisions kept per repository for `since` replay.
     public var historyLimit: Int
+    /// Bytes of revisions kept per repository (`RevisionRecord.byteSize`).
+    public var historyMaxBytes: Int
     /// History older than this is dropped (nil: kept until pushed out by `historyLimit`).
     public var historyMaxAge: Duration?
     /// Event-loop threads; nil: one per CPU the process may run on.
     public var threads: Int?
     /// How often to prove the event loops alive (for a watchdog); nil: never.
     public var heartbeatInterval: Duration?
-    /// Test seam: a file whose content injects faults (see `FaultInjection`); nil in production.
-    public var faultFile: String?
 
     public init(
         listener: Listener, socketMode: UInt32, socketOwner: UInt32?, socketGroup: UInt32?, limits: Limits, policy: AccessPolicy,
-        storage: StorageConfiguration, historyLimit: Int, historyMaxAge: Duration?, threads: Int?, heartbeatInterval: Duration?,
-        faultFile: String?
+        storage: StorageConfiguration, historyLimit: Int, historyMaxBytes: Int, historyMaxAge: Duration?, threads: Int?,
+        heartbeatInterval: Duration?
     ) {
         self.listener = listener
         self.socketMode = socketMode
@@ -70,10 +72,10 @@ public struct ServerConfiguration: Sendable {
         self.policy = policy
         self.storage = storage
         self.historyLimit = historyLimit
+        self.historyMaxBytes = historyMaxBytes
         self.historyMaxAge = historyMaxAge
         self.threads = threads
         self.heartbeatInterval = heartbeatInterval
-        self.faultFile = faultFile
     }
 }
 
@@ -142,11 +144,13 @@ public final class ObsServer: Service, Sendable {
         switch configuration.storage {
         case .inMemory:
             return InMemoryStorage()
-        case .sqlite(let directory, let sync):
-            var options = SQLiteStorage.Options(
-                directory: directory, sync: sync, historyLimit: configuration.historyLimit, historyMaxAge: configuration.historyMaxAge)
-            options.faultFile = configuration.faultFile
-            return try SQLiteStorage(options: options)
+        case .disk(let directory, let sync):
+            let options = DiskStorage.Options(
+                directory: directory, sync: sync, historyLimit: configuration.historyLimit,
+                historyMaxBytes: configuration.historyMaxBytes, historyMaxAge: configuration.historyMaxAge)
+            return try DiskStorage(options: options, logger: logger)
+        case .custom(let storage):
+            return storage
         }
     }
 
@@ -160,10 +164,9 @@ public final class ObsServer: Service, Sendable {
         do {
             if case .path(let path) = config.listener { try SocketFile.prepare(path) }
             storage = try openStorage()
-            hub = try Hub(
-                historyLimit: config.historyLimit, historyMaxAge: config.historyMaxAge?.components.seconds, storage: storage,
-                runtime: runtime)
-            hub.attach(Array(group.makeIterator()))
+            let limits = HistoryLimits(
+                count: config.historyLimit, maxBytes: config.historyMaxBytes, maxAge: config.historyMaxAge?.components.seconds)
+            hub = try Hub(loops: Array(group.makeIterator()), historyLimits: limits, storage: storage, runtime: runtime)
         } catch {
             try? await group.shutdownGracefully()
             throw error
@@ -253,55 +256,15 @@ public final class ObsServer: Service, Sendable {
         }
     }
 
-    /// Every `interval`, checks that every event loop ran the task it was last given, and
-    /// if so reports a heartbeat and gives each a new one. A wedged loop stops the beats.
+    /// Reports a heartbeat every `interval` while every event loop runs (see `Heartbeat`).
     private func beat(every interval: Duration, loops: MultiThreadedEventLoopGroup) async {
-        let all = Array(loops.makeIterator())
-        let faultFile = configuration.faultFile
-        var round = HeartbeatRound(loops: all, faultFile: faultFile)
-        var warned = false
-        while true {
-            do { try await Task.sleep(for: interval) } catch { return }  // cancelled: shutting down
-            if round.isComplete {
-                if warned { logger.notice("event loops respond again; watchdog pings resume") }
-                warned = false
-                observer?.serverHeartbeat(status)
-                round = HeartbeatRound(loops: all, faultFile: faultFile)
-            } else if !warned {
-                warned = true
-                logger.error("an event loop has not run a task for \(interval); withholding the watchdog ping")
+        let logger = self.logger
+        await Heartbeat(loops: Array(loops.makeIterator()), interval: interval).run { event in
+            switch event {
+            case .beat: self.observer?.serverHeartbeat(self.status)
+            case .stalled: logger.error("an event loop has not run a task for \(interval); withholding the watchdog ping")
+            case .resumed: logger.notice("event loops respond again; watchdog pings resume")
             }
         }
     }
 }
-
-/// One round of heartbeat tasks, one per event loop.
-private struct HeartbeatRound {
-    private let answered: Counter
-    private let expected: Int
-
-    init(loops: [any EventLoop], faultFile: String?) {
-        let answered = Counter()
-        self.answered = answered
-        self.expected = loops.count
-        for loop in loops {
-            loop.execute {
-                // Test seam: "wedge-event-loop" in the fault file blocks this loop until removed.
-                while let faultFile, FaultInjection.content(faultFile) == "wedge-event-loop" { usleep(20_000) }
-                answered.increment()
-            }
-        }
-    }
-
-    var isComplete: Bool { answered.value == expected }
-
-    private final class Counter: Sendable {
-        private let count = Atomic<Int>(0)
-        func increment() { count.add(1, ordering: .releasing) }
-        var value: Int { count.load(ordering: .acquiring) }
-    }
-}
-
-#if canImport(Glibc)
-import Glibc
-#endif

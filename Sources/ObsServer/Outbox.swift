@@ -68,6 +68,10 @@ final class Outbox {
 
     /// Chunks before `tail`: sealed ready bytes and pending slots.
     private var chunks = CircularBuffer<Chunk>()
+    /// Chunks taken off the head so far, and the position (counted from the first chunk
+    /// ever) after the slot filled last: where the next fill looks first.
+    private var removedChunks = 0
+    private var fillHint = 0
     /// The open end of the queue, where replies and events are appended.
     private var tail: ByteBuffer
     private var tailEvents = 0
@@ -115,15 +119,26 @@ final class Outbox {
         return slot
     }
 
-    /// Fills a reserved slot. Slots are filled mostly in order, so the search from the
-    /// head of the queue ends at once.
+    /// Fills a reserved slot. Slots are filled mostly in order, so the search starts after
+    /// the slot filled last and ends at once: releasing n pipelined replies costs O(n).
     func fill(_ slot: Slot, with bytes: ByteBuffer, events: Int = 0) {
-        guard phase != .closed,
-            let i = chunks.firstIndex(where: { if case .pending(slot) = $0 { return true } else { return false } })
-        else { return }
-        chunks[i] = .ready(bytes, events: events)
+        guard phase != .closed else { return }
+        let hint = min(chunks.count, max(0, fillHint - removedChunks))
+        guard let offset = offset(of: slot, in: hint..<chunks.count) ?? offset(of: slot, in: 0..<hint) else { return }
+        chunks[chunks.index(chunks.startIndex, offsetBy: offset)] = .ready(bytes, events: events)
+        fillHint = removedChunks + offset + 1
         queuedBytes += bytes.readableBytes - Self.slotBytes
         queuedEvents += events
+    }
+
+    /// Where `slot` is among the chunks at `offsets` from the head.
+    private func offset(of slot: Slot, in offsets: Range<Int>) -> Int? {
+        var index = chunks.index(chunks.startIndex, offsetBy: offsets.lowerBound)
+        for offset in offsets {
+            if case .pending(slot) = chunks[index] { return offset }
+            index = chunks.index(after: index)
+        }
+        return nil
     }
 
     // MARK: Subscriptions
@@ -231,6 +246,7 @@ final class Outbox {
         var events = 0
         while channel.isWritable, let first = chunks.first, case .ready(let buffer, let n) = first {
             chunks.removeFirst()
+            removedChunks += 1
             handed += buffer.readableBytes
             events += n
             context.write(NIOAny(buffer), promise: nil)
@@ -265,7 +281,7 @@ final class Outbox {
         flush()
         guard isEmpty else { return }  // the next progress calls back again
         let promise = context.eventLoop.makePromise(of: Void.self)
-        promise.futureResult.whenComplete { _ in body() }
+        promise.futureResult.assumeIsolated().whenComplete { _ in body() }
         // An empty write completes once everything before it is written.
         context.writeAndFlush(NIOAny(allocator.buffer(capacity: 0)), promise: promise)
     }

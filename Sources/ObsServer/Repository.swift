@@ -105,6 +105,9 @@ final class Repository: DurabilityListener, Sendable {
         var subscriberLoops: [(shard: LoopShard, count: Int)] = []
         /// Event loops that have waited for a state of this repository to be durable.
         var waitingLoops: [LoopShard] = []
+        /// The time of the newest revision: revisions are stamped no earlier, so their
+        /// times never go back whatever the clock does.
+        var lastTime: Int64 = .min
     }
 
     private let state: Locked<State>
@@ -121,16 +124,25 @@ final class Repository: DurabilityListener, Sendable {
     private let storage: any Storage
     /// Counts repositories that exist (revision > 0).
     private let stats: ServerStats
+    /// Every event loop's share; storage's durability news goes to one of them.
+    private let shards: [LoopShard]
+    /// The shard that handles storage's news: the last writer's, so the news usually
+    /// reaches the loop that waits for it with no further hop.
+    private let home: Atomic<Int>
 
-    init(name: String, loaded: LoadedRepository? = nil, historyLimit: Int, historyMaxAge: Int64?, storage: any Storage, hub: Hub) {
+    init(name: String, loaded: LoadedRepository? = nil, storage: any Storage, hub: Hub) {
         self.name = name
         self.epoch = loaded?.epoch ?? hub.freshEpoch
         self.storage = storage
         self.stats = hub.stats
-        var history = History(capacity: historyLimit, maxAge: historyMaxAge)
+        self.shards = hub.shards
+        self.home = Atomic(abs(name.hashValue % max(1, hub.shards.count)))
+        var history = History(limits: hub.historyLimits)
         for record in loaded?.history ?? [] { history.append(Revision(record, encode: false)) }
         let data = loaded?.state ?? KeyedState()
-        self.state = Locked(State(data: data, history: history))
+        var state = State(data: data, history: history)
+        state.lastTime = loaded?.history.last?.time ?? .min
+        self.state = Locked(state)
         if loaded != nil { permanent.store(true, ordering: .relaxed) }
     }
 
@@ -166,12 +178,14 @@ final class Repository: DurabilityListener, Sendable {
     // MARK: Writing
 
     /// Applies `ops` atomically. The resulting revision (if any) is delivered to
-    /// subscribers once durable; `awaitDurable` tells the writer's loop.
+    /// subscribers once durable; `awaitDurable` tells the writer's loop (`from`, whose
+    /// shard then hears storage's news first).
     ///
     /// The write rules are checked first: a write that fails them, or changes nothing, gets
     /// that answer whatever the limits. Then the limits, before anything is applied.
-    func write(_ ops: [WriteOp<CanonicalJSON>], now: Int64, limits: WriteLimits) throws(WriteRefusal) -> WriteOutcome {
-        try state.withLock { (s) throws(WriteRefusal) -> WriteOutcome in
+    func write(_ ops: [WriteOp<CanonicalJSON>], now: Int64, limits: WriteLimits, from shard: LoopShard? = nil) throws(WriteRefusal) -> WriteOutcome {
+        if let shard, home.load(ordering: .relaxed) != shard.index { home.store(shard.index, ordering: .relaxed) }
+        return try state.withLock { (s) throws(WriteRefusal) -> WriteOutcome in
             let changes: [Change<CanonicalJSON>]
             do throws(WriteError) { changes = try s.data.plan(ops) } catch { throw .rules(error) }
             let before = ops.map { s.data[$0.key] }
@@ -185,7 +199,7 @@ final class Repository: DurabilityListener, Sendable {
             for change in changes {
                 if change.old == nil { created += 1 }
                 if change.new == nil { removed += 1 }
-                bytes += Self.recordedSize(change)
+                bytes += RevisionRecord.byteSize(of: change)
             }
             if created > 0, s.data.count + created - removed > limits.maxKeys { throw .tooManyKeys(limit: limits.maxKeys) }
             if bytes > limits.maxRevisionBytes { throw .revisionTooLarge(bytes: bytes, limit: limits.maxRevisionBytes) }
@@ -196,7 +210,7 @@ final class Repository: DurabilityListener, Sendable {
                 throw .tooManyRepositories(limit: limits.maxRepositories)
             }
             let changeSet = ChangeSet(revision: s.data.revision + 1, changes: changes)
-            let record = RevisionRecord(repo: name, changeSet: changeSet, time: now)
+            let record = RevisionRecord(repo: name, changeSet: changeSet, time: max(now, s.lastTime))
             let revision = Revision(record, encode: !s.subscriberLoops.isEmpty)
             // Storage never calls back from inside `append` (this lock is held): a store that
             // no longer takes revisions says so, and nothing is applied.
@@ -205,6 +219,7 @@ final class Repository: DurabilityListener, Sendable {
                 throw .storageClosed
             }
             s.data.install(changeSet)
+            s.lastTime = record.time
             if creates { permanent.store(true, ordering: .releasing) }
             s.applied += 1
             s.current = s.applied
@@ -218,11 +233,6 @@ final class Repository: DurabilityListener, Sendable {
             }
             return WriteOutcome(revision: changeSet.revision, changed: true, previous: previous, sequence: s.applied)
         }
-    }
-
-    /// What one change adds to a revision record: its key, old and new value, and framing.
-    static func recordedSize(_ change: Change<CanonicalJSON>) -> Int {
-        change.key.utf8Count + (change.old?.bytes.count ?? 0) + (change.new?.bytes.count ?? 0) + 32
     }
 
     // MARK: Durability
@@ -248,11 +258,27 @@ final class Repository: DurabilityListener, Sendable {
         }
     }
 
+    // Storage's news arrives on its own thread, which never takes this lock: it is handed
+    // to the home shard's loop, which applies it. News posted before `home` moved may be
+    // applied after news posted since, on another loop — harmless: `confirm` only ever
+    // moves forward, and `undo` confirms what storage kept before it undoes the rest.
+
     func durable(through revision: UInt64) {
-        state.withLock { s in _ = confirm(&s, through: revision) }
+        shards[home.load(ordering: .relaxed)].post(.confirm(self, through: revision))
     }
 
     func failed(after revision: UInt64, error: StorageError) {
+        shards[home.load(ordering: .relaxed)].post(.undo(self, after: revision, error))
+    }
+
+    /// Every revision up to `revision` is durable: shows them (on a loop, see `durable`).
+    func confirm(through revision: UInt64) {
+        state.withLock { s in _ = confirm(&s, through: revision) }
+    }
+
+    /// Storage kept the revisions up to `revision` and never will keep the others: undoes
+    /// them (on a loop, see `failed`).
+    func undo(after revision: UInt64, error: StorageError) {
         state.withLock { s in
             confirm(&s, through: revision)
             // Undo, newest first, every revision storage did not keep.

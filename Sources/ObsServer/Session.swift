@@ -199,10 +199,10 @@ final class Session {
         let repository: Repository
         let result: Result<WriteOutcome, WriteRefusal>
         if let last = lastWritten, last.name == repo {
-            (repository, result) = (last, Result { () throws(WriteRefusal) in try last.write(ops, now: now, limits: limits) })
+            (repository, result) = (last, Result { () throws(WriteRefusal) in try last.write(ops, now: now, limits: limits, from: shard) })
         } else {
             (repository, result) = hub.using(repo) { repository in
-                (repository, Result { () throws(WriteRefusal) in try repository.write(ops, now: now, limits: limits) })
+                (repository, Result { () throws(WriteRefusal) in try repository.write(ops, now: now, limits: limits, from: shard) })
             }
             if repository.isPermanent { lastWritten = repository }
         }

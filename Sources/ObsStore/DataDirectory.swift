@@ -1,6 +1,8 @@
 // ObsStore — the data directory: where it is by default, and the lock that keeps two
 // daemons from ever sharing one store.
 
+import ObservableKit
+
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Musl)
@@ -37,9 +39,10 @@ public enum DataDirectory {
     }
 }
 
-/// An exclusive `flock` on `<dir>/obsd.lock`, holding the owner's pid.
+/// An exclusive `flock` on `<dir>/obsd.lock`, holding the owner's pid; held until
+/// `release` (or deinit).
 final class DirectoryLock: Sendable {
-    private let fd: Int32
+    private let fd: Locked<Int32>
 
     init(directory: String) throws(StorageError) {
         let path = directory + "/obsd.lock"
@@ -57,10 +60,18 @@ final class DirectoryLock: Sendable {
         let pid = "\(getpid())\n"
         _ = ftruncate(fd, 0)
         _ = pid.withCString { pwrite(fd, $0, strlen($0), 0) }
-        self.fd = fd
+        self.fd = Locked(fd)
     }
 
-    deinit { close(fd) }
+    /// Lets another store open the directory. Idempotent.
+    func release() {
+        fd.withLock { fd in
+            if fd >= 0 { close(fd) }
+            fd = -1
+        }
+    }
+
+    deinit { release() }
 }
 
 extension String {

@@ -11,12 +11,21 @@ public final class RevisionRecord: Sendable {
     public let changes: [Change<CanonicalJSON>]
     /// When it was committed, in seconds since 1970 (for age-based history retention).
     public let time: Int64
+    /// What it weighs against history and revision limits: keys, old and new values, and 32
+    /// bytes per change for what goes with them.
+    public let byteSize: Int
 
     public init(repo: String, changeSet: ChangeSet<CanonicalJSON>, time: Int64) {
         self.repo = repo
         self.revision = changeSet.revision
         self.changes = changeSet.changes
         self.time = time
+        self.byteSize = changeSet.changes.reduce(0) { $0 + Self.byteSize(of: $1) }
+    }
+
+    /// What one change weighs (see `byteSize`).
+    public static func byteSize(of change: Change<CanonicalJSON>) -> Int {
+        change.key.utf8Count + (change.old?.bytes.count ?? 0) + (change.new?.bytes.count ?? 0) + 32
     }
 
     /// The keys changed, in application order.

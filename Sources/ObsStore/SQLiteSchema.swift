@@ -21,7 +21,7 @@ enum Schema {
     /// Opens the database, creating its schema if the file is new, migrating an older one;
     /// refuses foreign files. Returns the connection and whether the schema was migrated
     /// from version 1 (which had no epochs).
-    static func open(path: String, options: SQLiteStorage.Options) throws(StorageError) -> (SQLiteConnection, migrated: Bool) {
+    static func open(path: String, options: DiskStorage.Options) throws(StorageError) -> (SQLiteConnection, migrated: Bool) {
         let connection = try SQLiteConnection(path: path, create: true)
         do throws(StorageError) {
             try connection.execute("PRAGMA busy_timeout = 5000")
@@ -32,7 +32,9 @@ enum Schema {
         } catch {
             throw explain(error, path: path)
         }
-        try connection.execute(options.sync == .always ? "PRAGMA synchronous = FULL" : "PRAGMA synchronous = NORMAL")
+        // The compacted state is written off the acknowledgement path and the log before it
+        // is deleted once it is durable: every transaction is synced.
+        try connection.execute("PRAGMA synchronous = FULL")
         try connection.execute("PRAGMA wal_autocheckpoint = 0; PRAGMA journal_size_limit = 67108864; PRAGMA cache_size = -32768; PRAGMA temp_store = MEMORY")
         let application = try connection.integer("PRAGMA application_id")
         let version = try connection.integer("PRAGMA user_version")
@@ -41,8 +43,8 @@ enum Schema {
             try connection.execute(
                 """
                 BEGIN;
-                PRAGMA application_id = \(SQLiteStorage.applicationID);
-                PRAGMA user_version = \(SQLiteStorage.schemaVersion);
+                PRAGMA application_id = \(DiskStorage.applicationID);
+                PRAGMA user_version = \(DiskStorage.schemaVersion);
                 CREATE TABLE repos (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE, rev INTEGER NOT NULL, epoch TEXT NOT NULL);
                 CREATE TABLE entries (
                     repo INTEGER NOT NULL, key BLOB NOT NULL, value BLOB NOT NULL, rev INTEGER NOT NULL,
@@ -56,19 +58,19 @@ enum Schema {
                 """)
             return (connection, false)
         }
-        guard application == SQLiteStorage.applicationID else {
+        guard application == DiskStorage.applicationID else {
             throw StorageError(.corrupt, "\(path) is not an obsd database (SQLite application_id \(application)); refusing to use it")
         }
         if version == 1 {
             // Version 1 had no epochs and no provenance: every repository starts a new epoch.
             var statements = "BEGIN; ALTER TABLE repos ADD COLUMN epoch TEXT NOT NULL DEFAULT '';"
             statements += " CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;"
-            statements += " PRAGMA user_version = \(SQLiteStorage.schemaVersion); COMMIT;"
+            statements += " PRAGMA user_version = \(DiskStorage.schemaVersion); COMMIT;"
             try connection.execute(statements)
             return (connection, true)
         }
-        guard version == SQLiteStorage.schemaVersion else {
-            throw StorageError(.corrupt, "\(path) has schema version \(version); this obsd reads versions 1 and \(SQLiteStorage.schemaVersion)")
+        guard version == DiskStorage.schemaVersion else {
+            throw StorageError(.corrupt, "\(path) has schema version \(version); this obsd reads versions 1 and \(DiskStorage.schemaVersion)")
         }
         return (connection, false)
     }
@@ -111,7 +113,7 @@ enum Provenance {
             reason = "the last obsd on \(path) stopped uncleanly under sync = relaxed and the machine restarted since: writes it acknowledged in its last sync interval may be lost"
         }
         let policy = sync == .always ? "always" : "relaxed"
-        var statements = "PRAGMA synchronous = FULL; BEGIN;"
+        var statements = "BEGIN;"
         if reason != nil || migrated {
             let ids = try connection.prepare("SELECT id FROM repos")
             var all: [Int64] = []
@@ -119,7 +121,7 @@ enum Provenance {
             for id in all { statements += " UPDATE repos SET epoch = '\(Epoch.random())' WHERE id = \(id);" }
         }
         statements += " INSERT OR REPLACE INTO meta (key, value) VALUES ('file', '\(identity)'), ('run', 'running \(bootID) \(policy)');"
-        statements += " COMMIT; PRAGMA synchronous = \(sync == .always ? "FULL" : "NORMAL");"
+        statements += " COMMIT;"
         try connection.execute(statements)
         return reason
     }
@@ -159,17 +161,49 @@ enum Provenance {
     }()
 }
 
+/// What the compacted state holds at start-up.
+struct StoredState {
+    let repositories: [LoadedRepository]
+    /// How far the write-ahead log is applied to it (`meta.wal_applied`; 0: none of it).
+    let checkpoint: UInt64
+}
+
 enum Loader {
-    /// Reads every repository: entries and retained history.
-    static func load(_ connection: SQLiteConnection, options: SQLiteStorage.Options) throws(StorageError) -> [LoadedRepository] {
+    /// Reads every repository — entries and retained history — and the log checkpoint.
+    static func load(_ connection: SQLiteConnection, options: DiskStorage.Options) throws(StorageError) -> StoredState {
         do throws(StorageError) {
-            return try read(connection, options: options)
+            return StoredState(repositories: try read(connection, options: options), checkpoint: try checkpoint(connection))
         } catch {
             throw Schema.explain(error, path: connection.path)
         }
     }
 
-    private static func read(_ connection: SQLiteConnection, options: SQLiteStorage.Options) throws(StorageError) -> [LoadedRepository] {
+    /// How far the write-ahead log is applied to the compacted state.
+    static func checkpoint(_ connection: SQLiteConnection) throws(StorageError) -> UInt64 {
+        let statement = try connection.prepare("SELECT value FROM meta WHERE key = 'wal_applied'")
+        guard try statement.step() else { return 0 }
+        guard let position = UInt64(statement.text(0)) else {
+            throw StorageError(.corrupt, "\(connection.path): meta.wal_applied is not a log position")
+        }
+        return position
+    }
+
+    /// The history a repository keeps: the contiguous run of revisions ending at its newest,
+    /// minus its oldest beyond `limit` revisions or `maxBytes` (the newest always stays).
+    /// Contiguity is by revision, never by time: a clock step cannot break it.
+    static func retained(_ history: [RevisionRecord], limit: Int, maxBytes: Int) -> [RevisionRecord] {
+        guard limit > 0, var start = history.indices.last else { return [] }
+        var bytes = history[start].byteSize
+        while start > 0, history.count - start < limit, history[start - 1].revision + 1 == history[start].revision,
+            bytes + history[start - 1].byteSize <= maxBytes
+        {
+            start -= 1
+            bytes += history[start].byteSize
+        }
+        return Array(history[start...])
+    }
+
+    private static func read(_ connection: SQLiteConnection, options: DiskStorage.Options) throws(StorageError) -> [LoadedRepository] {
         let path = connection.path
         var names: [Int64: String] = [:]
         var revisions: [Int64: UInt64] = [:]
@@ -194,12 +228,18 @@ enum Loader {
 
         var histories: [Int64: [RevisionRecord]] = [:]
         if options.historyLimit > 0 {
+            // Newest first, so each repository reads only what it keeps; age expiry drops a
+            // prefix by revision (up to the newest revision older than the limit).
             let cutoff = options.historyMaxAge.map { WallClock.unixSeconds() - $0.components.seconds } ?? Int64.min
-            let history = try connection.prepare("SELECT repo, rev, time, changes FROM history WHERE time >= ?1 ORDER BY repo, rev")
-            try history.bind(1, cutoff)
+            let history = try connection.prepare("SELECT repo, rev, time, changes FROM history ORDER BY repo, rev DESC")
+            var expiredFrom: Set<Int64> = []
             while try history.step() {
                 let repo = history.int64(0)
-                guard let name = names[repo] else { continue }
+                guard let name = names[repo], !expiredFrom.contains(repo), histories[repo, default: []].count < options.historyLimit else { continue }
+                if history.int64(2) < cutoff {
+                    expiredFrom.insert(repo)
+                    continue
+                }
                 let rev = UInt64(bitPattern: history.int64(1))
                 let changes = try self.changes(history.blob(3), path: path, repo: name, rev: rev)
                 histories[repo, default: []].append(
@@ -210,14 +250,8 @@ enum Loader {
         return try names.keys.sorted().map { (id) throws(StorageError) -> LoadedRepository in
             let name = names[id]!
             let revision = revisions[id] ?? 0
-            var history = histories[id] ?? []
-            if history.count > options.historyLimit { history.removeFirst(history.count - options.historyLimit) }
-            if let last = history.last {
-                let contiguous = zip(history, history.dropFirst()).allSatisfy { $1.revision == $0.revision + 1 }
-                guard contiguous, last.revision == revision else {
-                    throw StorageError(.corrupt, "\(path): history of repository \(name) is not contiguous up to revision \(revision)")
-                }
-            }
+            var history = retained(histories[id]?.reversed() ?? [], limit: options.historyLimit, maxBytes: options.historyMaxBytes)
+            if history.last?.revision != revision { history = [] }  // a history that does not reach the state serves no `since`
             guard let epoch = epochs[id], Epoch.isValid(epoch) else {
                 throw StorageError(.corrupt, "\(path): repository \(name) has no valid epoch")
             }

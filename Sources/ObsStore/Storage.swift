@@ -4,8 +4,8 @@
 // with its encoding), `RevisionRecord` (one committed revision), and the `Storage`
 // boundary. The daemon commits a revision in memory, hands it to storage in revision
 // order, and shows it to nobody — no reply, no event — until storage says it is durable.
-// `InMemoryStorage` is durable at once (and forgets everything at exit);
-// `SQLiteStorage` persists to disk with group commit.
+// `InMemoryStorage` is durable at once (and forgets everything at exit); `DiskStorage`
+// persists to a write-ahead log with group commit and keeps a compacted state in SQLite.
 
 import ObsProtocol
 import ObservableKit
@@ -28,7 +28,8 @@ public struct LoadedRepository: Sendable {
 }
 
 /// Told, in revision order, when the revisions it handed to storage are durable — or that
-/// they never will be.
+/// they never will be. Called from the store's own thread, which must not wait: an
+/// implementation hands the news over (the daemon to an event loop) and returns.
 public protocol DurabilityListener: AnyObject, Sendable {
     /// The repository's epoch, stored with it when storage first sees it.
     var epoch: String { get }
@@ -42,7 +43,7 @@ public protocol DurabilityListener: AnyObject, Sendable {
 public protocol Storage: AnyObject, Sendable {
     /// Whether `append` makes a revision durable at once, with no callback.
     var isImmediate: Bool { get }
-    /// What the storage is, for logs (e.g. "memory", "sqlite /var/lib/obsd/obsd.db, sync always").
+    /// What the storage is, for logs (e.g. "memory", "write-ahead log + sqlite /var/lib/obsd/obsd.db, sync always").
     var summary: String { get }
     /// Commit and fsync counts, when the storage keeps them.
     var counters: StorageCounters? { get }

@@ -38,7 +38,7 @@ enum Launch {
             guard let directory = s.dataDir ?? DataDirectory.defaultPath(environment: environment) else {
                 throw Failure(description: "no data directory: set storage.data-dir (or HOME), or storage.in-memory")
             }
-            storage = .sqlite(
+            storage = .disk(
                 directory: directory, sync: s.sync == "relaxed" ? .relaxed(interval: .milliseconds(s.syncIntervalMS)) : .always)
         }
         let notifier = SystemdNotifier()
@@ -48,10 +48,9 @@ enum Launch {
         let (owner, group) = try socketOwnership(s)
         return ServerConfiguration(
             listener: listener, socketMode: s.socketMode, socketOwner: owner, socketGroup: group, limits: limits(s),
-            policy: try policy(s), storage: storage, historyLimit: s.historyLimit,
+            policy: try policy(s), storage: storage, historyLimit: s.historyLimit, historyMaxBytes: s.historyMaxBytes,
             historyMaxAge: s.historyMaxAgeSeconds > 0 ? .seconds(s.historyMaxAgeSeconds) : nil,
-            threads: s.threads > 0 ? s.threads : nil, heartbeatInterval: heartbeat,
-            faultFile: environment["OBSD_FAULT_FILE"])  // test seam, see FaultInjection
+            threads: s.threads > 0 ? s.threads : nil, heartbeatInterval: heartbeat)
     }
 
     /// The socket file's owner and group as ids, from names or numbers; unknown names are

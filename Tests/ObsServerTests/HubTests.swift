@@ -35,7 +35,9 @@ extension Limits {
 }
 
 func makeHub(storage: any Storage = InMemoryStorage(), limits: Limits = .testing) throws -> Hub {
-    try Hub(historyLimit: 100, historyMaxAge: nil, storage: storage, runtime: Runtime(limits: limits, policy: .open))
+    try Hub(
+        loops: [EmbeddedEventLoop()], historyLimits: HistoryLimits(count: 100, maxBytes: 64 << 20, maxAge: nil), storage: storage,
+        runtime: Runtime(limits: limits, policy: .open))
 }
 
 /// An object whose identity stands for a connection.
@@ -52,7 +54,7 @@ let writeLimits = WriteLimits(maxKeys: 1000, maxRepositories: 1000, maxRevisionB
         let first = try #require(hub.existing("r"))
         try hub.using("r") { held in
             // Storage fails revision 1: the repository is back at revision 0.
-            held.failed(after: 0, error: StorageError(.full, "test: disk full"))
+            held.undo(after: 0, error: StorageError(.full, "test: disk full"))
             #expect(held.revision == 0)
             // Someone else uses the repository meanwhile and lets go of it.
             hub.using("r") { _ in }

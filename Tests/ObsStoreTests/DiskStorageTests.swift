@@ -1,0 +1,308 @@
+// Tests of the disk store on its own: the write-ahead log (group commit, segments, replay,
+// torn tails, damage), the checkpointer (compacted state, history windows), and what a
+// failing disk does to the writes in flight.
+
+import Foundation
+import Logging
+import ObsProtocol
+import ObsStore
+import ObservableKit
+import Synchronization
+import TestSupport
+import Testing
+
+/// A repository as the store sees it: records what storage reports.
+final class ListenerStub: DurabilityListener {
+    let epoch = Epoch.random()
+    private let reports = Mutex<(durable: UInt64, failedAfter: UInt64?, failures: Int)>((0, nil, 0))
+
+    func durable(through revision: UInt64) { reports.withLock { $0.durable = max($0.durable, revision) } }
+    func failed(after revision: UInt64, error: StorageError) {
+        reports.withLock {
+            $0.failedAfter = revision
+            $0.failures += 1
+        }
+    }
+
+    var durable: UInt64 { reports.withLock { $0.durable } }
+    var failedAfter: UInt64? { reports.withLock { $0.failedAfter } }
+    var failures: Int { reports.withLock { $0.failures } }
+}
+
+func record(_ repo: String, _ revision: UInt64, _ key: String = "k", _ value: JSONValue = 1, time: Int64 = 1_700_000_000) -> RevisionRecord {
+    RevisionRecord(
+        repo: repo, changeSet: ChangeSet(revision: revision, changes: [Change(key: Key(key), old: nil, new: CanonicalJSON(value))]),
+        time: time)
+}
+
+func temporaryDirectory() -> String {
+    var template = Array("/tmp/obsstore-test-XXXXXX".utf8CString)
+    return template.withUnsafeMutableBufferPointer { String(cString: mkdtemp($0.baseAddress!)) }
+}
+
+func options(_ dir: String, historyLimit: Int = 100, maxBytes: Int = 64 << 20, maxAge: Duration? = nil, segmentSize: Int = 64 << 20) -> DiskStorage.Options {
+    var options = DiskStorage.Options(directory: dir, sync: .always, historyLimit: historyLimit, historyMaxBytes: maxBytes, historyMaxAge: maxAge)
+    options.segmentSize = segmentSize
+    return options
+}
+
+let testLogger = Logger(label: "obsstore-test")
+
+func open(_ options: DiskStorage.Options) throws -> DiskStorage { try DiskStorage(options: options, logger: testLogger) }
+
+/// Waits (bounded) until `condition` holds.
+func waitFor(_ condition: () -> Bool) -> Bool {
+    let deadline = ContinuousClock.now + .seconds(20)
+    while !condition() {
+        if ContinuousClock.now > deadline { return condition() }
+        usleep(1000)
+    }
+    return true
+}
+
+/// The log's segment files, sorted.
+func segments(_ dir: String) -> [String] {
+    ((try? FileManager.default.contentsOfDirectory(atPath: dir + "/wal")) ?? []).filter { $0.hasSuffix(".wal") }.sorted()
+}
+
+/// A copy of a live data directory, as a crash would leave it (the log as written so far).
+func snapshot(_ dir: String) throws -> String {
+    let copy = temporaryDirectory()
+    for name in ["obsd.db", "obsd.db-wal", "wal"] where FileManager.default.fileExists(atPath: dir + "/" + name) {
+        try FileManager.default.copyItem(atPath: dir + "/" + name, toPath: copy + "/" + name)
+    }
+    return copy
+}
+
+@Suite struct DiskStorageTests {
+    @Test func whatWasMadeDurableIsLoadedWithItsHistoryAndEpoch() throws {
+        let dir = temporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let (a, b) = (ListenerStub(), ListenerStub())
+        do {
+            let storage = try open(options(dir))
+            for rev in 1...200 as ClosedRange<UInt64> {
+                #expect(storage.append(record("a", rev, "k\(rev % 7)", .int(Int64(rev))), listener: a))
+                if rev <= 20 { #expect(storage.append(record("b", rev), listener: b)) }
+            }
+            storage.close()
+            #expect(a.durable == 200 && b.durable == 20 && a.failedAfter == nil)
+        }
+        let reopened = try open(options(dir))
+        defer { reopened.close() }
+        let loaded = Dictionary(uniqueKeysWithValues: try reopened.load().map { ($0.name, $0) })
+        let repoA = try #require(loaded["a"])
+        #expect(repoA.state.revision == 200 && repoA.state.count == 7)
+        #expect(repoA.state[Key("k4")]?.value == CanonicalJSON(.int(200)))
+        #expect(repoA.history.map(\.revision) == Array(101...200), "the newest history-limit revisions")
+        #expect(repoA.epoch == a.epoch && loaded["b"]?.epoch == b.epoch, "each repository's epoch is stored with it")
+        #expect(reopened.notices.isEmpty, "a clean stop replays nothing: \(reopened.notices)")
+    }
+
+    @Test func aCrashReplaysTheLogOnTopOfTheCompactedState() throws {
+        let dir = temporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        var o = options(dir)
+        o.checkpointInterval = .seconds(3600)  // nothing reaches the compacted state
+        let storage = try open(o)
+        let a = ListenerStub()
+        for rev in 1...300 as ClosedRange<UInt64> { #expect(storage.append(record("a", rev, "k\(rev)"), listener: a)) }
+        #expect(waitFor { a.durable == 300 })
+        let crashed = try snapshot(dir)
+        storage.close()
+        defer { try? FileManager.default.removeItem(atPath: crashed) }
+
+        let recovered = try open(options(crashed))
+        let loaded = try #require(try recovered.load().first)
+        #expect(loaded.name == "a" && loaded.state.revision == 300 && loaded.state.count == 300)
+        #expect(loaded.history.last?.revision == 300 && loaded.history.count == 100)
+        #expect(recovered.notices.contains { $0.contains("replayed 300 revisions") }, "\(recovered.notices)")
+        recovered.close()
+        // The replayed revisions reached the compacted state: the next start replays none.
+        let again = try open(options(crashed))
+        #expect(try again.load().first?.state.revision == 300)
+        #expect(!again.notices.contains { $0.contains("replayed") }, "\(again.notices)")
+        again.close()
+    }
+
+    @Test func aTornTailIsCutOffAndReported() throws {
+        let dir = temporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        var o = options(dir)
+        o.checkpointInterval = .seconds(3600)
+        let storage = try open(o)
+        let a = ListenerStub()
+        for rev in 1...10 as ClosedRange<UInt64> { _ = storage.append(record("a", rev), listener: a) }
+        #expect(waitFor { a.durable == 10 })
+        let crashed = try snapshot(dir)
+        storage.close()
+        defer { try? FileManager.default.removeItem(atPath: crashed) }
+        // Half a frame after the last one: a group whose write a crash interrupted.
+        let segment = crashed + "/wal/" + segments(crashed).last!
+        let file = try FileHandle(forUpdating: URL(fileURLWithPath: segment))
+        let end = try lastFrameEnd(segment)
+        try file.seek(toOffset: UInt64(end))
+        try file.write(contentsOf: Data([40, 0, 0, 0, 0xde, 0xad, 0xbe, 0xef, 1, 2, 3]))
+        try file.close()
+
+        let recovered = try open(options(crashed))
+        #expect(try recovered.load().first?.state.revision == 10)
+        #expect(recovered.notices.contains { $0.contains("cut 11 bytes of a torn write") && $0.contains(segment) }, "\(recovered.notices)")
+        // Appends continue after the cut.
+        let b = ListenerStub()
+        #expect(recovered.append(record("a", 11), listener: b))
+        recovered.close()
+        #expect(b.durable == 11)
+        let again = try open(options(crashed))
+        #expect(try again.load().first?.state.revision == 11)
+        again.close()
+    }
+
+    @Test func damageInTheMiddleOfTheLogRefusesToStartNamingTheFileAndOffset() throws {
+        let dir = temporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        var o = options(dir)
+        o.checkpointInterval = .seconds(3600)
+        let storage = try open(o)
+        let a = ListenerStub()
+        for rev in 1...10 as ClosedRange<UInt64> { _ = storage.append(record("a", rev), listener: a) }
+        #expect(waitFor { a.durable == 10 })
+        let crashed = try snapshot(dir)
+        storage.close()
+        defer { try? FileManager.default.removeItem(atPath: crashed) }
+        let segment = crashed + "/wal/" + segments(crashed).last!
+        // Flip a byte of the first record's payload (after the 16-byte header and 8-byte frame header).
+        let file = try FileHandle(forUpdating: URL(fileURLWithPath: segment))
+        try file.seek(toOffset: 30)
+        let byte = try #require(try file.read(upToCount: 1)?.first)
+        try file.seek(toOffset: 30)
+        try file.write(contentsOf: Data([byte ^ 0x40]))
+        try file.close()
+
+        #expect {
+            try open(options(crashed))
+        } throws: { error in
+            guard let error = error as? StorageError else { return false }
+            return error.kind == .corrupt && error.description.contains(segment) && error.description.contains("offset 16")
+        }
+    }
+
+    @Test func segmentsRollOverAndAreDeletedOnceTheCompactedStateHoldsThem() throws {
+        let dir = temporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        var o = options(dir, segmentSize: 4096)
+        o.checkpointInterval = .milliseconds(20)
+        let storage = try open(o)
+        let a = ListenerStub()
+        for rev in 1...400 as ClosedRange<UInt64> {
+            _ = storage.append(record("a", rev, "k", .string(String(repeating: "v", count: 100))), listener: a)
+        }
+        #expect(waitFor { a.durable == 400 })
+        #expect(waitFor { segments(dir).count <= 2 }, "applied segments are deleted: \(segments(dir))")
+        storage.close()
+        let reopened = try open(options(dir, segmentSize: 4096))
+        #expect(try reopened.load().first?.state.revision == 400)
+        reopened.close()
+    }
+
+    @Test func aClosedStoreRefusesAppendsWithoutCallingBack() throws {
+        let dir = temporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let storage = try open(options(dir))
+        let a = ListenerStub()
+        #expect(storage.append(record("a", 1), listener: a))
+        storage.close()
+        #expect(a.durable == 1, "close makes everything queued durable first")
+        #expect(!storage.append(record("a", 2), listener: a), "closed: refused")
+        #expect(a.failedAfter == nil && a.durable == 1, "and the caller, who holds its lock, is not called")
+    }
+
+    @Test func aClockStepBackNeverBreaksTheHistory() throws {
+        let dir = temporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let now = WallClock.unixSeconds()
+        do {
+            let storage = try open(options(dir, maxAge: .seconds(3600)))
+            let a = ListenerStub()
+            // The clock stepped back an hour and a half between revision 5 and 6 (records
+            // stamped by an older obsd, before times were kept monotonic).
+            for rev in 1...5 as ClosedRange<UInt64> { _ = storage.append(record("a", rev, time: now), listener: a) }
+            for rev in 6...10 as ClosedRange<UInt64> { _ = storage.append(record("a", rev, time: now - 5400), listener: a) }
+            storage.close()
+        }
+        let reopened = try open(options(dir, maxAge: .seconds(3600)))
+        let loaded = try #require(try reopened.load().first)
+        reopened.close()
+        #expect(loaded.state.revision == 10)
+        // The newest revisions look oldest: age expiry keeps a contiguous suffix (here none).
+        let revisions = loaded.history.map(\.revision)
+        #expect(revisions.isEmpty || revisions == Array(revisions.first!...10), "\(revisions)")
+    }
+
+    @Test func historyIsBoundedByBytes() throws {
+        let dir = temporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let big = JSONValue.string(String(repeating: "x", count: 10_000))
+        do {
+            let storage = try open(options(dir, maxBytes: 50_000))
+            let a = ListenerStub()
+            for rev in 1...30 as ClosedRange<UInt64> { _ = storage.append(record("a", rev, "k", big), listener: a) }
+            storage.close()
+        }
+        let reopened = try open(options(dir, maxBytes: 50_000))
+        let loaded = try #require(try reopened.load().first)
+        reopened.close()
+        #expect(loaded.history.map(\.revision) == Array(27...30), "four revisions of ~10 kB fit in 50 kB")
+    }
+
+    @Test(.enabled(if: Tmpfs.available, "needs root and permission to mount tmpfs"))
+    func aFullDiskFailsTheGroupThenHeals() throws {
+        let mount = try Tmpfs(megabytes: 2)
+        defer { mount.unmount() }
+        let dir = mount.path + "/data"
+        let storage = try open(options(dir, segmentSize: 1 << 20))
+        let a = ListenerStub()
+        #expect(storage.append(record("a", 1), listener: a))
+        #expect(waitFor { a.durable == 1 })
+        // Fill the file system, then write until the log refuses.
+        let filler = mount.path + "/filler"
+        FileManager.default.createFile(atPath: filler, contents: nil)
+        let handle = try #require(FileHandle(forWritingAtPath: filler))
+        while (try? handle.write(contentsOf: Data(count: 64 << 10))) != nil {}
+        try? handle.close()
+        let big = JSONValue.string(String(repeating: "x", count: 200_000))
+        var rev: UInt64 = 1
+        while a.failures == 0, rev < 40 {
+            rev += 1
+            _ = storage.append(record("a", rev, "k\(rev)", big), listener: a)
+            _ = waitFor { a.durable == rev || a.failures > 0 }
+        }
+        #expect(a.failures == 1, "the failed group is reported once")
+        let kept = try #require(a.failedAfter)
+        // Until the repository undoes the failed revisions, its later ones are dropped.
+        _ = storage.append(record("a", kept + 2, "late"), listener: a)
+        storage.discard(a, after: kept)
+        try FileManager.default.removeItem(atPath: filler)
+        #expect(storage.append(record("a", kept + 1, "healed", "yes"), listener: a))
+        #expect(waitFor { a.durable == kept + 1 })
+        storage.close()
+        let reopened = try open(options(dir, segmentSize: 1 << 20))
+        let loaded = try #require(try reopened.load().first)
+        reopened.close()
+        #expect(loaded.state.revision == kept + 1)
+        #expect(loaded.state[Key("healed")]?.value == CanonicalJSON(.string("yes")))
+        #expect(loaded.state[Key("late")] == nil)
+    }
+}
+
+/// Where the last valid frame of a segment ends (frames: u32 length, u32 crc, payload, pad to 8).
+func lastFrameEnd(_ path: String) throws -> Int {
+    let bytes = [UInt8](try Data(contentsOf: URL(fileURLWithPath: path)))
+    var at = 16
+    while at + 8 <= bytes.count {
+        let length = Int(bytes[at]) | Int(bytes[at + 1]) << 8 | Int(bytes[at + 2]) << 16 | Int(bytes[at + 3]) << 24
+        if length == 0 { break }
+        at = (at + 8 + length + 7) & ~7
+    }
+    return at
+}
