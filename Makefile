@@ -20,7 +20,7 @@ UNIT_PATHS := sed -e 's|/usr/local/bin/|$(BINDIR)/|g' -e 's|/etc/obsd/|$(SYSCONF
 all: build
 
 # Debian packages the build needs; installed when missing (apt lists refreshed if needed).
-DEB_PACKAGES := libsqlite3-dev libsystemd-dev pkg-config systemd strace socat netcat-openbsd
+DEB_PACKAGES := libsqlite3-dev libsystemd-dev pkg-config systemd strace socat netcat-openbsd python3-prometheus-client
 
 deps:
 	@command -v $(SWIFT) >/dev/null || { echo "swift is not installed (expected Swift 6.x at /opt/swift)"; exit 1; }
@@ -71,9 +71,11 @@ install: build
 	install -d $(DESTDIR)$(UNITDIR) $(DESTDIR)$(USERUNITDIR)
 	$(UNIT_PATHS) systemd/obsd.service > $(DESTDIR)$(UNITDIR)/obsd.service
 	$(UNIT_PATHS) systemd/obsd.socket > $(DESTDIR)$(UNITDIR)/obsd.socket
+	$(UNIT_PATHS) systemd/obsd-metrics.service > $(DESTDIR)$(UNITDIR)/obsd-metrics.service
+	$(UNIT_PATHS) systemd/obsd-metrics.timer > $(DESTDIR)$(UNITDIR)/obsd-metrics.timer
 	$(UNIT_PATHS) systemd/user/obsd.service > $(DESTDIR)$(USERUNITDIR)/obsd.service
 	$(UNIT_PATHS) systemd/user/obsd.socket > $(DESTDIR)$(USERUNITDIR)/obsd.socket
-	chmod 644 $(DESTDIR)$(UNITDIR)/obsd.* $(DESTDIR)$(USERUNITDIR)/obsd.*
+	chmod 644 $(DESTDIR)$(UNITDIR)/obsd.* $(DESTDIR)$(UNITDIR)/obsd-metrics.* $(DESTDIR)$(USERUNITDIR)/obsd.*
 	install -Dm644 systemd/obsd.sysusers.conf $(DESTDIR)$(SYSUSERSDIR)/obsd.conf
 	[ -e $(DESTDIR)$(SYSCONFDIR)/obsd/obsd.toml ] || install -Dm644 config/obsd.toml $(DESTDIR)$(SYSCONFDIR)/obsd/obsd.toml
 	install -Dm644 README.md $(DESTDIR)$(DOCDIR)/README.md
@@ -82,6 +84,7 @@ install: build
 uninstall:
 	rm -f $(DESTDIR)$(BINDIR)/obsd $(DESTDIR)$(BINDIR)/obsctl
 	rm -f $(DESTDIR)$(UNITDIR)/obsd.service $(DESTDIR)$(UNITDIR)/obsd.socket
+	rm -f $(DESTDIR)$(UNITDIR)/obsd-metrics.service $(DESTDIR)$(UNITDIR)/obsd-metrics.timer
 	rm -f $(DESTDIR)$(USERUNITDIR)/obsd.service $(DESTDIR)$(USERUNITDIR)/obsd.socket
 	rm -f $(DESTDIR)$(SYSUSERSDIR)/obsd.conf
 	rm -rf $(DESTDIR)$(DOCDIR)

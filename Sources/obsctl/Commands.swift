@@ -159,19 +159,77 @@ extension Obsctl {
     }
 
     struct Stats: AsyncParsableCommand {
-        static let configuration = CommandConfiguration(abstract: "Print the daemon's counters.")
+        static let configuration = CommandConfiguration(
+            abstract: "Print the daemon's counters.",
+            discussion: """
+                --prometheus prints them in the Prometheus text format (version 0.0.4), with each repository's revision \
+                and number of keys, for node_exporter's textfile collector (README, "Metrics"). When obsd cannot be \
+                reached or the connection fails, --prometheus prints obsd_up 0, says why on standard error and exits 0: the \
+                collector then shows the daemon down instead of the last numbers it read.
+
+                --output FILE replaces FILE atomically instead of printing: a reader sees the old file or the new one, \
+                whole, and no temporary file is left behind.
+                """)
 
         @OptionGroup var global: GlobalOptions
         @Flag(help: "Print one JSON object.") var json = false
+        @Flag(help: "Print the Prometheus text exposition format (0.0.4).") var prometheus = false
+        @Option(help: ArgumentHelp("Write to this file, replaced atomically, instead of standard output.", valueName: "file"))
+        var output: String?
+
+        func validate() throws {
+            if json && prometheus { throw ValidationError("use at most one of --json and --prometheus") }
+            if let output, output.isEmpty || output.hasSuffix("/") { throw ValidationError("--output needs a file name") }
+        }
 
         func run() async throws {
+            if prometheus {
+                try deliver(await scrape().text)
+                return
+            }
             try await global.withClient { client in
                 let stats = try await client.stats()
                 if json {
-                    emit(JSONValue.object(stats).jsonText)
+                    try deliver(JSONValue.object(stats).jsonText + "\n")
                 } else {
-                    for m in stats.members { emit("\(m.name): \(m.value.jsonText)") }
+                    try deliver(stats.members.map { "\($0.name): \($0.value.jsonText)\n" }.joined())
                 }
+            }
+        }
+
+        /// The daemon's metrics, read with `stats` and `repos` on one connection; `obsd_up 0`
+        /// (and the reason on standard error) if either fails.
+        private func scrape() async -> PrometheusExposition {
+            let client: ObsClient
+            do {
+                client = try await ObsClient.connect(socketPath: global.socket)
+            } catch {
+                printError("\(error) (reported as obsd_up 0)")
+                return StatsExposition.down()
+            }
+            do {
+                let stats = try await client.stats()
+                let repos = try await client.repos()
+                await client.close()
+                return StatsExposition.metrics(stats: stats, repos: repos) { printError($0) }
+            } catch {
+                await client.close()
+                printError("\(error) (reported as obsd_up 0)")
+                return StatsExposition.down()
+            }
+        }
+
+        /// Prints `text` (lines, each ending with a line feed), or writes it to `--output`.
+        private func deliver(_ text: String) throws {
+            guard let output else {
+                if !text.isEmpty { emit(String(text.dropLast())) }
+                return
+            }
+            do {
+                try writeAtomically(text, to: output)
+            } catch {
+                printError(error.description)
+                throw Exit.ioError
             }
         }
     }

@@ -28,9 +28,9 @@ struct Obsctl: AsyncParsableCommand {
               3   forbidden
               4   the daemon refused the request (bad request, too large, compacted, overloaded, internal)
               64  usage error
-              69  cannot connect to obsd, or the connection was lost
+              69  cannot connect to obsd, or the connection was lost (stats --prometheus prints obsd_up 0 and exits 0)
               70  the daemon broke the protocol
-              74  cannot write to standard output
+              74  cannot write to standard output, or the file given with --output
               75  watch was cut off because it read too slowly (resume with --since)
               141 (killed by SIGPIPE) standard output was closed, e.g. piped into head
             """,
@@ -76,6 +76,7 @@ enum Exit {
     static let usage = ExitCode(64)
     static let unavailable = ExitCode(69)
     static let software = ExitCode(70)
+    static let ioError = ExitCode(74)
     static let tempFail = ExitCode(75)
 }
 

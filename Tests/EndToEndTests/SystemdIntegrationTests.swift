@@ -172,19 +172,85 @@ func awaitNotify(_ listener: DatagramListener, within: Duration = .seconds(20), 
         for (units, user) in [("systemd", false), ("systemd/user", true)] {
             let dir = TestDaemon.makeTemporaryDirectory()
             defer { try? FileManager.default.removeItem(atPath: dir) }
-            for name in ["obsd.socket", "obsd.service"] {
-                // Point ExecStart at the binary under test: verify checks it exists.
+            // Every unit shipped in the directory, so a new one is verified too.
+            let names = try FileManager.default.contentsOfDirectory(atPath: "\(root)/\(units)")
+                .filter { $0.hasSuffix(".socket") || $0.hasSuffix(".service") || $0.hasSuffix(".timer") }.sorted()
+            #expect(names.contains("obsd.socket") && names.contains("obsd.service"), "\(units): \(names)")
+            if !user { #expect(names.contains("obsd-metrics.service") && names.contains("obsd-metrics.timer"), "\(names)") }
+            for name in names {
+                // Point ExecStart at the binaries under test: verify checks that they exist.
                 let text = try String(contentsOfFile: "\(root)/\(units)/\(name)", encoding: .utf8)
                 try text.replacingOccurrences(of: "/usr/local/bin/obsd", with: BuildProducts.path("obsd"))
+                    .replacingOccurrences(of: "/usr/local/bin/obsctl", with: BuildProducts.path("obsctl"))
                     .write(toFile: "\(dir)/\(name)", atomically: true, encoding: .utf8)
             }
             var env = ProcessInfo.processInfo.environment
             env["XDG_RUNTIME_DIR"] = dir
             let result = try run(
-                which("systemd-analyze")!, (user ? ["--user"] : []) + ["verify", "--man=no", "\(dir)/obsd.socket", "\(dir)/obsd.service"],
+                which("systemd-analyze")!, (user ? ["--user"] : []) + ["verify", "--man=no"] + names.map { "\(dir)/\($0)" },
                 environment: env)
             #expect(result.status == 0, "\(units): \(result.stderr)")
         }
+    }
+
+    /// The metrics unit writes where its sandbox lets it, and the timer fires every 15 s.
+    @Test(.enabled(if: which("systemd-analyze") != nil, "needs systemd-analyze"))
+    func metricsUnitWritesTheDirectoryItsSandboxOpensEveryFifteenSeconds() throws {
+        let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().appendingPathComponent("../../systemd").standardized.path
+        let service = try unitSettings(String(contentsOfFile: root + "/obsd-metrics.service", encoding: .utf8))
+        let exec = try #require(service["ExecStart"]?.first).split(separator: " ").map(String.init)
+        #expect(exec.prefix(3) == ["/usr/local/bin/obsctl", "stats", "--prometheus"])
+        let output = try #require(exec.firstIndex(of: "--output").map { exec[$0 + 1] })
+        let directory = URL(fileURLWithPath: output).deletingLastPathComponent().path
+        #expect(output.hasSuffix(".prom"), "node_exporter reads *.prom only")
+        #expect(service["ReadWritePaths"] == ["-" + directory], "the sandbox opens \(directory) and nothing else")
+        #expect(service["Type"] == ["oneshot"] && service["ProtectSystem"] == ["strict"])
+        #expect(service["SupplementaryGroups"] == ["obsd"], "the socket is obsd:obsd 0660")
+
+        let timer = try unitSettings(String(contentsOfFile: root + "/obsd-metrics.timer", encoding: .utf8))
+        #expect(timer["AccuracySec"] == ["1s"])
+        let calendar = try #require(timer["OnCalendar"]?.first)
+        let next = try run(which("systemd-analyze")!, ["calendar", "--iterations=3", calendar]).stdout
+        // "Next elapse: … 12:00:15 UTC", "Iter. #2: … 12:00:30 UTC", …: 15 s apart.
+        var times: [Int] = []
+        for line in next.split(separator: "\n") where line.contains("elapse:") || line.contains("Iter.") {
+            guard let clock = line.split(separator: " ").first(where: { $0.filter { $0 == ":" }.count == 2 }) else { continue }
+            let parts = clock.split(separator: ":").compactMap { Int($0) }
+            if parts.count == 3 { times.append(parts[0] * 3600 + parts[1] * 60 + parts[2]) }
+        }
+        #expect(times.count == 3, "\(next)")
+        #expect(zip(times, times.dropFirst()).allSatisfy { ($1 - $0 + 86400) % 86400 == 15 }, "\(next)")
+    }
+
+    /// obsctl, run as the metrics unit runs it, makes only the system calls its filter allows
+    /// and never maps memory writable and executable.
+    @Test(.enabled(if: which("strace") != nil && which("systemd-analyze") != nil))
+    func metricsUnitSandboxAllowsEverySystemCallObsctlMakes() async throws {
+        let d = try await TestDaemon.start(inMemory: true)
+        _ = try d.connect().call(["op": "set", "repo": "ui", "key": "k", "value": 1])
+        let trace = d.directory + "/trace"
+        let result = try run(
+            which("strace")!,
+            ["-f", "-qq", "-o", trace, BuildProducts.path("obsctl"), "--socket", d.socketPath, "stats", "--prometheus", "--output", d.directory + "/obsd.prom"])
+        #expect(result.status == 0, "\(result.stderr)")
+        #expect(try String(contentsOfFile: d.directory + "/obsd.prom", encoding: .utf8).contains("obsd_up 1\n"))
+        let lines = try String(contentsOfFile: trace, encoding: .utf8).split(separator: "\n")
+        var used = Set<String>()
+        for line in lines {
+            let call = line.drop { $0.isNumber }.drop { $0 == " " }
+            guard let paren = call.firstIndex(of: "(") else { continue }
+            let name = String(call[..<paren])
+            if !name.isEmpty, name.allSatisfy({ $0.isLowercase || $0.isNumber || $0 == "_" }) { used.insert(name) }
+        }
+        #expect(used.contains("rename") || used.contains("renameat") || used.contains("renameat2"), "the trace covers the run")
+        let writableExecutable = lines.filter {
+            ($0.contains("mmap(") || $0.contains("mprotect(")) && $0.contains("PROT_WRITE") && $0.contains("PROT_EXEC")
+        }
+        #expect(writableExecutable.isEmpty, "MemoryDenyWriteExecute=yes would kill: \(writableExecutable.prefix(3))")
+        let allowed = try syscallGroup("@system-service")
+        let denied = try syscallGroup("@privileged")
+        #expect(used.subtracting(allowed).isEmpty, "not in @system-service: \(used.subtracting(allowed).sorted())")
+        #expect(used.intersection(denied).isEmpty, "in ~@privileged: \(used.intersection(denied).sorted())")
     }
 
     @Test(.enabled(if: which("strace") != nil && which("setpriv") != nil && which("systemd-analyze") != nil && getuid() == 0))
@@ -238,6 +304,16 @@ func awaitNotify(_ listener: DatagramListener, within: Duration = .seconds(20), 
         #expect(used.subtracting(allowed).isEmpty, "not in @system-service: \(used.subtracting(allowed).sorted())")
         #expect(used.intersection(denied).isEmpty, "in ~@privileged: \(used.intersection(denied).sorted())")
     }
+}
+
+/// A unit file's settings: each key's values, in order (comments and section headers left out).
+func unitSettings(_ text: String) -> [String: [String]] {
+    var settings: [String: [String]] = [:]
+    for line in text.split(separator: "\n") where !line.hasPrefix("#") && !line.hasPrefix("[") {
+        guard let eq = line.firstIndex(of: "=") else { continue }
+        settings[String(line[..<eq]), default: []].append(String(line[line.index(after: eq)...]))
+    }
+    return settings
 }
 
 /// The system calls of a `SystemCallFilter=` group, nested groups included.
