@@ -180,6 +180,8 @@ extension Session {
                 b.writeMember(",\"storageFsyncs\":", count(c.fsyncs))
                 b.writeMember(",\"storageRecords\":", count(c.records))
                 b.writeMember(",\"storageFailures\":", count(c.failures))
+                b.writeMember(",\"storageCheckpoints\":", count(c.checkpoints))
+                b.writeMember(",\"storageCheckpointFailures\":", count(c.checkpointFailures))
             }
             b.writeRaw(",\"clients\":[")
             for (i, client) in hub.connectedPeers.sorted(by: { $0.since < $1.since }).enumerated() {

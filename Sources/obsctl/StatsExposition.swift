@@ -58,13 +58,17 @@ enum StatsExposition {
         Known(field: "denied", metric: "obsd_denied_total", type: .counter,
               help: "Requests refused as forbidden since obsd started."),
         Known(field: "storageCommits", metric: "obsd_storage_commits_total", type: .counter,
-              help: "Transactions the store committed since obsd started."),
+              help: "Groups of writes the store committed to its write-ahead log since obsd started."),
         Known(field: "storageFsyncs", metric: "obsd_storage_fsyncs_total", type: .counter,
               help: "Times the store synced its files to disk since obsd started."),
         Known(field: "storageRecords", metric: "obsd_storage_records_total", type: .counter,
               help: "Revisions the store recorded since obsd started."),
         Known(field: "storageFailures", metric: "obsd_storage_failures_total", type: .counter,
-              help: "Store commits that failed since obsd started."),
+              help: "Writes to or syncs of the write-ahead log that failed since obsd started."),
+        Known(field: "storageCheckpoints", metric: "obsd_storage_checkpoints_total", type: .counter,
+              help: "Batches of durable writes applied to the compacted state since obsd started."),
+        Known(field: "storageCheckpointFailures", metric: "obsd_storage_checkpoint_failures_total", type: .counter,
+              help: "Batches the compacted state could not take (retried; the log keeps them) since obsd started."),
     ]
 
     static let upHelp = "Whether obsctl read obsd's counters (1) or not (0: obsd is down, or the connection failed)."

@@ -200,7 +200,7 @@ import Glibc
         let watch = try ChildProcess(BuildProducts.path("obsctl"), ["--socket", s, "watch", "ui", "theme", "--once"], stdout: .file(outPath))
         // Wait until the watch's subscription is live (the daemon counts it), then write.
         let probe = try d.connect()
-        #expect(try await eventually { try probe.call(["op": "stats"])["subscriptions"] == 1 })
+        #expect(try await eventually { () async throws in try probe.call(["op": "stats"])["subscriptions"] == 1 })
         _ = try obsctl(["set", "ui", "theme", "dark"], socket: s)
         await watch.exit(timeout: .seconds(20))
         let text = try String(contentsOfFile: outPath, encoding: .utf8)
