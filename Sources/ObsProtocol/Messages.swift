@@ -43,6 +43,20 @@ public enum ReplyEncoder {
     }
 }
 
+/// Who wrote a revision: the peer credentials of the connection whose write made it (as
+/// the daemon read them with SO_PEERCRED when it connected).
+public struct Writer: Sendable, Hashable {
+    public let uid: UInt32
+    public let gid: UInt32
+    public let pid: Int32
+
+    public init(uid: UInt32, gid: UInt32, pid: Int32) {
+        self.uid = uid
+        self.gid = gid
+        self.pid = pid
+    }
+}
+
 /// Writes events.
 public enum EventEncoder {
     /// Writes one change object: `{"key":…[,"old":…][,"new":…]}`.
@@ -75,12 +89,23 @@ public enum EventEncoder {
         sink.writeMember("{\"event\":\"change\",\"sub\":", sub)
     }
 
-    /// Writes `,"repo":…,"rev":…,"changes":[…]}\n` from pre-encoded change objects.
+    /// Writes `,"by":{"uid":…,"gid":…,"pid":…}`: who wrote a revision (`writers: true`).
+    public static func writeBy<S: JSONSink>(_ sink: inout S, _ writer: Writer) {
+        sink.writeMember(",\"by\":{\"uid\":", UInt64(writer.uid))
+        sink.writeMember(",\"gid\":", UInt64(writer.gid))
+        sink.writeRaw(",\"pid\":")
+        sink.writeJSON(.int(Int64(writer.pid)))
+        sink.writeByte(UInt8(ascii: "}"))
+    }
+
+    /// Writes `,"repo":…,"rev":…[,"from":…],"changes":[…]}\n` from pre-encoded change
+    /// objects (`from`: the first revision a coalesced event covers).
     public static func writeChangeBody<S: JSONSink>(
-        _ sink: inout S, repo: String, rev: UInt64, encodedChanges: some Sequence<[UInt8]>
+        _ sink: inout S, repo: String, rev: UInt64, from: UInt64? = nil, encodedChanges: some Sequence<[UInt8]>
     ) {
         sink.writeMember(",\"repo\":", repo)
         sink.writeMember(",\"rev\":", rev)
+        if let from { sink.writeMember(",\"from\":", from) }
         sink.writeRaw(",\"changes\":[")
         var first = true
         for change in encodedChanges {
@@ -204,6 +229,9 @@ extension Command {
                 if let epoch = s.epoch { sink.writeMember(",\"epoch\":", epoch) }
             }
             if s.once { sink.writeMember(",\"once\":", true) }
+            if s.coalesce { sink.writeMember(",\"coalesce\":", true) }
+            if s.writers { sink.writeMember(",\"writers\":", true) }
+            if !s.echo { sink.writeMember(",\"echo\":", false) }
         case .unsubscribe(let sub):
             sink.writeMember(",\"sub\":", sub)
         }

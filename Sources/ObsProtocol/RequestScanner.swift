@@ -64,6 +64,9 @@ struct ScannedFields {
     var epoch: String?
     var initial: Bool?
     var once: Bool?
+    var coalesce: Bool?
+    var writers: Bool?
+    var echo: Bool?
     var values: Bool?
     var prefix: String?
     var keys: Set<Key>?
@@ -86,13 +89,15 @@ struct ScannedFields {
             guard let repo, let key else { return nil }
             command = .delete(repo: repo, key: key, ifRev: ifRev)
         case .subscribe:
-            guard let repo, keys == nil || prefix == nil, !(initial == true && since != nil) else { return nil }
+            guard let repo, keys == nil || prefix == nil, !(initial == true && since != nil), !(once == true && coalesce == true) else {
+                return nil
+            }
             var selection = Selection.all
             if let keys { selection = .keys(keys) } else if let prefix, !prefix.isEmpty { selection = .prefix(prefix) }
             command = .subscribe(
                 SubscribeRequest(
                     repo: repo, selection: selection, initial: initial ?? false, since: since, epoch: since == nil ? nil : epoch,
-                    once: once ?? false))
+                    once: once ?? false, coalesce: coalesce ?? false, writers: writers ?? false, echo: echo ?? true))
         case .unsubscribe:
             guard let sub else { return nil }
             command = .unsubscribe(sub: sub)
@@ -176,6 +181,9 @@ extension Parser {
         case 5 where Self.equal(name, "force"): f.force = try optionalBool()
         case 7 where Self.equal(name, "initial"): f.initial = try optionalBool()
         case 4 where Self.equal(name, "once"): f.once = try optionalBool()
+        case 8 where Self.equal(name, "coalesce"): f.coalesce = try optionalBool()
+        case 7 where Self.equal(name, "writers"): f.writers = try optionalBool()
+        case 4 where Self.equal(name, "echo"): f.echo = try optionalBool()
         case 6 where Self.equal(name, "values"): f.values = try optionalBool()
         case 6 where Self.equal(name, "prefix"): f.prefix = try optionalText()
         case 5 where Self.equal(name, "epoch"): f.epoch = try optionalText()

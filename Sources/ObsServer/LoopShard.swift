@@ -66,6 +66,8 @@ final class LoopShard: @unchecked Sendable {
     private struct RepositoryRoutes {
         let repository: Repository
         var routes = KeyedRoutes<Subscription>()
+        /// The newest revision delivered to this loop.
+        var revision: UInt64 = 0
     }
 
     /// A reply (or a subscription's first messages) waiting for a state to be durable.
@@ -127,6 +129,12 @@ final class LoopShard: @unchecked Sendable {
         if routes[id]?.routes.count == 0 { routes[id] = nil }
         subscription.repository.subscriberLeft(self)
         hub?.subscriptionEnded(subscription.repository)
+    }
+
+    /// The newest revision of `repository` delivered to this loop (0: none yet). Every
+    /// revision of a repository this loop has subscribers to is delivered here, in order.
+    func latestRevision(of repository: Repository) -> UInt64 {
+        routes[ObjectIdentifier(repository)]?.revision ?? 0
     }
 
     // MARK: Durability waits (on the loop)
@@ -198,6 +206,7 @@ final class LoopShard: @unchecked Sendable {
     /// events queued.
     private func deliver(_ record: Revision, of repository: Repository) -> Int {
         guard let entry = routes[ObjectIdentifier(repository)] else { return 0 }
+        routes[ObjectIdentifier(repository)]!.revision = record.revision
         var delivered = 0
         var ended: [Subscription] = []
         entry.routes.route(record.keys) { _, subscription, selected in

@@ -79,7 +79,9 @@ final class Outbox {
     private(set) var queuedBytes = 0
     private(set) var queuedEvents = 0
     private var phase = Phase.open
-    private var live: [UInt64: Subscription] = [:]
+    private(set) var live: [UInt64: Subscription] = [:]
+    /// Coalescing subscriptions with changes folded while the queue was full (Coalescing.swift).
+    var lagging: [Subscription] = []
     private var nextSlot: UInt64 = 0
     private let allocator: ByteBufferAllocator
 
@@ -185,14 +187,26 @@ final class Outbox {
 
     // MARK: Events
 
-    /// Queues the change event of `record` for `subscription`, or overflows.
+    /// Whether the queue is at its limit: a new event overflows the connection (or, for a
+    /// coalescing subscription, is folded into its lag).
+    var isFull: Bool { queuedBytes >= limits.maxBytes || queuedEvents >= limits.maxEvents }
+
+    /// Queues the change event of `record` for `subscription`, folds it into the
+    /// subscription's lag (coalescing), skips it (`echo: false`), or overflows.
     func deliver(_ record: Revision, selected: SelectedChanges, to subscription: Subscription) -> Delivery {
         guard phase == .open, live[subscription.id] != nil else { return .skipped }
-        if queuedBytes >= limits.maxBytes || queuedEvents >= limits.maxEvents {
-            return .overflowed(overflow())
+        if subscription.coalesce, subscription.lag != nil || isFull {
+            fold(record, selected: selected, into: subscription)
+            return .skipped
         }
+        guard subscription.wants(record) else {
+            subscription.completeThrough = record.revision  // nothing to send: nothing missed
+            return .skipped
+        }
+        if isFull { return .overflowed(overflow()) }
         let before = tail.readableBytes
         tail.writeRaw(subscription.head)
+        if subscription.writers, let writer = record.record.writer { EventEncoder.writeBy(&tail, writer) }
         record.writeEventBody(&tail, selected: selected)
         queuedBytes += tail.readableBytes - before
         queuedEvents += 1
@@ -236,12 +250,35 @@ final class Outbox {
     var isEmpty: Bool { chunks.isEmpty && tail.readableBytes == 0 }
 
     /// Hands ready bytes to the channel, from the head of the queue up to the first pending
-    /// slot, while the channel is writable; returns the number of bytes handed over.
+    /// slot, while the channel is writable — and, once the queue has room again, the
+    /// coalesced events of lagging subscriptions; returns the number of bytes handed over.
     @discardableResult
     func flush() -> Int {
         guard phase != .closed, let context else { return 0 }
-        let channel = context.channel
         let wasCongested = queuedBytes >= limits.maxBytes / 2
+        var handed = handOver(context)
+        if !lagging.isEmpty, phase == .open, queuedBytes < limits.maxBytes / 2, queuedEvents < limits.maxEvents / 2 {
+            releaseLag()
+            handed += handOver(context)
+        }
+        guard handed > 0 else { return 0 }
+        context.flush()
+        if phase == .overflowed, isEmpty {
+            // The overflow event is handed over: close once the socket has taken it.
+            let channel = context.channel
+            let promise = context.eventLoop.makePromise(of: Void.self)
+            promise.futureResult.whenComplete { _ in channel.close(promise: nil) }
+            context.writeAndFlush(NIOAny(allocator.buffer(capacity: 0)), promise: promise)
+        } else if (wasCongested && queuedBytes < limits.maxBytes / 2) || isEmpty {
+            onProgress?()
+        }
+        return handed
+    }
+
+    /// Writes ready chunks (and the tail, when nothing is before it) to the channel while it
+    /// is writable; the number of bytes written.
+    private func handOver(_ context: ChannelHandlerContext) -> Int {
+        let channel = context.channel
         var handed = 0
         var events = 0
         while channel.isWritable, let first = chunks.first, case .ready(let buffer, let n) = first {
@@ -258,19 +295,8 @@ final class Outbox {
             tail = freshTail()
             tailEvents = 0
         }
-        guard handed > 0 else { return 0 }
         queuedBytes -= handed
         queuedEvents -= events
-        context.flush()
-        if phase == .overflowed, isEmpty {
-            // The overflow event is handed over: close once the socket has taken it.
-            let channel = context.channel
-            let promise = context.eventLoop.makePromise(of: Void.self)
-            promise.futureResult.whenComplete { _ in channel.close(promise: nil) }
-            context.writeAndFlush(NIOAny(allocator.buffer(capacity: 0)), promise: promise)
-        } else if (wasCongested && queuedBytes < limits.maxBytes / 2) || isEmpty {
-            onProgress?()
-        }
         return handed
     }
 
@@ -289,6 +315,7 @@ final class Outbox {
     /// Closes the queue; returns the subscriptions that were still live.
     func close() -> [Subscription] {
         phase = .closed
+        lagging.removeAll()
         chunks.removeAll()
         tail.clear()
         queuedBytes = 0
@@ -301,6 +328,15 @@ final class Outbox {
     private func count(subscriptions n: Int) {
         stats.subscriptions.add(n, ordering: .relaxed)
         tally.add(n)
+    }
+
+    /// Appends an event encoded by `write` to the tail (Coalescing.swift).
+    func appendEvent(_ write: (inout ByteBuffer) -> Void) {
+        let before = tail.readableBytes
+        write(&tail)
+        queuedBytes += tail.readableBytes - before
+        queuedEvents += 1
+        tailEvents += 1
     }
 
     /// Moves the tail into the sealed chunks (before a slot), if it holds anything.

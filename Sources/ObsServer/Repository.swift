@@ -177,13 +177,16 @@ final class Repository: DurabilityListener, Sendable {
 
     // MARK: Writing
 
-    /// Applies `ops` atomically. The resulting revision (if any) is delivered to
-    /// subscribers once durable; `awaitDurable` tells the writer's loop (`from`, whose
-    /// shard then hears storage's news first).
+    /// Applies `ops` atomically, written by `writer` on connection `origin`. The resulting
+    /// revision (if any) is delivered to subscribers once durable; `awaitDurable` tells the
+    /// writer's loop (`from`, whose shard then hears storage's news first).
     ///
     /// The write rules are checked first: a write that fails them, or changes nothing, gets
     /// that answer whatever the limits. Then the limits, before anything is applied.
-    func write(_ ops: [WriteOp<CanonicalJSON>], now: Int64, limits: WriteLimits, from shard: LoopShard? = nil) throws(WriteRefusal) -> WriteOutcome {
+    func write(
+        _ ops: [WriteOp<CanonicalJSON>], now: Int64, limits: WriteLimits, from shard: LoopShard? = nil, writer: Writer? = nil,
+        origin: ObjectIdentifier? = nil
+    ) throws(WriteRefusal) -> WriteOutcome {
         if let shard, home.load(ordering: .relaxed) != shard.index { home.store(shard.index, ordering: .relaxed) }
         return try state.withLock { (s) throws(WriteRefusal) -> WriteOutcome in
             let changes: [Change<CanonicalJSON>]
@@ -210,8 +213,8 @@ final class Repository: DurabilityListener, Sendable {
                 throw .tooManyRepositories(limit: limits.maxRepositories)
             }
             let changeSet = ChangeSet(revision: s.data.revision + 1, changes: changes)
-            let record = RevisionRecord(repo: name, changeSet: changeSet, time: max(now, s.lastTime))
-            let revision = Revision(record, encode: !s.subscriberLoops.isEmpty)
+            let record = RevisionRecord(repo: name, changeSet: changeSet, time: max(now, s.lastTime), writer: writer)
+            let revision = Revision(record, encode: !s.subscriberLoops.isEmpty, origin: origin)
             // Storage never calls back from inside `append` (this lock is held): a store that
             // no longer takes revisions says so, and nothing is applied.
             if !storage.isImmediate, !storage.append(record, listener: self) {
@@ -361,7 +364,7 @@ final class Repository: DurabilityListener, Sendable {
                         .compacted,
                         "history of repository \(name) \(oldest); since \(since) is older: subscribe with initial: true")
                 }
-                replay = records.filter { Self.selects(request.selection, $0) }
+                replay = records.filter { Self.selects(request.selection, $0) && subscription.wants($0) }
             }
             let snapshot = request.initial ? Self.entries(of: s.data, request.selection) : nil
             // A `once` subscription whose change is in the replay ends there, unregistered.

@@ -9,6 +9,9 @@ import ObservableKit
 
 final class Revision: Sendable {
     let record: RevisionRecord
+    /// The connection whose write made it (its outbox), for `echo: false`; nil for revisions
+    /// loaded from storage.
+    let origin: ObjectIdentifier?
     /// The encoded event, when made with the revision (immutable after that: read by any loop).
     private let encoded: Encoded?
 
@@ -19,9 +22,12 @@ final class Revision: Sendable {
         let changes: [[UInt8]]
     }
 
-    /// - Parameter encode: whether to encode its event now (someone subscribes).
-    init(_ record: RevisionRecord, encode: Bool) {
+    /// - Parameters:
+    ///   - encode: whether to encode its event now (someone subscribes).
+    ///   - origin: the connection that wrote it.
+    init(_ record: RevisionRecord, encode: Bool, origin: ObjectIdentifier? = nil) {
         self.record = record
+        self.origin = origin
         self.encoded = encode ? Self.encode(record) : nil
     }
 
@@ -40,9 +46,10 @@ final class Revision: Sendable {
         }
     }
 
-    /// Writes the whole change event for subscription `sub`.
-    func writeEvent<S: JSONSink>(_ sink: inout S, sub: UInt64, selected: SelectedChanges) {
+    /// Writes the whole change event for subscription `sub` (with `by` for `writers`).
+    func writeEvent<S: JSONSink>(_ sink: inout S, sub: UInt64, writers: Bool, selected: SelectedChanges) {
         EventEncoder.writeChangeHead(&sink, sub: sub)
+        if writers, let writer = record.writer { EventEncoder.writeBy(&sink, writer) }
         writeEventBody(&sink, selected: selected)
     }
 

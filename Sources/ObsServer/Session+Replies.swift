@@ -83,7 +83,7 @@ extension Session {
         let started: (Repository, Subscription, SubscriptionStart)
         do {
             started = try hub.using(request.repo) { (repository) throws(ProtocolError) in
-                let subscription = Subscription(id: number, repository: repository, outbox: outbox, once: request.once)
+                let subscription = Subscription(id: number, repository: repository, outbox: outbox, request: request)
                 return (repository, subscription, try repository.subscribe(subscription, request, now: now))
             }
         } catch {
@@ -104,7 +104,7 @@ extension Session {
             events += 1
         }
         for record in start.replay {
-            record.writeEvent(&buffer, sub: number, selected: Self.selected(request.selection, of: record))
+            record.writeEvent(&buffer, sub: number, writers: request.writers, selected: Self.selected(request.selection, of: record))
             events += 1
             if request.once { break }  // its one change: it ends here, and no `synced` follows
         }

@@ -16,6 +16,8 @@ final class Session {
     let hub: Hub
     let outbox: Outbox
     let peer: Peer
+    /// The peer as the writer of revisions (`by`).
+    private let writer: Writer
     let settings: SessionSettings
     let logger: Logger
     var nextSub: UInt64 = 1
@@ -33,6 +35,7 @@ final class Session {
         self.hub = hub
         self.outbox = outbox
         self.peer = peer
+        self.writer = Writer(uid: peer.uid, gid: peer.gid, pid: peer.pid)
         self.settings = settings
         var logger = logger
         logger[metadataKey: "peer.uid"] = "\(peer.uid)"
@@ -196,13 +199,14 @@ final class Session {
         let limits = WriteLimits(
             maxKeys: self.limits.maxKeysPerRepository, maxRepositories: self.limits.maxRepositories,
             maxRevisionBytes: self.limits.maxRevisionBytes)
+        let (writer, origin) = (self.writer, ObjectIdentifier(outbox))
         let repository: Repository
         let result: Result<WriteOutcome, WriteRefusal>
         if let last = lastWritten, last.name == repo {
-            (repository, result) = (last, Result { () throws(WriteRefusal) in try last.write(ops, now: now, limits: limits, from: shard) })
+            (repository, result) = (last, Result { () throws(WriteRefusal) in try last.write(ops, now: now, limits: limits, from: shard, writer: writer, origin: origin) })
         } else {
             (repository, result) = hub.using(repo) { repository in
-                (repository, Result { () throws(WriteRefusal) in try repository.write(ops, now: now, limits: limits, from: shard) })
+                (repository, Result { () throws(WriteRefusal) in try repository.write(ops, now: now, limits: limits, from: shard, writer: writer, origin: origin) })
             }
             if repository.isPermanent { lastWritten = repository }
         }

@@ -12,6 +12,12 @@ final class Subscription {
     let outbox: Outbox
     /// Ends after its first change event.
     let once: Bool
+    /// Trades intermediate values for state while its connection lags (see `Lag`).
+    let coalesce: Bool
+    /// Its change events carry `by`.
+    let writers: Bool
+    /// `false`: revisions its own connection wrote are not sent.
+    let echo: Bool
     /// Its registration in the loop's routes.
     let routeID = ObserverID.next()
     /// `{"event":"change","sub":<id>` — the part of its change events that is its own.
@@ -19,19 +25,30 @@ final class Subscription {
     /// Revisions up to here were covered by the subscribe reply (snapshot or replay); set
     /// when it is registered.
     var after: UInt64
-    /// Every change it selects up to here was queued (for `overflow`'s `revs`).
+    /// Every change it selects up to here was queued — or, written by its own connection
+    /// under `echo: false`, needed no event (for `overflow`'s `revs`).
     var completeThrough: UInt64
+    /// A coalescing subscription's changes while its connection lags; nil otherwise.
+    var lag: Lag?
 
-    init(id: UInt64, repository: Repository, outbox: Outbox, once: Bool, after: UInt64 = 0) {
+    init(id: UInt64, repository: Repository, outbox: Outbox, request: SubscribeRequest, after: UInt64 = 0) {
         self.id = id
         self.repository = repository
         self.outbox = outbox
-        self.once = once
+        self.once = request.once
+        self.coalesce = request.coalesce
+        self.writers = request.writers
+        self.echo = request.echo
         self.after = after
         self.completeThrough = after
         var head: [UInt8] = []
         EventEncoder.writeChangeHead(&head, sub: id)
         self.head = head
+    }
+
+    /// Whether it gets an event for `revision` at all (`echo: false` skips its own connection's).
+    func wants(_ revision: Revision) -> Bool {
+        echo || revision.origin != ObjectIdentifier(outbox)
     }
 }
 

@@ -90,7 +90,7 @@ final class Checkpointer {
         upsertEntry = try connection.prepare(
             "INSERT INTO entries (repo, key, value, rev) VALUES (?1, ?2, ?3, ?4) ON CONFLICT (repo, key) DO UPDATE SET value = excluded.value, rev = excluded.rev")
         deleteEntry = try connection.prepare("DELETE FROM entries WHERE repo = ?1 AND key = ?2")
-        insertHistory = try connection.prepare("INSERT OR REPLACE INTO history (repo, rev, time, changes) VALUES (?1, ?2, ?3, ?4)")
+        insertHistory = try connection.prepare("INSERT OR REPLACE INTO history (repo, rev, time, changes, writer) VALUES (?1, ?2, ?3, ?4, ?5)")
         trimHistory = try connection.prepare("DELETE FROM history WHERE repo = ?1 AND rev <= ?2")
         expiredHistory = try connection.prepare("SELECT repo, max(rev) FROM history WHERE time < ?1 GROUP BY repo")
         setApplied = try connection.prepare("INSERT OR REPLACE INTO meta (key, value) VALUES ('wal_applied', ?1)")
@@ -177,6 +177,11 @@ final class Checkpointer {
             try insertHistory.bind(2, Int64(bitPattern: record.revision))
             try insertHistory.bind(3, record.time)
             try insertHistory.bind(4, bytes: HistoryCodec.encode(record.changes))
+            if let writer = record.writer {
+                try insertHistory.bind(5, bytes: HistoryCodec.encode(writer))
+            } else {
+                try insertHistory.bindNull(5)
+            }
             try insertHistory.run()
             retention.append(id, revision: record.revision, bytes: record.byteSize)
         }

@@ -86,7 +86,7 @@ public final class DiskStorage: Storage {
     public static let logDirectory = "wal"
     /// `PRAGMA application_id` of obsd databases: "obsd".
     static let applicationID: Int64 = 0x6F62_7364
-    static let schemaVersion: Int64 = 2
+    static let schemaVersion: Int64 = 3
 
     public let options: Options
     public let path: String

@@ -1,5 +1,6 @@
 // ObsStore — how the SQLite store writes a revision's changes in its history table: a JSON
-// array `[{"key":…,"old":…,"new":…},…]` (values canonical), read back at start-up.
+// array `[{"key":…,"old":…,"new":…},…]` (values canonical), read back at start-up; and its
+// writer: 12 bytes, uid · gid · pid, little-endian (NULL: not recorded).
 
 import ObsProtocol
 import ObservableKit
@@ -28,5 +29,24 @@ enum HistoryCodec {
             changes.append(Change(key: Key(key), old: object["old"].map(CanonicalJSON.init), new: object["new"].map(CanonicalJSON.init)))
         }
         return changes
+    }
+
+    /// The stored form of a writer.
+    static func encode(_ writer: Writer) -> [UInt8] {
+        var out: [UInt8] = []
+        out.reserveCapacity(12)
+        withUnsafeBytes(of: writer.uid.littleEndian) { out.append(contentsOf: $0) }
+        withUnsafeBytes(of: writer.gid.littleEndian) { out.append(contentsOf: $0) }
+        withUnsafeBytes(of: writer.pid.littleEndian) { out.append(contentsOf: $0) }
+        return out
+    }
+
+    /// The writer stored as `bytes` (nil when NULL, or not what `encode` writes).
+    static func writer(_ bytes: UnsafeRawBufferPointer) -> Writer? {
+        guard bytes.count == 12 else { return nil }
+        return Writer(
+            uid: UInt32(littleEndian: bytes.loadUnaligned(fromByteOffset: 0, as: UInt32.self)),
+            gid: UInt32(littleEndian: bytes.loadUnaligned(fromByteOffset: 4, as: UInt32.self)),
+            pid: Int32(littleEndian: bytes.loadUnaligned(fromByteOffset: 8, as: Int32.self)))
     }
 }

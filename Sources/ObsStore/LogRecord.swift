@@ -2,9 +2,12 @@
 // record and its repository's epoch (so a repository created since the last checkpoint is
 // recreated with it). Little-endian:
 //
-//   u8 version (1) · u16 repo length, repo · u8 epoch length, epoch · u64 revision · i64 time
+//   u8 version (2) · u16 repo length, repo · u8 epoch length, epoch · u64 revision · i64 time
+//   u8 has writer · [u32 uid · u32 gid · i32 pid]
 //   u32 changes · per change: u16 key length, key · u8 flags (1 old, 2 new, 4 old plain,
 //   8 new plain) · [u32 length, old bytes] · [u32 length, new bytes]
+//
+// Version 1 (obsd 0.3.0 before writers were recorded) has no writer field; it is still read.
 //
 // Values are written canonical and read back as they were written: the log's checksum,
 // not a second validation, vouches for them.
@@ -13,7 +16,7 @@ import ObsProtocol
 import ObservableKit
 
 enum LogRecord {
-    static let version: UInt8 = 1
+    static let version: UInt8 = 2
 
     /// Appends the encoding of `record` to `out`.
     static func encode(_ record: RevisionRecord, epoch: String, into out: inout [UInt8]) {
@@ -23,6 +26,14 @@ enum LogRecord {
         out.append(contentsOf: epoch.utf8.prefix(255))
         append(record.revision, &out)
         append(UInt64(bitPattern: record.time), &out)
+        if let writer = record.writer {
+            out.append(1)
+            append(writer.uid, &out)
+            append(writer.gid, &out)
+            append(UInt32(bitPattern: writer.pid), &out)
+        } else {
+            out.append(0)
+        }
         append(UInt32(record.changes.count), &out)
         for change in record.changes {
             appendShort(change.key.string.utf8, &out)
@@ -41,11 +52,16 @@ enum LogRecord {
     /// The record and epoch in `bytes`.
     static func decode(_ bytes: UnsafeRawBufferPointer) throws(Malformed) -> (record: RevisionRecord, epoch: String) {
         var reader = Reader(bytes: bytes)
-        guard try reader.byte() == version else { throw Malformed() }
+        let format = try reader.byte()
+        guard format == 1 || format == version else { throw Malformed() }
         let repo = try reader.string(Int(try reader.u16()))
         let epoch = try reader.string(Int(try reader.byte()))
         let revision = try reader.u64()
         let time = Int64(bitPattern: try reader.u64())
+        var writer: Writer? = nil
+        if format >= 2, try reader.byte() == 1 {
+            writer = Writer(uid: try reader.u32(), gid: try reader.u32(), pid: Int32(bitPattern: try reader.u32()))
+        }
         let count = Int(try reader.u32())
         guard count <= bytes.count else { throw Malformed() }
         var changes: [Change<CanonicalJSON>] = []
@@ -58,7 +74,7 @@ enum LogRecord {
             changes.append(Change(key: key, old: old, new: new))
         }
         guard reader.offset == bytes.count else { throw Malformed() }
-        return (RevisionRecord(repo: repo, changeSet: ChangeSet(revision: revision, changes: changes), time: time), epoch)
+        return (RevisionRecord(repo: repo, changeSet: ChangeSet(revision: revision, changes: changes), time: time, writer: writer), epoch)
     }
 
     // MARK: Helpers

@@ -11,15 +11,18 @@ public final class RevisionRecord: Sendable {
     public let changes: [Change<CanonicalJSON>]
     /// When it was committed, in seconds since 1970 (for age-based history retention).
     public let time: Int64
+    /// Who wrote it (nil: written before obsd recorded writers).
+    public let writer: Writer?
     /// What it weighs against history and revision limits: keys, old and new values, and 32
     /// bytes per change for what goes with them.
     public let byteSize: Int
 
-    public init(repo: String, changeSet: ChangeSet<CanonicalJSON>, time: Int64) {
+    public init(repo: String, changeSet: ChangeSet<CanonicalJSON>, time: Int64, writer: Writer?) {
         self.repo = repo
         self.revision = changeSet.revision
         self.changes = changeSet.changes
         self.time = time
+        self.writer = writer
         self.byteSize = changeSet.changes.reduce(0) { $0 + Self.byteSize(of: $1) }
     }
 

@@ -131,6 +131,10 @@ final class SQLiteStatement {
         try check(Self.bindBlob(statement, index, bytes), index)
     }
 
+    func bindNull(_ index: Int32) throws(StorageError) {
+        try check(sqlite3_bind_null(statement, index), index)
+    }
+
     /// Binds the bytes `body` is given, for callers whose bytes are only lent to a closure.
     func bind(_ index: Int32, lending: ((UnsafeBufferPointer<UInt8>) -> Int32) -> Int32) throws(StorageError) {
         let statement = self.statement

@@ -50,7 +50,7 @@ enum Schema {
                     repo INTEGER NOT NULL, key BLOB NOT NULL, value BLOB NOT NULL, rev INTEGER NOT NULL,
                     PRIMARY KEY (repo, key)) WITHOUT ROWID;
                 CREATE TABLE history (
-                    repo INTEGER NOT NULL, rev INTEGER NOT NULL, time INTEGER NOT NULL, changes BLOB NOT NULL,
+                    repo INTEGER NOT NULL, rev INTEGER NOT NULL, time INTEGER NOT NULL, changes BLOB NOT NULL, writer BLOB,
                     PRIMARY KEY (repo, rev)) WITHOUT ROWID;
                 CREATE INDEX history_time ON history (time);
                 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
@@ -65,12 +65,18 @@ enum Schema {
             // Version 1 had no epochs and no provenance: every repository starts a new epoch.
             var statements = "BEGIN; ALTER TABLE repos ADD COLUMN epoch TEXT NOT NULL DEFAULT '';"
             statements += " CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;"
+            statements += " ALTER TABLE history ADD COLUMN writer BLOB;"
             statements += " PRAGMA user_version = \(DiskStorage.schemaVersion); COMMIT;"
             try connection.execute(statements)
             return (connection, true)
         }
+        if version == 2 {
+            // Version 2 did not record who wrote a revision: its history has no writers.
+            try connection.execute("BEGIN; ALTER TABLE history ADD COLUMN writer BLOB; PRAGMA user_version = \(DiskStorage.schemaVersion); COMMIT;")
+            return (connection, false)
+        }
         guard version == DiskStorage.schemaVersion else {
-            throw StorageError(.corrupt, "\(path) has schema version \(version); this obsd reads versions 1 and \(DiskStorage.schemaVersion)")
+            throw StorageError(.corrupt, "\(path) has schema version \(version); this obsd reads versions 1 to \(DiskStorage.schemaVersion)")
         }
         return (connection, false)
     }
@@ -231,7 +237,7 @@ enum Loader {
             // Newest first, so each repository reads only what it keeps; age expiry drops a
             // prefix by revision (up to the newest revision older than the limit).
             let cutoff = options.historyMaxAge.map { WallClock.unixSeconds() - $0.components.seconds } ?? Int64.min
-            let history = try connection.prepare("SELECT repo, rev, time, changes FROM history ORDER BY repo, rev DESC")
+            let history = try connection.prepare("SELECT repo, rev, time, changes, writer FROM history ORDER BY repo, rev DESC")
             var expiredFrom: Set<Int64> = []
             while try history.step() {
                 let repo = history.int64(0)
@@ -243,7 +249,9 @@ enum Loader {
                 let rev = UInt64(bitPattern: history.int64(1))
                 let changes = try self.changes(history.blob(3), path: path, repo: name, rev: rev)
                 histories[repo, default: []].append(
-                    RevisionRecord(repo: name, changeSet: ChangeSet(revision: rev, changes: changes), time: history.int64(2)))
+                    RevisionRecord(
+                        repo: name, changeSet: ChangeSet(revision: rev, changes: changes), time: history.int64(2),
+                        writer: HistoryCodec.writer(history.blob(4))))
             }
         }
 

@@ -32,7 +32,7 @@ final class ListenerStub: DurabilityListener {
 func record(_ repo: String, _ revision: UInt64, _ key: String = "k", _ value: JSONValue = 1, time: Int64 = 1_700_000_000) -> RevisionRecord {
     RevisionRecord(
         repo: repo, changeSet: ChangeSet(revision: revision, changes: [Change(key: Key(key), old: nil, new: CanonicalJSON(value))]),
-        time: time)
+        time: time, writer: Writer(uid: 1000, gid: 1000, pid: 42))
 }
 
 func temporaryDirectory() -> String {
@@ -95,6 +95,7 @@ func snapshot(_ dir: String) throws -> String {
         #expect(repoA.state.revision == 200 && repoA.state.count == 7)
         #expect(repoA.state[Key("k4")]?.value == CanonicalJSON(.int(200)))
         #expect(repoA.history.map(\.revision) == Array(101...200), "the newest history-limit revisions")
+        #expect(repoA.history.allSatisfy { $0.writer == Writer(uid: 1000, gid: 1000, pid: 42) }, "who wrote each revision is kept")
         #expect(repoA.epoch == a.epoch && loaded["b"]?.epoch == b.epoch, "each repository's epoch is stored with it")
         #expect(reopened.notices.isEmpty, "a clean stop replays nothing: \(reopened.notices)")
     }
@@ -116,6 +117,7 @@ func snapshot(_ dir: String) throws -> String {
         let loaded = try #require(try recovered.load().first)
         #expect(loaded.name == "a" && loaded.state.revision == 300 && loaded.state.count == 300)
         #expect(loaded.history.last?.revision == 300 && loaded.history.count == 100)
+        #expect(loaded.history.last?.writer == Writer(uid: 1000, gid: 1000, pid: 42), "the log keeps the writer too")
         #expect(recovered.notices.contains { $0.contains("replayed 300 revisions") }, "\(recovered.notices)")
         recovered.close()
         // The replayed revisions reached the compacted state: the next start replays none.

@@ -1,0 +1,92 @@
+// ObsServer — coalescing subscriptions (`coalesce: true`): state instead of every
+// intermediate value when the connection lags.
+//
+// While its connection's queue is full, a coalescing subscription queues nothing: each
+// revision it selects is folded into its `Lag` — per key, the value the subscription last
+// received and the value now. Once the queue has room again, the lag becomes one `change`
+// event: `rev` the repository's revision at that moment (as this loop knows it: the newest
+// revision delivered here), `from` the first revision folded in, and a change per key whose
+// value differs from the one last received, in byte order of the keys. What a lag holds is
+// bounded by the keys the subscription selects, never by the number of writes; and a
+// coalescing subscription never overflows its connection.
+
+import NIOCore
+import ObsProtocol
+import ObservableKit
+
+/// The changes a coalescing subscription has not been sent yet.
+struct Lag {
+    /// The first revision folded in.
+    let from: UInt64
+    /// Per key that changed: the value the subscription last received (nil: absent for it).
+    var received: [Key: CanonicalJSON?] = [:]
+    /// Per key that changed: its value now (nil: deleted).
+    var current: [Key: CanonicalJSON?] = [:]
+    /// The newest revision folded in, and who wrote it.
+    var revision: UInt64
+    var writer: Writer?
+    /// Whether a revision it would be sent is folded in (under `echo: false`, revisions of its
+    /// own connection alone need no event: the client has their replies).
+    var wanted = false
+
+    init(from revision: UInt64) {
+        self.from = revision
+        self.revision = revision
+    }
+
+    /// The changes to send: keys whose value differs from the one last received, by key bytes.
+    var changes: [Change<CanonicalJSON>] {
+        current.compactMap { key, now -> Change<CanonicalJSON>? in
+            let before = received[key] ?? nil
+            return before == now ? nil : Change(key: key, old: before, new: now)
+        }.sorted { $0.key < $1.key }
+    }
+}
+
+extension Outbox {
+    /// Folds a revision `subscription` selects into its lag (starting one).
+    func fold(_ record: Revision, selected: SelectedChanges, into subscription: Subscription) {
+        var lag = subscription.lag ?? Lag(from: record.revision)
+        let changes = record.record.changes
+        func fold(_ change: Change<CanonicalJSON>) {
+            if lag.received[change.key] == nil { lag.received[change.key] = .some(change.old) }
+            lag.current[change.key] = .some(change.new)
+        }
+        switch selected {
+        case .all: for change in changes { fold(change) }
+        case .some(let positions): for i in positions { fold(changes[i]) }
+        }
+        lag.revision = record.revision
+        lag.writer = record.record.writer
+        if subscription.wants(record) { lag.wanted = true }
+        if subscription.lag == nil { lagging.append(subscription) }
+        subscription.lag = lag
+    }
+
+    /// Queues one coalesced event per lagging subscription (the queue has room again).
+    func releaseLag() {
+        let subscriptions = lagging
+        lagging.removeAll()
+        for subscription in subscriptions {
+            guard let lag = subscription.lag else { continue }
+            subscription.lag = nil
+            guard live[subscription.id] === subscription else { continue }  // ended meanwhile
+            let changes = lag.changes
+            let revision = max(lag.revision, shard.latestRevision(of: subscription.repository))
+            subscription.completeThrough = revision
+            // Changed and changed back, or only its own writes under echo: false — nothing to say.
+            guard lag.wanted, !changes.isEmpty else { continue }
+            appendEvent { buffer in
+                buffer.writeRaw(subscription.head)
+                if subscription.writers, let writer = lag.writer { EventEncoder.writeBy(&buffer, writer) }
+                EventEncoder.writeChangeBody(
+                    &buffer, repo: subscription.repository.name, rev: revision, from: lag.from,
+                    encodedChanges: changes.lazy.map { change -> [UInt8] in
+                        var out: [UInt8] = []
+                        EventEncoder.writeChange(&out, change) { sink, value in sink.writeCanonical(value) }
+                        return out
+                    })
+            }
+        }
+    }
+}
