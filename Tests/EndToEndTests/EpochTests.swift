@@ -190,6 +190,39 @@ import Glibc
         #expect(d.log.contains("did not keep epochs"))
     }
 
+    @Test func aVersionTwoDatabaseKeepsItsHistoryAndLearnsWriters() async throws {
+        let dir = TestDaemon.makeTemporaryDirectory()
+        let data = dir + "/data"
+        mkdir(data, 0o700)
+        let script = """
+            import sqlite3,sys
+            c=sqlite3.connect(sys.argv[1])
+            c.executescript('''
+            PRAGMA application_id = 1868723044; PRAGMA user_version = 2;
+            CREATE TABLE repos (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE, rev INTEGER NOT NULL, epoch TEXT NOT NULL);
+            CREATE TABLE entries (repo INTEGER NOT NULL, key BLOB NOT NULL, value BLOB NOT NULL, rev INTEGER NOT NULL, PRIMARY KEY (repo, key)) WITHOUT ROWID;
+            CREATE TABLE history (repo INTEGER NOT NULL, rev INTEGER NOT NULL, time INTEGER NOT NULL, changes BLOB NOT NULL, PRIMARY KEY (repo, rev)) WITHOUT ROWID;
+            CREATE INDEX history_time ON history (time);
+            CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
+            INSERT INTO repos VALUES (1, 'v2', 1, '0123456789abcdef0123456789abcdef');
+            INSERT INTO entries VALUES (1, CAST('k' AS BLOB), CAST('"kept"' AS BLOB), 1);
+            INSERT INTO history VALUES (1, 1, 1700000000, CAST('[{"key":"k","new":"kept"}]' AS BLOB));
+            ''')
+            c.commit()
+            """
+        #expect(try run("/usr/bin/env", ["python3", "-c", script, data + "/obsd.db"]).status == 0)
+        let d = try await TestDaemon.start(directory: dir, dataDirectory: data)
+        let c = try d.connect()
+        #expect(try c.call(["op": "get", "repo": "v2", "key": "k"])["value"] == "kept")
+        let listed = try epoch(c, "v2")
+        #expect(try c.call(["op": "subscribe", "repo": "v2", "since": 0, "epoch": .string(listed), "writers": true]).ok)
+        let replayed = try c.receive()
+        #expect(replayed["rev"] == 1 && replayed["by"] == nil, "a revision stored without its writer has no by: \(replayed)")
+        #expect(try c.receive()["event"] == "synced")
+        _ = try d.connect().call(["op": "set", "repo": "v2", "key": "k", "value": "new"])
+        #expect(try c.receive()["by"] != nil, "new revisions name their writer")
+    }
+
     @Test func aWatchOfTheClientLibraryResyncsWhenTheHistoryWasReplaced() async throws {
         let d = try await TestDaemon.start()
         let data = try #require(d.dataDirectory)
