@@ -222,8 +222,9 @@ public final class EtcdClient: Sendable {
 
     /// One request with failover. What is retried on the next endpoint: a connection that
     /// could not be made or was closed before the request went out; a member without a leader
-    /// (refused before proposing); for reads, also a connection lost mid-request. Anything
-    /// else ends the call.
+    /// (refused before proposing); for reads, also a connection lost mid-request and etcd's
+    /// transient errors ("leader changed", "request timed out"). Anything else ends the call;
+    /// the deadline ends it in any case.
     private func callWithEndpoint<T: Decodable>(
         _ path: String, _ body: [UInt8], isWrite: Bool, requireLeader: Bool, timeout: Duration?, only: Int?
     ) async throws -> (T, Int) {
@@ -273,6 +274,11 @@ public final class EtcdClient: Sendable {
             let error = EtcdError.fromGateway(status: answer.status, code: wire?.code, message: wire?.message)
             if case .unavailable = error {
                 lastFailure = .unavailable("\(configuration.endpoints[index]): \(wire?.message ?? "unavailable")")
+                continue
+            }
+            if !isWrite, error.isTransient {
+                // A read that met a leader change or etcd's own timeout: another member may answer.
+                lastFailure = error
                 continue
             }
             throw error

@@ -70,10 +70,14 @@ public enum EtcdError: Error, Sendable, Hashable, CustomStringConvertible {
         }
     }
 
-    /// etcd's messages for a proposal it stopped waiting for (etcdserver/errors.go).
+    /// etcd's messages for a proposal it stopped waiting for (etcdserver/errors.go), and the
+    /// gateway's own deadline (measured: a txn without `hasleader` on a member that lost its
+    /// quorum answered "context deadline exceeded", code 2, after 7 s; with it, "etcdserver:
+    /// request timed out", code 14, after 7 s, while the member still believed it led).
     static let serverTimeoutMessages = [
         "etcdserver: request timed out",
         "etcdserver: leader changed",
+        "context deadline exceeded",
     ]
 
     /// etcd's message when the member refuses a request that requires a leader.

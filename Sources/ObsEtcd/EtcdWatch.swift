@@ -71,6 +71,23 @@ public struct EtcdWatch: AsyncSequence, Sendable {
     }
 }
 
+extension EtcdWatchResponse {
+    /// The events of one etcd watch response, one element per revision: runs of equal
+    /// `mod_revision`, in order (a replayed response can hold several revisions).
+    static func grouped(_ events: [EtcdEvent]) -> [EtcdWatchResponse] {
+        var groups: [EtcdWatchResponse] = []
+        var start = 0
+        while start < events.count {
+            let revision = events[start].kv.modRevision
+            var end = start + 1
+            while end < events.count && events[end].kv.modRevision == revision { end += 1 }
+            groups.append(EtcdWatchResponse(revision: revision, events: Array(events[start..<end])))
+            start = end
+        }
+        return groups
+    }
+}
+
 /// What the stream handler hands to the iterator.
 enum WatchMessage: Sendable {
     case created(revision: Int64)
@@ -138,14 +155,9 @@ final class WatchState {
             case .created:
                 continue
             case .events(let events):
-                var start = 0
-                while start < events.count {
-                    let revision = events[start].kv.modRevision
-                    var end = start + 1
-                    while end < events.count && events[end].kv.modRevision == revision { end += 1 }
-                    pending.append(EtcdWatchResponse(revision: revision, events: Array(events[start..<end])))
-                    nextRevision = max(nextRevision ?? 0, revision + 1)
-                    start = end
+                for group in EtcdWatchResponse.grouped(events) {
+                    pending.append(group)
+                    nextRevision = max(nextRevision ?? 0, group.revision + 1)
                 }
             case .progress(let revision):
                 nextRevision = max(nextRevision ?? 0, revision + 1)
