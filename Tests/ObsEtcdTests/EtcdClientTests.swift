@@ -39,6 +39,8 @@ struct EtcdClientTests {
         let missing = try await client.range(bytes("/t/none"))
         #expect(missing.kvs.isEmpty && missing.count == 0)
 
+        let nothing = try await client.delete(bytes("/t/none"))
+        #expect(nothing.deleted == 0 && nothing.revision == a.revision, "deleting nothing is no revision")
         let deleted = try await client.delete(bytes("/t/"), rangeEnd: EtcdKey.prefixEnd(bytes("/t/")))
         #expect(deleted.deleted == 2)
         #expect(try await client.range(bytes("/t/a")).kvs.isEmpty)
@@ -244,10 +246,15 @@ struct EtcdClientTests {
 
     @Test func watchContinuesWithoutGapAcrossARestartOfItsMember() async throws {
         let cluster = try await EtcdCluster.started()
-        let writer = try cluster.client([0, 1, 2])
-        // The watcher starts on member 2: that is the one restarted.
-        let watcher = try cluster.client([2, 0, 1])
-        defer { Task { await writer.shutdown(); await watcher.shutdown() } }
+        let probe = try cluster.client()
+        let leader = try #require(await cluster.leader(using: probe))
+        // The watcher starts on a follower, and that one is restarted (the leader's death is
+        // the next test's); the writer stays on the leader.
+        let restarted = try #require(cluster.members.indices.first { $0 != leader })
+        let others = cluster.members.indices.filter { $0 != restarted }
+        let writer = try cluster.client([leader] + others.filter { $0 != leader })
+        let watcher = try cluster.client([restarted] + others)
+        defer { Task { await probe.shutdown(); await writer.shutdown(); await watcher.shutdown() } }
 
         let start = try await writer.put(bytes("/w/k"), bytes("0")).revision
         let recorder = WatchRecorder(watcher.watch(bytes("/w/k"), startRevision: start))
@@ -255,14 +262,15 @@ struct EtcdClientTests {
         for i in 1...5 { written.append(try await writer.put(bytes("/w/k"), bytes("\(i)")).revision) }
         #expect(await recorder.wait(forCount: written.count))
 
-        cluster.kill(2)
+        cluster.kill(restarted)
         for i in 6...10 { written.append(try await writer.put(bytes("/w/k"), bytes("\(i)")).revision) }
-        try cluster.restart(2)
+        try cluster.restart(restarted)
         for i in 11...15 { written.append(try await writer.put(bytes("/w/k"), bytes("\(i)")).revision) }
 
         #expect(await recorder.wait(forCount: written.count, timeout: .seconds(20)), "got \(recorder.revisions)")
         #expect(recorder.revisions == written, "no gap, no duplicate")
         #expect(recorder.error == nil && !recorder.ended)
+        #expect(watcher.statistics.watchStreamsLost >= 1, "the watch never left the killed member")
         #expect(recorder.responses.allSatisfy { $0.events.first?.prevKV != nil || $0.revision == start })
     }
 
