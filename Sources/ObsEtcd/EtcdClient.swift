@@ -62,6 +62,7 @@ public final class EtcdClient: Sendable {
             self.endpoints = try endpoints.map(EtcdEndpoint.init(url:))
         }
 
+        /// Endpoints already parsed.
         public init(endpoints: [EtcdEndpoint]) {
             self.endpoints = endpoints
         }
@@ -78,6 +79,7 @@ public final class EtcdClient: Sendable {
         public var watchStreamsLost: Int
     }
 
+    /// The settings the client was made with.
     public let configuration: Configuration
     let pool: ConnectionPool
     /// The endpoint that answered last: the first one tried.

@@ -4,7 +4,9 @@
 
 /// One key's state in etcd (`mvccpb.KeyValue`).
 public struct EtcdKeyValue: Sendable, Hashable {
+    /// The key's bytes.
     public var key: [UInt8]
+    /// The value's bytes (empty for a deleted key in a delete event).
     public var value: [UInt8]
     /// The revision of the key's creation (since it last did not exist).
     public var createRevision: Int64
@@ -15,6 +17,7 @@ public struct EtcdKeyValue: Sendable, Hashable {
     /// The lease the key is attached to, 0 for none.
     public var lease: Int64
 
+    /// A key-value with its revisions.
     public init(key: [UInt8], value: [UInt8], createRevision: Int64, modRevision: Int64, version: Int64, lease: Int64 = 0) {
         self.key = key
         self.value = value
@@ -48,6 +51,7 @@ public enum EtcdKey {
 
 /// A read of one key or a range (`RangeRequest`).
 public struct EtcdRangeRequest: Sendable, Hashable {
+    /// The key, or the first key of the range.
     public var key: [UInt8]
     /// nil: the key alone; `[0]`: every key from `key` on; otherwise up to, not including, this key.
     public var rangeEnd: [UInt8]?
@@ -64,6 +68,7 @@ public struct EtcdRangeRequest: Sendable, Hashable {
     /// Only the count.
     public var countOnly: Bool
 
+    /// A read; by default of one key, linearizable, at the latest revision, without limit.
     public init(
         key: [UInt8], rangeEnd: [UInt8]? = nil, revision: Int64? = nil, serializable: Bool = false, limit: Int64? = nil,
         keysOnly: Bool = false, countOnly: Bool = false
@@ -96,9 +101,13 @@ public struct EtcdRangeResult: Sendable, Hashable {
 public struct EtcdCompare: Sendable, Hashable {
     /// What to compare, and the constant to compare it with.
     public enum Target: Sendable, Hashable {
+        /// The key's value (false for a missing key, whatever the operator).
         case value([UInt8])
+        /// The key's version (0: missing).
         case version(Int64)
+        /// The revision of the key's last change (0: missing).
         case modRevision(Int64)
+        /// The revision of the key's creation (0: missing).
         case createRevision(Int64)
     }
 
@@ -106,16 +115,22 @@ public struct EtcdCompare: Sendable, Hashable {
     public enum Operator: String, Sendable, Hashable {
         case equal = "EQUAL"
         case notEqual = "NOT_EQUAL"
+        /// The key's side is greater than the constant.
         case greater = "GREATER"
+        /// The key's side is less than the constant.
         case less = "LESS"
     }
 
+    /// The key compared.
     public var key: [UInt8]
     /// Compare every key of a range (all must hold); nil: the key alone.
     public var rangeEnd: [UInt8]?
+    /// How the key's side and the constant compare.
     public var op: Operator
+    /// What is compared, and the constant.
     public var target: Target
 
+    /// `key`'s `target` compared by `op` (`.init(key: k, .equal, .version(0))`: k is absent).
     public init(key: [UInt8], rangeEnd: [UInt8]? = nil, _ op: Operator, _ target: Target) {
         self.key = key
         self.rangeEnd = rangeEnd
@@ -153,6 +168,7 @@ public enum EtcdOpResult: Sendable, Hashable {
     case put(prevKV: EtcdKeyValue?)
     /// How many keys were deleted, and their states when asked for.
     case deleteRange(deleted: Int64, prevKVs: [EtcdKeyValue])
+    /// What a range operation read.
     case range(EtcdRangeResult)
 }
 
@@ -169,11 +185,15 @@ public struct EtcdTxnResult: Sendable, Hashable {
 
 /// One change seen by a watch (`mvccpb.Event`).
 public struct EtcdEvent: Sendable, Hashable {
+    /// What happened to the key.
     public enum Kind: Sendable, Hashable {
+        /// Created or changed (an identical value counts: etcd does not compare).
         case put
+        /// Deleted.
         case delete
     }
 
+    /// What happened.
     public var kind: Kind
     /// The key after the change. For a delete: the key, and `modRevision` the revision of the
     /// delete; the value is empty.
@@ -183,6 +203,7 @@ public struct EtcdEvent: Sendable, Hashable {
     /// that did not exist.
     public var prevKV: EtcdKeyValue?
 
+    /// An event.
     public init(kind: Kind, kv: EtcdKeyValue, prevKV: EtcdKeyValue?) {
         self.kind = kind
         self.kv = kv
@@ -200,6 +221,7 @@ public struct EtcdWatchResponse: Sendable, Hashable {
     /// A progress report, not a change.
     public var isProgress: Bool { events.isEmpty }
 
+    /// The events of one revision, or a progress report when `events` is empty.
     public init(revision: Int64, events: [EtcdEvent]) {
         self.revision = revision
         self.events = events
@@ -218,10 +240,13 @@ public struct EtcdStatus: Sendable, Hashable {
     public var leader: UInt64
     /// The current raft term (it rises with every election).
     public var raftTerm: UInt64
+    /// The raft log's last index at the member.
     public var raftIndex: UInt64
+    /// The last index the member applied.
     public var raftAppliedIndex: UInt64
     /// The store's revision at the member.
     public var revision: Int64
+    /// The size of the member's database file in bytes.
     public var dbSize: Int64
     /// Alarms and conditions the member reports, e.g. "etcdserver: no leader".
     public var errors: [String]

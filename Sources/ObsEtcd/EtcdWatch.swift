@@ -44,6 +44,7 @@ import Synchronization
 /// Ending the iteration (or cancelling its task) closes the stream; a cancelled `next()`
 /// throws ``EtcdError/cancelled(outcomeUnknown:)``.
 public struct EtcdWatch: AsyncSequence, Sendable {
+    /// One revision's events, or a progress report.
     public typealias Element = EtcdWatchResponse
 
     struct Request: Sendable {
@@ -57,6 +58,7 @@ public struct EtcdWatch: AsyncSequence, Sendable {
     let client: EtcdClient
     let request: Request
 
+    /// An iteration of the watch: it opens its stream on the first `next()`.
     public func makeAsyncIterator() -> AsyncIterator {
         AsyncIterator(state: WatchState(client: client, request: request))
     }
@@ -65,6 +67,8 @@ public struct EtcdWatch: AsyncSequence, Sendable {
     public struct AsyncIterator: AsyncIteratorProtocol {
         let state: WatchState
 
+        /// The next revision's events (or progress report); waits, across reopened streams,
+        /// until there is one. Throws ``EtcdError`` when the watch cannot go on.
         public mutating func next() async throws -> EtcdWatchResponse? {
             try await state.next()
         }

@@ -13,9 +13,12 @@ import Synchronization
 /// An etcd member's client URL: `http://HOST:PORT` (the scheme may be left out). TLS is not
 /// supported: the endpoints are expected on loopback or a private network.
 public struct EtcdEndpoint: Sendable, Hashable, CustomStringConvertible {
+    /// A host name or IP address (IPv6 without brackets).
     public let host: String
+    /// The member's client port.
     public let port: Int
 
+    /// The endpoint at `host`:`port`.
     public init(host: String, port: Int) {
         self.host = host
         self.port = port
@@ -36,6 +39,7 @@ public struct EtcdEndpoint: Sendable, Hashable, CustomStringConvertible {
         self.port = port
     }
 
+    /// The endpoint as a URL.
     public var description: String { host.contains(":") ? "http://[\(host)]:\(port)" : "http://\(host):\(port)" }
 }
 

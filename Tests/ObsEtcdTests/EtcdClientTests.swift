@@ -142,6 +142,22 @@ struct EtcdClientTests {
         #expect(await recorder.wait(forCount: written.count), "live events missing: \(recorder.revisions)")
         #expect(recorder.revisions == written, "no gap, no duplicate between replay and live")
         #expect(recorder.responses.map { text($0.events[0].kv.value) } == (0..<9).map { "\($0)" })
+
+        // Without a start revision: the changes after the stream opened, nothing before.
+        let fromNow = WatchRecorder(client.watch(key))
+        let opened = await eventually(timeout: .seconds(10), every: .milliseconds(5)) { () async -> Bool in
+            client.statistics.watchStreamsOpened >= 2
+        }
+        #expect(opened)
+        let next = try await client.put(key, bytes("9")).revision
+        #expect(await fromNow.wait(forCount: 1))
+        #expect(fromNow.revisions == [next])
+
+        // With progress reports: after a quiet second the probe's answer says "delivered up to".
+        let progress = WatchRecorder(client.watch(bytes("/r/quiet"), reportProgress: true))
+        #expect(await progress.wait(forCount: 1, timeout: .seconds(10)))
+        #expect(progress.responses.first?.isProgress == true)
+        #expect(progress.responses.first?.revision == next)
     }
 
     @Test func compactedStartRevisionEndsTheWatchWithCompactedAndItsRevision() async throws {
