@@ -213,8 +213,8 @@ public struct EtcdEvent: Sendable, Hashable {
 
 /// What a watch delivers: the events of exactly one revision, or a progress report.
 public struct EtcdWatchResponse: Sendable, Hashable {
-    /// For events: their revision (every event's `kv.modRevision`). For progress: every change
-    /// up to and including this revision has been delivered.
+    /// For events: their revision (every event's `kv.modRevision`). For progress: the member's
+    /// revision when it answered (see ``EtcdWatch`` for what that does and does not promise).
     public var revision: Int64
     /// The events of `revision`, in the order etcd applied them (empty for progress).
     public var events: [EtcdEvent]

@@ -40,7 +40,12 @@ import Synchronization
 ///   is compacted.
 ///
 /// Progress reports (``EtcdWatchResponse/isProgress``) are delivered only with
-/// `reportProgress`: each says that every change up to its revision has been delivered.
+/// `reportProgress`. Their revision is the member's revision when it answered. On etcd
+/// 3.4.23 (Debian's) that is **not** a promise that every change up to it has been
+/// delivered: the member answers outside the event stream and can run ahead of events still
+/// on their way (etcd issue 15220, fixed in later 3.4 and 3.5 releases, which answer only
+/// when the watcher is in sync). Take a report as a sign of life and the member's position,
+/// not as "synced"; the watch itself never resumes from a progress revision.
 /// Ending the iteration (or cancelling its task) closes the stream; a cancelled `next()`
 /// throws ``EtcdError/cancelled(outcomeUnknown:)``.
 public struct EtcdWatch: AsyncSequence, Sendable {
@@ -164,7 +169,10 @@ final class WatchState {
                     nextRevision = max(nextRevision ?? 0, group.revision + 1)
                 }
             case .progress(let revision):
-                nextRevision = max(nextRevision ?? 0, revision + 1)
+                // Not a resume point: etcd 3.4.23 answers a progress request with the member's
+                // current revision even while events below it are still on their way to this
+                // watcher (etcd issue 15220, fixed in later releases), so resuming after it
+                // could skip them.
                 if request.reportProgress { pending.append(EtcdWatchResponse(revision: revision, events: [])) }
             }
         }

@@ -153,7 +153,7 @@ struct EtcdClientTests {
         #expect(await fromNow.wait(forCount: 1))
         #expect(fromNow.revisions == [next])
 
-        // With progress reports: after a quiet second the probe's answer says "delivered up to".
+        // With progress reports: after a quiet second the probe's answer, at the member's revision.
         let progress = WatchRecorder(client.watch(bytes("/r/quiet"), reportProgress: true))
         #expect(await progress.wait(forCount: 1, timeout: .seconds(10)))
         #expect(progress.responses.first?.isProgress == true)
