@@ -36,6 +36,10 @@ public final class EtcdClient: Sendable {
         /// The deadline of a request when the call names none. A write that passes it has an
         /// unknown outcome (``EtcdError/timeout(outcomeUnknown:)``).
         public var requestTimeout: Duration = .seconds(5)
+        /// How long one member may take to answer a read before the read is asked of the next
+        /// member (within `requestTimeout`); nil: the whole deadline. Writes always keep the
+        /// whole deadline: one sent to a member that did not answer may still be applied.
+        public var readAttemptTimeout: Duration? = .seconds(2)
         /// How long to wait for a TCP connection to one endpoint before trying the next.
         public var connectTimeout: Duration = .seconds(1)
         /// Ask members to refuse linearizable requests and watches when they know no leader
@@ -224,9 +228,9 @@ public final class EtcdClient: Sendable {
 
     /// One request with failover. What is retried on the next endpoint: a connection that
     /// could not be made or was closed before the request went out; a member without a leader
-    /// (refused before proposing); for reads, also a connection lost mid-request and etcd's
-    /// transient errors ("leader changed", "request timed out"). Anything else ends the call;
-    /// the deadline ends it in any case.
+    /// (refused before proposing); for reads, also a connection lost mid-request, a member
+    /// silent for `readAttemptTimeout`, and etcd's transient errors ("leader changed", "request
+    /// timed out"). Anything else ends the call; the deadline ends it in any case.
     private func callWithEndpoint<T: Decodable>(
         _ path: String, _ body: [UInt8], isWrite: Bool, requireLeader: Bool, timeout: Duration?, only: Int?
     ) async throws -> (T, Int) {
@@ -246,10 +250,16 @@ public final class EtcdClient: Sendable {
             if attempt > 0 { failovers.add(1, ordering: .relaxed) }
             if Task.isCancelled { throw EtcdError.cancelled(outcomeUnknown: false) }
             if NIODeadline.now() >= deadline { throw lastFailure.isOutcomeUnknown ? lastFailure : EtcdError.timeout(outcomeUnknown: false) }
+            // A read may leave a member that does not answer in time and ask the next one; a
+            // write may not (it could be applied), so it keeps the whole deadline.
+            var attemptDeadline = deadline
+            if !isWrite, let perAttempt = configuration.readAttemptTimeout {
+                attemptDeadline = min(deadline, .now() + perAttempt.timeAmount)
+            }
             let answer: GatewayAnswer
             do {
                 answer = try await pool.exchange(
-                    request, endpoint: index, deadline: deadline, connectTimeout: configuration.connectTimeout.timeAmount)
+                    request, endpoint: index, deadline: attemptDeadline, connectTimeout: configuration.connectTimeout.timeAmount)
             } catch let failure as TransportFailure {
                 if Task.isCancelled { throw EtcdError.cancelled(outcomeUnknown: isWrite) }
                 switch failure {
@@ -263,6 +273,10 @@ public final class EtcdClient: Sendable {
                 case .timedOut:
                     // The next request starts on another member: this one may hang.
                     _ = preferred.compareExchange(expected: index, desired: (index + 1) % count, ordering: .relaxed)
+                    if !isWrite && NIODeadline.now() < deadline {
+                        lastFailure = .timeout(outcomeUnknown: false)
+                        continue
+                    }
                     throw EtcdError.timeout(outcomeUnknown: isWrite)
                 case .tooLarge:
                     throw EtcdError.invalidResponse("an answer larger than \(configuration.maxAnswerBytes) bytes")

@@ -342,5 +342,15 @@ struct EtcdClientTests {
         #expect(await recorder.wait(forCount: written.count, timeout: .seconds(15)), "the watch stayed on the hung member: \(recorder.revisions)")
         #expect(recorder.revisions == written, "no gap, no duplicate")
         #expect(watcher.statistics.watchStreamsLost >= 1)
+
+        // A read starts on the hung member (the client's first endpoint was never answered by
+        // a read), gets nothing for readAttemptTimeout (2 s), and is answered by the next one.
+        let reader = try cluster.client([hung] + others)
+        defer { Task { await reader.shutdown() } }
+        let started = ContinuousClock.now
+        let read = try await reader.range(bytes("/h/k"))
+        #expect(read.kvs.first?.modRevision == written.last)
+        #expect(ContinuousClock.now - started < .seconds(4))
+        #expect(reader.statistics.failovers >= 1)
     }
 }
