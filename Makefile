@@ -20,7 +20,7 @@ UNIT_PATHS := sed -e 's|/usr/local/bin/|$(BINDIR)/|g' -e 's|/etc/obsd/|$(SYSCONF
 all: build
 
 # Debian packages the build needs; installed when missing (apt lists refreshed if needed).
-DEB_PACKAGES := libsqlite3-dev libsystemd-dev pkg-config systemd strace socat netcat-openbsd python3-prometheus-client
+DEB_PACKAGES := libsqlite3-dev libsystemd-dev pkg-config systemd strace socat netcat-openbsd python3-prometheus-client etcd-server etcd-client
 
 deps:
 	@command -v $(SWIFT) >/dev/null || { echo "swift is not installed (expected Swift 6.x at /opt/swift)"; exit 1; }

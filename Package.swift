@@ -10,6 +10,7 @@ let package = Package(
         .library(name: "ObservableKit", targets: ["ObservableKit"]),
         .library(name: "ObsProtocol", targets: ["ObsProtocol"]),
         .library(name: "ObsClient", targets: ["ObsClient"]),
+        .library(name: "ObsEtcd", targets: ["ObsEtcd"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-nio.git", from: "2.101.2"),
@@ -56,6 +57,17 @@ let package = Package(
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
             ]),
+        // An etcd v3 client for the daemon (several hosts, issue 14): etcd's JSON gateway over a
+        // small HTTP/1.1 client on NIOHTTP1 — no package beyond swift-nio (docs/etcd-notes.md).
+        .target(
+            name: "ObsEtcd",
+            dependencies: [
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+            ]),
+        // Latency figures for docs/etcd-notes.md against a running cluster (not a test).
+        .executableTarget(name: "obs-etcd-bench", dependencies: ["ObsEtcd"]),
         .executableTarget(
             name: "obsd",
             dependencies: [
@@ -102,6 +114,8 @@ let package = Package(
                 .product(name: "NIOEmbedded", package: "swift-nio"),
             ]),
         .target(name: "TestSupport", path: "Tests/TestSupport"),
+        // ObsEtcd against a real 3-member etcd cluster on loopback (TestSupport's EtcdCluster).
+        .testTarget(name: "ObsEtcdTests", dependencies: ["ObsEtcd", "TestSupport"]),
         .testTarget(name: "SystemdTests", dependencies: ["Systemd", "TestSupport", .product(name: "Logging", package: "swift-log")]),
         // Starts the real obsd binary on a temporary socket; drives it over raw sockets,
         // through ObsClient and through obsctl.
