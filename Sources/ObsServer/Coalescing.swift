@@ -25,9 +25,6 @@ struct Lag {
     /// The newest revision folded in, and who wrote it.
     var revision: UInt64
     var writer: Writer?
-    /// Whether a revision it would be sent is folded in (under `echo: false`, revisions of its
-    /// own connection alone need no event: the client has their replies).
-    var wanted = false
 
     init(from revision: UInt64) {
         self.from = revision
@@ -48,8 +45,15 @@ extension Outbox {
     func fold(_ record: Revision, selected: SelectedChanges, into subscription: Subscription) {
         var lag = subscription.lag ?? Lag(from: record.revision)
         let changes = record.record.changes
+        let own = !subscription.wants(record)
         func fold(_ change: Change<CanonicalJSON>) {
-            if lag.received[change.key] == nil { lag.received[change.key] = .some(change.old) }
+            if own {
+                // Under `echo: false` the client has its own connection's write from the
+                // reply: that is the value it last received for the key.
+                lag.received[change.key] = .some(change.new)
+            } else if lag.received[change.key] == nil {
+                lag.received[change.key] = .some(change.old)
+            }
             lag.current[change.key] = .some(change.new)
         }
         switch selected {
@@ -58,7 +62,6 @@ extension Outbox {
         }
         lag.revision = record.revision
         lag.writer = record.record.writer
-        if subscription.wants(record) { lag.wanted = true }
         if subscription.lag == nil { lagging.append(subscription) }
         subscription.lag = lag
     }
@@ -74,8 +77,8 @@ extension Outbox {
             let changes = lag.changes
             let revision = max(lag.revision, shard.latestRevision(of: subscription.repository))
             subscription.completeThrough = revision
-            // Changed and changed back, or only its own writes under echo: false — nothing to say.
-            guard lag.wanted, !changes.isEmpty else { continue }
+            // Changed and changed back (its own writes under echo: false included): nothing to say.
+            guard !changes.isEmpty else { continue }
             appendEvent { buffer in
                 buffer.writeRaw(subscription.head)
                 if subscription.writers, let writer = lag.writer { EventEncoder.writeBy(&buffer, writer) }
