@@ -76,10 +76,17 @@ public struct SubscribeRequest: Sendable, Equatable {
     public var epoch: String?
     /// End after the first `change` event.
     public var once: Bool
+    /// Trade intermediate values for state while the connection lags: one coalesced `change`
+    /// (with `from`) per catch-up instead of every revision; never the cause of an overflow.
+    public var coalesce: Bool
+    /// Every `change` event carries `by`: the credentials of the connection that wrote it.
+    public var writers: Bool
+    /// `false`: no event for revisions written by this connection.
+    public var echo: Bool
 
     public init(
         repo: String, selection: Selection = .all, initial: Bool = false, since: UInt64? = nil, epoch: String? = nil,
-        once: Bool = false
+        once: Bool = false, coalesce: Bool = false, writers: Bool = false, echo: Bool = true
     ) {
         self.repo = repo
         self.selection = selection
@@ -87,6 +94,9 @@ public struct SubscribeRequest: Sendable, Equatable {
         self.since = since
         self.epoch = epoch
         self.once = once
+        self.coalesce = coalesce
+        self.writers = writers
+        self.echo = echo
     }
 }
 
