@@ -41,18 +41,25 @@ final class LocalWriteFanOut: Sendable {
 
     func add(_ inbox: LocalWriteInbox) -> ObserverID { listeners.insert(inbox) }
     func remove(_ id: ObserverID) { listeners.remove(id) }
+
+    /// Has every mirror apply the writes queued for it now, so that when a write through one
+    /// mirror returns, every mirror of the session shows it.
+    @MainActor func drainAll() {
+        listeners.forEach { _, inbox in inbox.drain() }
+    }
 }
 
 /// One mirror's queue of its session's writes, filled on any thread and emptied on the
-/// main actor: `wake` is called when the queue stops being empty.
+/// main actor by `drain`, which is scheduled when the queue stops being empty.
 final class LocalWriteInbox: Sendable {
     let repository: String
     private let queue = Locked<[LocalWrite]>([])
-    private let wake: @Sendable () -> Void
+    /// Applies the queued writes to the mirror (it calls `take()`).
+    let drain: @MainActor @Sendable () -> Void
 
-    init(repository: String, wake: @escaping @Sendable () -> Void) {
+    init(repository: String, drain: @escaping @MainActor @Sendable () -> Void) {
         self.repository = repository
-        self.wake = wake
+        self.drain = drain
     }
 
     func deliver(_ write: LocalWrite) {
@@ -60,7 +67,7 @@ final class LocalWriteInbox: Sendable {
             queue.append(write)
             return queue.count == 1
         }
-        if wasEmpty { wake() }
+        if wasEmpty { Task { @MainActor [drain] in drain() } }
     }
 
     /// The writes queued so far, oldest first; the queue is left empty.

@@ -36,9 +36,7 @@ final class MirrorLink {
         end: @escaping @MainActor (ObsClientError) -> Void
     ) {
         self.update = update
-        let queue = LocalWriteInbox(repository: watch.repository) { [weak self] in
-            Task { @MainActor in self?.drain() }
-        }
+        let queue = LocalWriteInbox(repository: watch.repository) { [weak self] in self?.drain() }
         let fanOut = session.core.localWrites
         inbox = (fanOut, fanOut.add(queue), queue)
         tasks.append(
@@ -87,8 +85,9 @@ final class MirrorLink {
         }
     }
 
-    /// Performs a write; when it changed something, returns once the mirror shows it (its
-    /// reply was reported to the session's mirrors before `body` returned) and is loaded.
+    /// Performs a write; when it changed something, returns once the mirror — and every other
+    /// mirror of the session — shows it (its reply was reported to the session's mirrors
+    /// before `body` returned), and this mirror is loaded.
     func write(_ body: () async throws(ObsClientError) -> WriteReply) async throws(ObsClientError) -> WriteResult {
         let reply: WriteReply
         do {
@@ -97,7 +96,7 @@ final class MirrorLink {
             return .conflict
         }
         guard reply.changed else { return .unchanged(revision: reply.revision) }
-        drain()
+        if let inbox { inbox.fanOut.drainAll() } else { drain() }
         if !state.isLoaded && !stopped {
             await withCheckedContinuation { loadWaiters.append($0) }
         }
