@@ -101,6 +101,8 @@ let package = Package(
         .testTarget(name: "ObservableKitTests", dependencies: ["ObservableKit"]),
         .testTarget(name: "ObsProtocolTests", dependencies: ["ObsProtocol", "ObservableKit"]),
         .testTarget(name: "ObsConfigTests", dependencies: ["ObsConfig"]),
+        // In-process tests of the client library's parts that need no daemon (the mirrors' merging).
+        .testTarget(name: "ObsClientTests", dependencies: ["ObsClient", "ObsProtocol", "ObservableKit"]),
         .testTarget(
             name: "ObsStoreTests",
             dependencies: ["ObsStore", "ObsProtocol", "ObservableKit", "TestSupport", .product(name: "Logging", package: "swift-log")]),

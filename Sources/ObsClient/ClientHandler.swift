@@ -24,6 +24,9 @@ struct OutboundRequest: Sendable {
         case subscribe(SubscriptionStream)
         /// On success, end this subscription's stream.
         case unsubscribe(UInt64)
+        /// On success, report the write's effect (before the reply is handed on, so before
+        /// any later message of the connection is routed).
+        case write(@Sendable (JSONObject) -> Void)
     }
 
     let bytes: ByteBuffer
@@ -223,6 +226,8 @@ final class ClientHandler: ChannelDuplexHandler {
                     streams[sub] = stream
                 case .unsubscribe(let sub):
                     streams.removeValue(forKey: sub)?.continuation.finish()
+                case .write(let report):
+                    report(members)
                 }
                 request.reply.succeed(members)
             case .failure(let error):
@@ -238,9 +243,9 @@ final class ClientHandler: ChannelDuplexHandler {
 
     private func route(_ event: Event) {
         switch event {
-        case .change(let sub, _, let rev, let changes):
+        case .change(let sub, _, let rev, let changes, let from, let by):
             guard let stream = streams[sub] else { return }
-            stream.yield(.change(ChangeSet(revision: rev, changes: changes)))
+            stream.yield(.change(ChangeEvent(revision: rev, changes: changes, from: from, by: by)))
             if stream.once {
                 streams[sub] = nil
                 stream.continuation.finish()

@@ -79,21 +79,45 @@ extension ObsSession {
 
     /// Watches one key as `T`, across reconnections: first its current value, then every
     /// change, each with the old and the new value (`nil` when the key does not exist).
-    public func watch<T: Decodable & Sendable>(_ repo: String, key: Key, as type: T.Type) -> TypedWatch<T> {
-        TypedWatch(base: watch(repo, .keys([key]), initial: true), key: key)
+    ///
+    /// - Parameter options: the subscription options (see `SubscriptionOptions`): with
+    ///   `coalesce`, a reader that lags gets the latest value rather than every one; with
+    ///   `writers`, each change carries `by`.
+    public func watch<T: Decodable & Sendable>(
+        _ repo: String, key: Key, as type: T.Type, options: SubscriptionOptions = .default
+    ) -> TypedWatch<T> {
+        TypedWatch(base: watch(repo, .keys([key]), initial: true, options: options), key: key)
     }
 }
 
 /// A key's value changing, as `T`.
 public struct TypedChange<T: Sendable>: Sendable {
+    /// The key.
     public let key: Key
     /// The repository revision of the change (or of the snapshot).
     public let revision: UInt64
+    /// The value before (nil: the key did not exist); for a coalesced change, the value the
+    /// watch last delivered.
     public let old: T?
+    /// The value after (nil: the key does not exist).
     public let new: T?
     /// The key's state as first read, or re-read after a reconnection whose changes could
     /// not be replayed, rather than one change.
     public let isSnapshot: Bool
+    /// Who wrote the change, when the watch asked for `writers` (nil for a snapshot).
+    public let by: Writer?
+    /// For a change coalesced from several revisions, the first of them.
+    public let from: UInt64?
+
+    public init(key: Key, revision: UInt64, old: T?, new: T?, isSnapshot: Bool, by: Writer? = nil, from: UInt64? = nil) {
+        self.key = key
+        self.revision = revision
+        self.old = old
+        self.new = new
+        self.isSnapshot = isSnapshot
+        self.by = by
+        self.from = from
+    }
 }
 
 /// One key's values as `T`, across reconnections (see `ObsSession.watch(_:key:as:)`).
@@ -103,13 +127,16 @@ public struct TypedWatch<T: Decodable & Sendable>: AsyncSequence, Sendable {
     let base: Watch
     let key: Key
 
+    /// Starts the watch: each iterator is its own subscription.
     public func makeAsyncIterator() -> AsyncIterator { AsyncIterator(base: base.makeAsyncIterator(), key: key) }
 
+    /// Iterates a typed watch.
     public struct AsyncIterator: AsyncIteratorProtocol {
         var base: Watch.AsyncIterator
         let key: Key
         var current: T?
 
+        /// The next value of the key; throws `undecodable` for one that is not a `T`.
         public mutating func next() async throws -> TypedChange<T>? {
             while let event = try await base.next() {
                 switch event {
@@ -121,7 +148,9 @@ public struct TypedWatch<T: Decodable & Sendable>: AsyncSequence, Sendable {
                     guard let change = changes.change(for: key) else { continue }
                     let old = try change.old.map { value throws(ObsClientError) in try value.decode(as: T.self, key: key) }
                     current = try change.new.map { value throws(ObsClientError) in try value.decode(as: T.self, key: key) }
-                    return TypedChange(key: key, revision: changes.revision, old: old, new: current, isSnapshot: false)
+                    return TypedChange(
+                        key: key, revision: changes.revision, old: old, new: current, isSnapshot: false, by: changes.by,
+                        from: changes.from)
                 }
             }
             return nil

@@ -20,16 +20,21 @@ import Synchronization
 public final class ObsClient: Sendable {
     /// The socket this client is connected to.
     public let socketPath: String
+    /// This connection's number in the process, increasing in the order of connecting.
+    let serial = ConnectionSerial.next()
     private let channel: any Channel
     private let flow: FlowControl
     private let fate: ConnectionFate
+    /// Where writes that changed something are reported (a session's mirrors), if anywhere.
+    private let localWrites: LocalWriteFanOut?
     private let nextID = Atomic<Int64>(0)
 
-    private init(socketPath: String, channel: any Channel, flow: FlowControl, fate: ConnectionFate) {
+    private init(socketPath: String, channel: any Channel, flow: FlowControl, fate: ConnectionFate, localWrites: LocalWriteFanOut?) {
         self.socketPath = socketPath
         self.channel = channel
         self.flow = flow
         self.fate = fate
+        self.localWrites = localWrites
     }
 
     /// Connects to the daemon.
@@ -39,6 +44,13 @@ public final class ObsClient: Sendable {
     public static func connect(
         socketPath: String? = nil,
         eventLoopGroup: any EventLoopGroup = MultiThreadedEventLoopGroup.singleton
+    ) async throws(ObsClientError) -> ObsClient {
+        try await connect(socketPath: socketPath, eventLoopGroup: eventLoopGroup, localWrites: nil)
+    }
+
+    /// Connects; writes that change something are reported to `localWrites`.
+    static func connect(
+        socketPath: String?, eventLoopGroup: any EventLoopGroup, localWrites: LocalWriteFanOut?
     ) async throws(ObsClientError) -> ObsClient {
         let path = SocketPath.resolve(explicit: socketPath, environment: ProcessEnvironment.current)
         let flow = FlowControl()
@@ -52,7 +64,7 @@ public final class ObsClient: Sendable {
                 }
                 .connect(unixDomainSocketPath: path).get()
             flow.attach(channel)
-            return ObsClient(socketPath: path, channel: channel, flow: flow, fate: fate)
+            return ObsClient(socketPath: path, channel: channel, flow: flow, fate: fate, localWrites: localWrites)
         } catch {
             throw .cannotConnect(path: path, reason: Self.explain(error))
         }
@@ -125,13 +137,14 @@ public final class ObsClient: Sendable {
     public func set(
         _ repo: String, _ key: Key, _ value: JSONValue, ifRev: UInt64? = nil, force: Bool = false
     ) async throws(ObsClientError) -> WriteReply {
-        try Self.writeReply(try await call(.set(repo: repo, key: key, value: CanonicalJSON(value), ifRev: ifRev, force: force)))
+        let command = Command.set(repo: repo, key: key, value: CanonicalJSON(value), ifRev: ifRev, force: force)
+        return try Self.writeReply(try await call(command, purpose: reporting(repo, [.init(key: key, new: value)])))
     }
 
     /// Deletes a key; deleting an absent key is not an error (`changed: false`).
     @discardableResult
     public func delete(_ repo: String, _ key: Key, ifRev: UInt64? = nil) async throws(ObsClientError) -> WriteReply {
-        try Self.writeReply(try await call(.delete(repo: repo, key: key, ifRev: ifRev)))
+        try Self.writeReply(try await call(.delete(repo: repo, key: key, ifRev: ifRev), purpose: reporting(repo, [.init(key: key, new: nil)])))
     }
 
     /// Applies writes atomically, as one revision.
@@ -143,7 +156,13 @@ public final class ObsClient: Sendable {
             case .delete(let key, let ifRev): return .delete(key, ifRevision: ifRev)
             }
         }
-        let o = try await call(.batch(repo: repo, ops: canonical))
+        let effects = ops.map { op -> LocalWrite.Effect in
+            switch op {
+            case .set(let key, let value, _, _): return .init(key: key, new: value)
+            case .delete(let key, _): return .init(key: key, new: nil)
+            }
+        }
+        let o = try await call(.batch(repo: repo, ops: canonical), purpose: reporting(repo, effects))
         guard let rev = o["rev"]?.uint64Value, let changed = o["changed"]?.boolValue else {
             throw .protocolViolation("batch reply without rev or changed")
         }
@@ -191,23 +210,33 @@ public final class ObsClient: Sendable {
     ///   - epoch: with `since`, the epoch revision `since` belongs to (`Subscription.epoch`
     ///     of the subscription being resumed); another epoch fails with `compacted`.
     ///   - once: end after the first `change`.
+    ///   - options: `coalesce` (state rather than every change while this client lags),
+    ///     `writers` (events carry `by`), `echo: false` (no events for this connection's
+    ///     own writes); see `SubscriptionOptions`.
     /// - Returns: the subscription, an async sequence of its events. Iterating it ends
     ///   after `cancel()`, after a `once` change, or throws when the connection ends.
+    /// - Throws: `bad_request` without asking the daemon for `once` with `coalesce`.
     public func subscribe(
         _ repo: String, _ selection: Selection = .all, initial: Bool = false, since: UInt64? = nil, epoch: String? = nil,
-        once: Bool = false
+        once: Bool = false, options: SubscriptionOptions = .default
     ) async throws(ObsClientError) -> Subscription {
+        if once && options.coalesce {
+            throw .server(
+                ProtocolError(.badRequest, "\"coalesce\" and \"once\" cannot be used together: a once subscription has nothing to coalesce"))
+        }
         let (events, continuation) = AsyncThrowingStream.makeStream(of: SubscriptionEvent.self, throwing: (any Error).self)
         let stream = SubscriptionStream(continuation: continuation, once: once, flow: flow)
-        let request = SubscribeRequest(repo: repo, selection: selection, initial: initial, since: since, epoch: epoch, once: once)
+        let request = SubscribeRequest(
+            repo: repo, selection: selection, initial: initial, since: since, epoch: epoch, once: once, coalesce: options.coalesce,
+            writers: options.writers, echo: options.echo)
         let o = try await call(.subscribe(request), purpose: .subscribe(stream))
         guard let sub = o["sub"]?.uint64Value, let rev = o["rev"]?.uint64Value else {
             throw .protocolViolation("subscribe reply without sub or rev")
         }
         stream.setOnCancel { [weak self] in self?.sendUnsubscribe(sub) }
         return Subscription(
-            id: sub, repository: repo, revision: rev, epoch: o["epoch"]?.stringValue ?? "", events: events, stream: stream,
-            client: self)
+            id: sub, repository: repo, revision: rev, epoch: o["epoch"]?.stringValue ?? "", options: options, events: events,
+            stream: stream, client: self)
     }
 
     /// Ends a subscription. Its sequence finishes; no event follows.
@@ -221,6 +250,16 @@ public final class ObsClient: Sendable {
         let promise = channel.eventLoop.makePromise(of: JSONObject.self)
         promise.futureResult.whenComplete { _ in }
         send(.unsubscribe(sub: sub), promise: promise, purpose: .unsubscribe(sub))
+    }
+
+    /// The purpose of a write request: report its effects if it changes something.
+    private func reporting(_ repo: String, _ effects: [LocalWrite.Effect]) -> OutboundRequest.Purpose {
+        guard let localWrites else { return .plain }
+        let serial = self.serial
+        return .write { reply in
+            guard reply["changed"]?.boolValue == true, let revision = reply["rev"]?.uint64Value else { return }
+            localWrites.publish(LocalWrite(repository: repo, revision: revision, effects: effects, connection: serial))
+        }
     }
 
     private func call(_ command: Command, purpose: OutboundRequest.Purpose = .plain) async throws(ObsClientError) -> JSONObject {
@@ -278,18 +317,23 @@ public struct Subscription: AsyncSequence, Sendable {
     public let revision: UInt64
     /// The history its revisions belong to: resume with `since` and this epoch.
     public let epoch: String
+    /// The options it was made with.
+    public let options: SubscriptionOptions
+    /// The serial number of the connection it is on.
+    var connection: UInt64 { client.serial }
     private let events: AsyncThrowingStream<SubscriptionEvent, any Error>
     private let stream: SubscriptionStream
     private let client: ObsClient
 
     init(
-        id: UInt64, repository: String, revision: UInt64, epoch: String, events: AsyncThrowingStream<SubscriptionEvent, any Error>,
-        stream: SubscriptionStream, client: ObsClient
+        id: UInt64, repository: String, revision: UInt64, epoch: String, options: SubscriptionOptions,
+        events: AsyncThrowingStream<SubscriptionEvent, any Error>, stream: SubscriptionStream, client: ObsClient
     ) {
         self.id = id
         self.repository = repository
         self.revision = revision
         self.epoch = epoch
+        self.options = options
         self.events = events
         self.stream = stream
         self.client = client

@@ -143,6 +143,8 @@ final class SessionCore: Sendable {
     }
 
     let path: String
+    /// The writes made on the session's connections, for its mirrors.
+    let localWrites = LocalWriteFanOut()
     private let backoff: Backoff
     private let group: any EventLoopGroup
     private let locked = Locked(State())
@@ -226,7 +228,7 @@ final class SessionCore: Sendable {
             publish(.connecting)
             let reason: String
             do throws(ObsClientError) {
-                let client = try await ObsClient.connect(socketPath: path, eventLoopGroup: group)
+                let client = try await ObsClient.connect(socketPath: path, eventLoopGroup: group, localWrites: localWrites)
                 failures = 0
                 guard connected(client) else {
                     await client.close()

@@ -4,6 +4,10 @@
 // its properties is notified once per revision — a batch of several keys included — and
 // not at all for a write that changed nothing. Works with SwiftUI on Apple platforms and
 // with `withObservationTracking` everywhere.
+//
+// By default the watch coalesces (a mirror wants state: while it lags, the daemon sends
+// one event per catch-up, never cuts it off) and has no echo (the session's own writes are
+// shown from their replies, see MirrorLink and MirrorState).
 
 import Observation
 import ObsProtocol
@@ -28,6 +32,12 @@ public enum WriteResult: Sendable, Equatable {
 /// // SwiftUI: Text(ui["theme"]?.stringValue ?? "default")  — redrawn when theme changes
 /// try await ui.set("theme", "dark")                          // returns once ui shows it
 /// ```
+///
+/// The mirror subscribes with `SubscriptionOptions.mirror` unless told otherwise: changes
+/// coalesce while it lags (it is notified of the state, not of every intermediate value,
+/// and the daemon never cuts it off for reading slowly), and writes made through its
+/// session — by it, by another mirror, by `session.set` — are shown from their replies
+/// rather than echoed back. Pass `options: .default` to receive every revision as an event.
 @MainActor @Observable
 public final class RemoteRepository {
     /// The mirrored state: changes as a whole, once per revision.
@@ -44,6 +54,8 @@ public final class RemoteRepository {
     public let name: String
     /// The keys mirrored.
     public let selection: Selection
+    /// The options of the mirror's subscriptions.
+    public let options: SubscriptionOptions
     /// The mirrored state.
     public private(set) var contents = Contents()
     /// The session's connection state.
@@ -53,17 +65,22 @@ public final class RemoteRepository {
     public private(set) var failure: ObsClientError?
 
     @ObservationIgnored private let session: ObsSession
-    @ObservationIgnored private let link = MirrorLink()
+    @ObservationIgnored private let link: MirrorLink
 
     /// Starts mirroring `selection` of repository `name` through `session`.
-    public init(_ name: String, selection: Selection = .all, session: ObsSession) {
+    ///
+    /// - Parameter options: the watch's subscription options; by default `.mirror`
+    ///   (coalesced, no echo). With `writers`, nothing changes: a mirror keeps values only.
+    public init(_ name: String, selection: Selection = .all, options: SubscriptionOptions = .mirror, session: ObsSession) {
         self.name = name
         self.selection = selection
+        self.options = options
         self.session = session
         self.connection = session.connectionState
+        self.link = MirrorLink(selection: selection)
         link.start(
-            session: session, watch: session.watch(name, selection, initial: true),
-            apply: { [weak self] event in self?.apply(event) },
+            session: session, watch: session.watch(name, selection, initial: true, options: options),
+            update: { [weak self] state, _ in self?.publish(state) },
             state: { [weak self] state in self?.connection = state },
             end: { [weak self] error in self?.failure = error })
     }
@@ -87,7 +104,7 @@ public final class RemoteRepository {
     /// it does not exist). Returns once the mirror shows the write (for a selected key).
     @discardableResult
     public func set(_ key: Key, _ value: JSONValue, ifRev: UInt64? = nil, force: Bool = false) async throws(ObsClientError) -> WriteResult {
-        try await link.write(key: key, selected: selection.matches(key)) { () async throws(ObsClientError) in
+        try await link.write { () async throws(ObsClientError) in
             try await session.set(name, key, value, ifRev: ifRev, force: force)
         }
     }
@@ -101,7 +118,7 @@ public final class RemoteRepository {
     /// Deletes `key` (with `ifRev`, only if its revision is still `ifRev`).
     @discardableResult
     public func delete(_ key: Key, ifRev: UInt64? = nil) async throws(ObsClientError) -> WriteResult {
-        try await link.write(key: key, selected: selection.matches(key)) { () async throws(ObsClientError) in
+        try await link.write { () async throws(ObsClientError) in
             try await session.delete(name, key, ifRev: ifRev)
         }
     }
@@ -109,83 +126,8 @@ public final class RemoteRepository {
     /// Stops following the daemon; the contents stay as they are.
     public func stop() { link.stop() }
 
-    private func apply(_ event: WatchEvent) {
-        var next = contents
-        switch event {
-        case .snapshot(let revision, let values, _):
-            next = Contents(revision: revision, values: values, isLoaded: true)
-        case .change(let changes):
-            next.revision = changes.revision
-            for change in changes.changes { next.values[change.key] = change.new }
-        }
+    private func publish(_ state: MirrorState) {
+        let next = Contents(revision: state.revision, values: state.values, isLoaded: state.isLoaded)
         if next != contents { contents = next }  // one notification per revision, none for nothing
-        link.reached(event)
-    }
-}
-
-/// Runs a mirror's watch and connection-state tasks on the main actor, and lets a write
-/// wait until the mirror has applied the revision it produced.
-@MainActor
-final class MirrorLink {
-    private var tasks: [Task<Void, Never>] = []
-    private var waiters: [(revision: UInt64, continuation: CheckedContinuation<Void, Never>)] = []
-    private var revision: UInt64 = 0
-    private var stopped = false
-
-    func start(
-        session: ObsSession, watch: Watch,
-        apply: @escaping @MainActor (WatchEvent) -> Void,
-        state: @escaping @MainActor (ConnectionState) -> Void,
-        end: @escaping @MainActor (ObsClientError) -> Void
-    ) {
-        tasks.append(
-            Task { [weak self] in
-                do {
-                    for try await event in watch { apply(event) }
-                } catch let error as ObsClientError {
-                    end(error)
-                } catch {
-                    end(.cancelled)
-                }
-                self?.stop()
-            })
-        let states = session.connectionStates()
-        tasks.append(Task { for await s in states { state(s) } })
-    }
-
-    /// Records that the mirror shows `event`'s revision; wakes the writes waiting for it —
-    /// all of them after a resync, whose snapshot holds every write the daemon still has
-    /// (a restarted in-memory daemon may be at a lower revision than a write it lost).
-    func reached(_ event: WatchEvent) {
-        revision = event.revision
-        let resync = if case .snapshot(_, _, true) = event { true } else { false }
-        waiters.removeAll { waiter in
-            guard resync || waiter.revision <= revision else { return false }
-            waiter.continuation.resume()
-            return true
-        }
-    }
-
-    /// Performs a write; when it changed a selected key, waits for the mirror to show it.
-    func write(key: Key, selected: Bool, _ body: () async throws(ObsClientError) -> WriteReply) async throws(ObsClientError) -> WriteResult {
-        let reply: WriteReply
-        do {
-            reply = try await body()
-        } catch .server(let error) where error.code == .conflict {
-            return .conflict
-        }
-        guard reply.changed else { return .unchanged(revision: reply.revision) }
-        if selected && !stopped && revision < reply.revision {
-            await withCheckedContinuation { waiters.append((reply.revision, $0)) }
-        }
-        return .applied(revision: reply.revision)
-    }
-
-    func stop() {
-        stopped = true
-        for task in tasks { task.cancel() }
-        tasks = []
-        for waiter in waiters { waiter.continuation.resume() }
-        waiters = []
     }
 }

@@ -1,6 +1,8 @@
 // ObsClient — one remote key as a typed Swift Observation model: `RemoteValue<Value>`
 // holds the key's current value as `Value`, kept current from a resumable watch, with
-// typed writes and an optimistic read-modify-write (`update`) over compare-and-set.
+// typed writes and an optimistic read-modify-write (`update`) over compare-and-set. Like
+// `RemoteRepository`, it watches with `SubscriptionOptions.mirror` (coalesced, no echo)
+// unless told otherwise.
 
 import Observation
 import ObsProtocol
@@ -14,6 +16,9 @@ import ObservableKit
 /// // SwiftUI: Text(theme.value?.rawValue ?? "default")
 /// try await theme.set(.dark)
 /// ```
+///
+/// Writes made through the session (this value's, another mirror's, `session.set`) are
+/// shown from their replies; other writers' arrive as events, coalesced while it lags.
 @MainActor @Observable
 public final class RemoteValue<Value: Codable & Sendable> {
     /// The key's mirrored state: changes as a whole, once per revision.
@@ -30,8 +35,12 @@ public final class RemoteValue<Value: Codable & Sendable> {
         public var decodingError: ObsClientError?
     }
 
+    /// The repository of the key.
     public let repository: String
+    /// The key mirrored.
     public let key: Key
+    /// The options of the mirror's subscriptions.
+    public let options: SubscriptionOptions
     /// The mirrored state.
     public private(set) var current = Current()
     /// The session's connection state.
@@ -40,17 +49,25 @@ public final class RemoteValue<Value: Codable & Sendable> {
     public private(set) var failure: ObsClientError?
 
     @ObservationIgnored private let session: ObsSession
-    @ObservationIgnored private let link = MirrorLink()
+    @ObservationIgnored private let link: MirrorLink
 
     /// Starts mirroring `key` of `repository` through `session`.
-    public init(_ repository: String, _ key: Key, as type: Value.Type = Value.self, session: ObsSession) {
+    ///
+    /// - Parameter options: the watch's subscription options; by default `.mirror`
+    ///   (coalesced, no echo).
+    public init(
+        _ repository: String, _ key: Key, as type: Value.Type = Value.self, options: SubscriptionOptions = .mirror,
+        session: ObsSession
+    ) {
         self.repository = repository
         self.key = key
+        self.options = options
         self.session = session
         self.connection = session.connectionState
+        self.link = MirrorLink(selection: .keys([key]))
         link.start(
-            session: session, watch: session.watch(repository, .keys([key]), initial: true),
-            apply: { [weak self] event in self?.apply(event) },
+            session: session, watch: session.watch(repository, .keys([key]), initial: true, options: options),
+            update: { [weak self] state, update in self?.publish(state, update) },
             state: { [weak self] state in self?.connection = state },
             end: { [weak self] error in self?.failure = error })
     }
@@ -65,7 +82,7 @@ public final class RemoteValue<Value: Codable & Sendable> {
     @discardableResult
     public func set(_ value: Value, ifRev: UInt64? = nil, force: Bool = false) async throws(ObsClientError) -> WriteResult {
         let json = try JSONValue(encoding: value)
-        return try await link.write(key: key, selected: true) { () async throws(ObsClientError) in
+        return try await link.write { () async throws(ObsClientError) in
             try await session.set(repository, key, json, ifRev: ifRev, force: force)
         }
     }
@@ -73,7 +90,7 @@ public final class RemoteValue<Value: Codable & Sendable> {
     /// Deletes the key.
     @discardableResult
     public func delete(ifRev: UInt64? = nil) async throws(ObsClientError) -> WriteResult {
-        try await link.write(key: key, selected: true) { () async throws(ObsClientError) in
+        try await link.write { () async throws(ObsClientError) in
             try await session.delete(repository, key, ifRev: ifRev)
         }
     }
@@ -98,21 +115,15 @@ public final class RemoteValue<Value: Codable & Sendable> {
     /// Stops following the daemon; the value stays as it is.
     public func stop() { link.stop() }
 
-    private func apply(_ event: WatchEvent) {
-        let json: JSONValue?
-        switch event {
-        case .snapshot(_, let values, _): json = values[key]
-        case .change(let changes):
-            guard let change = changes.change(for: key) else { return }
-            json = change.new
-        }
-        var next = Current(exists: json != nil, revision: event.revision, isLoaded: true)
+    private func publish(_ state: MirrorState, _ update: MirrorUpdate) {
+        if case .keys(let written) = update, !written.contains(key) { return }
+        let json = state.values[key]
+        var next = Current(exists: json != nil, revision: state.revision, isLoaded: true)
         do {
             next.value = try json.map { value throws(ObsClientError) in try value.decode(as: Value.self, key: key) }
         } catch {
             next.decodingError = error
         }
         current = next
-        link.reached(event)
     }
 }

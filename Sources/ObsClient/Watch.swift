@@ -15,8 +15,11 @@ public enum WatchEvent: Sendable {
     /// `initial`; and with `resync: true` after a reconnection whose missed changes the
     /// daemon could not replay — replace everything you hold for this selection.
     case snapshot(revision: UInt64, values: [Key: JSONValue], resync: Bool)
-    /// One revision's changes to the selected keys: each exactly once, in order.
-    case change(ChangeSet<JSONValue>)
+    /// One revision's changes to the selected keys: each exactly once, in order — or, for a
+    /// watch with `coalesce` whose reader lagged, the changes of several revisions as one
+    /// event (`from` set), which leaves a reader that applies it at the state of its
+    /// `revision`.
+    case change(ChangeEvent)
 
     /// The revision the event is at.
     public var revision: UInt64 {
@@ -37,13 +40,19 @@ extension ObsSession {
     ///   - epoch: the epoch `since` belongs to (as a subscription or an earlier watch
     ///     reported it); if the repository's history is another one, the watch starts with a
     ///     resync snapshot instead of a replay.
+    ///   - options: `coalesce`, `writers`, `echo` for every subscription the watch makes
+    ///     (see `SubscriptionOptions`). After a reconnection the watch resumes from the
+    ///     revision of the last event it delivered, coalesced or not. With `echo: false`,
+    ///     "own writes" are those of the session's connection at the time: revisions written
+    ///     on an earlier connection may be replayed after a reconnection.
     /// - Returns: a sequence that ends when the consuming task is cancelled and throws
     ///   when the session closes (`sessionClosed`) or the daemon ends the subscription
     ///   for good (`forbidden` when access was revoked).
     public func watch(
-        _ repo: String, _ selection: Selection = .all, initial: Bool = false, since: UInt64? = nil, epoch: String? = nil
+        _ repo: String, _ selection: Selection = .all, initial: Bool = false, since: UInt64? = nil, epoch: String? = nil,
+        options: SubscriptionOptions = .default
     ) -> Watch {
-        Watch(core: core, repository: repo, selection: selection, initial: initial, since: since, epoch: epoch)
+        Watch(core: core, repository: repo, selection: selection, initial: initial, since: since, epoch: epoch, options: options)
     }
 }
 
@@ -52,32 +61,45 @@ extension ObsSession {
 public struct Watch: AsyncSequence, Sendable {
     public typealias Element = WatchEvent
 
+    /// The repository watched.
     public let repository: String
+    /// The keys watched.
     public let selection: Selection
+    /// The options of its subscriptions.
+    public let options: SubscriptionOptions
     let core: SessionCore
     let initial: Bool
     let since: UInt64?
     let epoch: String?
 
-    init(core: SessionCore, repository: String, selection: Selection, initial: Bool, since: UInt64?, epoch: String?) {
+    init(
+        core: SessionCore, repository: String, selection: Selection, initial: Bool, since: UInt64?, epoch: String?,
+        options: SubscriptionOptions
+    ) {
         self.core = core
         self.repository = repository
         self.selection = selection
         self.initial = initial
         self.since = since
         self.epoch = epoch
+        self.options = options
     }
 
+    /// Starts the watch: each iterator is its own subscription.
     public func makeAsyncIterator() -> AsyncIterator {
         AsyncIterator(watch: self, position: since, epoch: epoch)
     }
 
+    /// Iterates a watch, resubscribing after each reconnection.
     public struct AsyncIterator: AsyncIteratorProtocol {
         let watch: Watch
-        /// Every selected change through this revision has been delivered.
+        /// Every selected change through this revision has been delivered (for a coalescing
+        /// watch: the state at this revision has).
         public private(set) var position: UInt64?
         /// The history `position` belongs to (nil until the first subscription, unless given).
         public private(set) var epoch: String?
+        /// The serial number of the connection of the current subscription (0 before the first).
+        private(set) var connection: UInt64 = 0
         private var subscription: Subscription.AsyncIterator?
         private var resyncing = false
         private var finished = false
@@ -88,6 +110,7 @@ public struct Watch: AsyncSequence, Sendable {
             self.epoch = epoch
         }
 
+        /// The next event; after a reconnection, the first of the resumed subscription.
         public mutating func next() async throws -> WatchEvent? {
             while !finished {
                 do throws(ObsClientError) {
@@ -131,20 +154,21 @@ public struct Watch: AsyncSequence, Sendable {
         /// one, else as asked; with a snapshot when the daemon cannot replay from there.
         private mutating func open() async throws(ObsClientError) {
             let client = try await watch.core.client()
-            let repo = watch.repository, selection = watch.selection
+            let repo = watch.repository, selection = watch.selection, options = watch.options
             let subscription: Subscription
             if let position {
                 do {
-                    subscription = try await client.subscribe(repo, selection, since: position, epoch: epoch)
+                    subscription = try await client.subscribe(repo, selection, since: position, epoch: epoch, options: options)
                 } catch .server(let error) where error.code == .compacted {
                     resyncing = true
-                    subscription = try await client.subscribe(repo, selection, initial: true)
+                    subscription = try await client.subscribe(repo, selection, initial: true, options: options)
                 }
             } else {
-                subscription = try await client.subscribe(repo, selection, initial: watch.initial)
+                subscription = try await client.subscribe(repo, selection, initial: watch.initial, options: options)
                 if !watch.initial { position = subscription.revision }
             }
             epoch = subscription.epoch
+            connection = subscription.connection
             self.subscription = subscription.makeAsyncIterator()
         }
     }

@@ -251,7 +251,10 @@ public struct Reply: Sendable {
 
 /// An event as a client receives it.
 public enum Event: Sendable {
-    case change(sub: UInt64, repo: String, rev: UInt64, changes: [Change<JSONValue>])
+    /// A revision's changes; with `from`, a coalesced event covering revisions `from…rev`
+    /// (one change per key that differs from what the subscription last received); with
+    /// `by`, who wrote revision `rev` (subscriptions with `writers: true`).
+    case change(sub: UInt64, repo: String, rev: UInt64, changes: [Change<JSONValue>], from: UInt64?, by: Writer?)
     case snapshot(sub: UInt64, repo: String, rev: UInt64, values: [(key: Key, value: JSONValue)])
     case synced(sub: UInt64, repo: String, rev: UInt64)
     /// The connection is being closed: for each subscription, the revision it is complete up to.
@@ -264,7 +267,7 @@ public enum Event: Sendable {
     /// The subscription the event belongs to, if it belongs to one.
     public var sub: UInt64? {
         switch self {
-        case .change(let sub, _, _, _), .snapshot(let sub, _, _, _), .synced(let sub, _, _), .revoked(let sub, _, _): return sub
+        case .change(let sub, _, _, _, _, _), .snapshot(let sub, _, _, _), .synced(let sub, _, _), .revoked(let sub, _, _): return sub
         case .overflow, .unknown: return nil
         }
     }
@@ -333,7 +336,17 @@ extension ServerMessage {
                 }
                 changes.append(Change(key: Key(key), old: c["old"], new: c["new"]))
             }
-            return .change(sub: try uint("sub"), repo: try string("repo"), rev: try uint("rev"), changes: changes)
+            let rev = try uint("rev")
+            var from: UInt64?
+            if let value = o["from"] {
+                guard let f = value.uint64Value, f >= 1, f <= rev else {
+                    throw ProtocolViolation("change event with a \"from\" that is not a revision from 1 to \"rev\"")
+                }
+                from = f
+            }
+            return .change(
+                sub: try uint("sub"), repo: try string("repo"), rev: rev, changes: changes, from: from,
+                by: try o["by"].map { value throws(ProtocolViolation) in try Writer(decoding: value) })
         case "snapshot":
             guard let values = o["values"]?.objectValue else { throw ProtocolViolation("snapshot event without \"values\"") }
             return .snapshot(
@@ -359,5 +372,26 @@ extension ServerMessage {
         default:
             return .unknown(name: name)
         }
+    }
+}
+
+extension Writer: CustomStringConvertible {
+    /// `uid U gid G pid P`.
+    public var description: String { "uid \(uid) gid \(gid) pid \(pid)" }
+
+    /// Decodes `{"uid": U, "gid": G, "pid": P}` (other members are ignored).
+    public init(decoding value: JSONValue) throws(ProtocolViolation) {
+        guard let o = value.objectValue, let uid = o["uid"]?.int64Value.flatMap(UInt32.init(exactly:)),
+            let gid = o["gid"]?.int64Value.flatMap(UInt32.init(exactly:)),
+            let pid = o["pid"]?.int64Value.flatMap(Int32.init(exactly:))
+        else { throw ProtocolViolation("\"by\" is not {\"uid\",\"gid\",\"pid\"} with 32-bit integers: \(value.jsonText)") }
+        self.init(uid: uid, gid: gid, pid: pid)
+    }
+
+    /// The JSON form on the wire: `{"uid": U, "gid": G, "pid": P}`.
+    public var jsonValue: JSONValue {
+        .object(JSONObject(uniqueMembers: [
+            (name: "uid", value: .int(Int64(uid))), (name: "gid", value: .int(Int64(gid))), (name: "pid", value: .int(Int64(pid))),
+        ]))
     }
 }

@@ -46,21 +46,34 @@ public struct Change<Value: Sendable>: Sendable {
 
 extension Change: Equatable where Value: Equatable {}
 
-/// All changes of one revision, in the order they were applied.
+/// All changes of one revision, in the order they were applied — or, coalesced, of
+/// several revisions.
 ///
 /// Observers receive exactly one `ChangeSet` per revision that touches a key they
-/// select, holding only the changes they select.
+/// select, holding only the changes they select. A consumer that asked for coalescing
+/// (`ObservableRepository.coalescedChanges`, obsd's `coalesce` subscriptions) may instead
+/// receive one change set covering revisions `from` through `revision`: one change per key
+/// whose value now differs from the one it last received (`old` that value, `new` the
+/// value at `revision`), in byte order of the keys.
 public struct ChangeSet<Value: Sendable>: Sendable {
-    /// The repository revision these changes produced.
+    /// The repository revision these changes produced (for a coalesced change set: the
+    /// revision the new values are at).
     public let revision: UInt64
-    /// The changes, in application order. Never empty.
+    /// The changes, in application order (coalesced: in byte order of the keys). Never empty.
     public let changes: [Change<Value>]
+    /// For a coalesced change set, the first revision it covers; `nil` for the changes of
+    /// exactly one revision.
+    public let from: UInt64?
 
     @inlinable
-    public init(revision: UInt64, changes: [Change<Value>]) {
+    public init(revision: UInt64, changes: [Change<Value>], from: UInt64? = nil) {
         self.revision = revision
         self.changes = changes
+        self.from = from
     }
+
+    /// Whether this change set coalesces several revisions (`from` is set).
+    public var isCoalesced: Bool { from != nil }
 
     /// The change of `key` in this revision, if any.
     public func change(for key: Key) -> Change<Value>? {
@@ -71,7 +84,7 @@ public struct ChangeSet<Value: Sendable>: Sendable {
     public func filtered(by selection: Selection) -> ChangeSet<Value>? {
         if case .all = selection { return self }
         let kept = changes.filter { selection.matches($0.key) }
-        return kept.isEmpty ? nil : ChangeSet(revision: revision, changes: kept)
+        return kept.isEmpty ? nil : ChangeSet(revision: revision, changes: kept, from: from)
     }
 }
 

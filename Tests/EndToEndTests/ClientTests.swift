@@ -53,7 +53,7 @@ import Testing
         #expect(values == ["theme": "light"])
         try await client.set("s", "theme", "dark")
         guard case .change(let c) = try await it.next() else { Issue.record("change"); return }
-        #expect(c == ChangeSet(revision: 2, changes: [Change(key: "theme", old: "light", new: "dark")]))
+        #expect(c == ChangeEvent(revision: 2, changes: [Change(key: "theme", old: "light", new: "dark")]))
         try await initial.cancel()
         #expect(try await it.next() == nil, "the sequence finishes after cancel")
 

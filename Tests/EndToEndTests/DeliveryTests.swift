@@ -12,7 +12,7 @@ func collect(_ subscription: Subscription, until lastRevision: UInt64) async thr
     var seen: [ChangeSet<JSONValue>] = []
     for try await event in subscription {
         guard case .change(let c) = event else { continue }
-        seen.append(c)
+        seen.append(c.changeSet)
         if c.revision >= lastRevision { break }
     }
     return seen

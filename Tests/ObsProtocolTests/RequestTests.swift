@@ -185,7 +185,7 @@ func failure(_ text: String) -> RequestFailure? {
             case .failure(let e) = bad.result
         else { Issue.record("error reply"); return }
         #expect(e == ProtocolError(.conflict, "m"))
-        guard case .event(.change(3, "ui", 43, let changes)) = try decodeMessage(
+        guard case .event(.change(3, "ui", 43, let changes, nil, nil)) = try decodeMessage(
             #"{"event":"change","sub":3,"repo":"ui","rev":43,"changes":[{"key":"t","old":"a","new":"b"},{"key":"d","old":1},{"key":"n","new":null}]}"#)
         else { Issue.record("change"); return }
         #expect(changes == [Change(key: "t", old: "a", new: "b"), Change(key: "d", old: 1, new: nil), Change(key: "n", old: nil, new: .null)])
