@@ -1,6 +1,8 @@
-// ObsStore — how the SQLite store writes a revision's changes in its history table: a JSON
-// array `[{"key":…,"old":…,"new":…},…]` (values canonical), read back at start-up; and its
-// writer: 12 bytes, uid · gid · pid, little-endian (NULL: not recorded).
+// ObsStore — how the SQLite store writes a revision's changes in its history table: byte 1,
+// then the changes as the write-ahead log encodes them (LogRecord), read back at start-up
+// without parsing JSON (obsd 0.3.0 before schema 3 wrote a JSON array
+// `[{"key":…,"old":…,"new":…},…]`, still read); and its writer: 12 bytes, uid · gid · pid,
+// little-endian (NULL: not recorded).
 
 import ObsProtocol
 import ObservableKit
@@ -8,19 +10,16 @@ import ObservableKit
 enum HistoryCodec {
     /// The stored form of `changes`.
     static func encode(_ changes: [Change<CanonicalJSON>]) -> [UInt8] {
-        var out: [UInt8] = []
-        out.reserveCapacity(changes.reduce(2) { $0 + $1.key.utf8Count + ($1.old?.bytes.count ?? 0) + ($1.new?.bytes.count ?? 0) + 24 })
-        out.writeByte(UInt8(ascii: "["))
-        for (i, change) in changes.enumerated() {
-            if i > 0 { out.writeByte(UInt8(ascii: ",")) }
-            EventEncoder.writeChange(&out, change) { sink, value in sink.writeCanonical(value) }
-        }
-        out.writeByte(UInt8(ascii: "]"))
+        var out: [UInt8] = [1]
+        out.reserveCapacity(changes.reduce(5) { $0 + $1.key.utf8Count + ($1.old?.bytes.count ?? 0) + ($1.new?.bytes.count ?? 0) + 11 })
+        LogRecord.encode(changes, into: &out)
         return out
     }
 
-    /// The changes stored as `bytes`, or nil when they are not what `encode` writes.
+    /// The changes stored as `bytes`, or nil when they are not what `encode` (or obsd
+    /// 0.3.0's JSON form) writes.
     static func decode(_ bytes: UnsafeRawBufferPointer) -> [Change<CanonicalJSON>]? {
+        if bytes.first == 1 { return try? LogRecord.decodeChanges(UnsafeRawBufferPointer(rebasing: bytes[1...])) }
         guard let array = try? JSONParser.parse(bytes, maxDepth: 100_000).arrayValue else { return nil }
         var changes: [Change<CanonicalJSON>] = []
         changes.reserveCapacity(array.count)

@@ -34,8 +34,13 @@ enum LogRecord {
         } else {
             out.append(0)
         }
-        append(UInt32(record.changes.count), &out)
-        for change in record.changes {
+        encode(record.changes, into: &out)
+    }
+
+    /// Appends the encoding of a revision's changes (`u32 count` and the changes, as above).
+    static func encode(_ changes: [Change<CanonicalJSON>], into out: inout [UInt8]) {
+        append(UInt32(changes.count), &out)
+        for change in changes {
             appendShort(change.key.string.utf8, &out)
             var flags: UInt8 = 0
             if let old = change.old { flags |= 1 | (old.isPlain ? 4 : 0) }
@@ -62,19 +67,17 @@ enum LogRecord {
         if format >= 2, try reader.byte() == 1 {
             writer = Writer(uid: try reader.u32(), gid: try reader.u32(), pid: Int32(bitPattern: try reader.u32()))
         }
-        let count = Int(try reader.u32())
-        guard count <= bytes.count else { throw Malformed() }
-        var changes: [Change<CanonicalJSON>] = []
-        changes.reserveCapacity(count)
-        for _ in 0..<count {
-            let key = Key(try reader.string(Int(try reader.u16())))
-            let flags = try reader.byte()
-            let old = flags & 1 != 0 ? try reader.value(plain: flags & 4 != 0) : nil
-            let new = flags & 2 != 0 ? try reader.value(plain: flags & 8 != 0) : nil
-            changes.append(Change(key: key, old: old, new: new))
-        }
+        let changes = try reader.changes()
         guard reader.offset == bytes.count else { throw Malformed() }
         return (RevisionRecord(repo: repo, changeSet: ChangeSet(revision: revision, changes: changes), time: time, writer: writer), epoch)
+    }
+
+    /// The changes encoded by `encode(_:into:)`, filling `bytes` exactly.
+    static func decodeChanges(_ bytes: UnsafeRawBufferPointer) throws(Malformed) -> [Change<CanonicalJSON>] {
+        var reader = Reader(bytes: bytes)
+        let changes = try reader.changes()
+        guard reader.offset == bytes.count else { throw Malformed() }
+        return changes
     }
 
     // MARK: Helpers
@@ -112,6 +115,21 @@ enum LogRecord {
         mutating func string(_ n: Int) throws(Malformed) -> String {
             guard let s = String(validating: try take(n), as: UTF8.self) else { throw Malformed() }
             return s
+        }
+
+        mutating func changes() throws(Malformed) -> [Change<CanonicalJSON>] {
+            let count = Int(try u32())
+            guard count <= bytes.count else { throw Malformed() }
+            var changes: [Change<CanonicalJSON>] = []
+            changes.reserveCapacity(count)
+            for _ in 0..<count {
+                let key = Key(try string(Int(try u16())))
+                let flags = try byte()
+                let old = flags & 1 != 0 ? try value(plain: flags & 4 != 0) : nil
+                let new = flags & 2 != 0 ? try value(plain: flags & 8 != 0) : nil
+                changes.append(Change(key: key, old: old, new: new))
+            }
+            return changes
         }
 
         mutating func value(plain: Bool) throws(Malformed) -> CanonicalJSON {

@@ -35,7 +35,9 @@ enum Schema {
         // The compacted state is written off the acknowledgement path and the log before it
         // is deleted once it is durable: every transaction is synced.
         try connection.execute("PRAGMA synchronous = FULL")
-        try connection.execute("PRAGMA wal_autocheckpoint = 0; PRAGMA journal_size_limit = 67108864; PRAGMA cache_size = -32768; PRAGMA temp_store = MEMORY")
+        // Only the checkpointer thread writes SQLite: its own commits checkpoint SQLite's WAL
+        // (every 1000 pages), off the acknowledgement path.
+        try connection.execute("PRAGMA wal_autocheckpoint = 1000; PRAGMA journal_size_limit = 67108864; PRAGMA cache_size = -8192; PRAGMA temp_store = MEMORY")
         let application = try connection.integer("PRAGMA application_id")
         let version = try connection.integer("PRAGMA user_version")
         let tables = try connection.integer("SELECT count(*) FROM sqlite_master")
@@ -222,13 +224,15 @@ enum Loader {
         }
 
         var entries: [Int64: [Key: Entry<CanonicalJSON>]] = [:]
+        let counts = try connection.prepare("SELECT repo, count(*) FROM entries GROUP BY repo")
+        while try counts.step() { entries[counts.int64(0)] = Dictionary(minimumCapacity: Int(counts.int64(1))) }
         let rows = try connection.prepare("SELECT repo, key, value, rev FROM entries")
         while try rows.step() {
             let repo = rows.int64(0)
             guard let key = String(validating: rows.blob(1), as: UTF8.self) else {
                 throw StorageError(.corrupt, "\(path): a key of repository \(names[repo] ?? "?") is not UTF-8")
             }
-            let value = try storedValue(rows.blob(2), path: path, what: "value of key \(key.debugDescription)")
+            let value = try storedValue(rows.blob(2), path: path, key: key)
             entries[repo, default: [:]][Key(key)] = Entry(value: value, revision: UInt64(bitPattern: rows.int64(3)))
         }
 
@@ -268,11 +272,11 @@ enum Loader {
         }
     }
 
-    private static func storedValue(_ bytes: UnsafeRawBufferPointer, path: String, what: String) throws(StorageError) -> CanonicalJSON {
+    private static func storedValue(_ bytes: UnsafeRawBufferPointer, path: String, key: String) throws(StorageError) -> CanonicalJSON {
         do {
             return try CanonicalJSON(validating: bytes, maxDepth: 100_000)
         } catch {
-            throw StorageError(.corrupt, "\(path): the \(what) is not valid JSON (\(error))")
+            throw StorageError(.corrupt, "\(path): the value of key \(key.debugDescription) is not valid JSON (\(error))")
         }
     }
 
