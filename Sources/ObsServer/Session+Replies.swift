@@ -90,6 +90,15 @@ extension Session {
             return fail(id: id, error)
         }
         let (repository, subscription, start) = started
+        let replayBytes = start.replay.reduce(0) { $0 + $1.record.byteSize }
+        if let refusal = Self.tooLargeToSend(start.snapshot ?? [], values: true, what: "this subscription's snapshot")
+            ?? (replayBytes > Self.maxMessageBytes
+                ? ProtocolError(.tooLarge, "the replay since \(request.since ?? 0) would take \(replayBytes >> 20) MiB, more than the \(Self.maxMessageBytes >> 20) MiB one message holds: resume from a later revision, or subscribe with initial: true")
+                : nil)
+        {
+            if start.registered, outbox.unregister(subscription.id) != nil { shard.unroute(subscription) }
+            return fail(id: id, refusal)
+        }
         // Encoded outside the repository's lock: the reply, then the snapshot or the replay.
         var buffer = ByteBufferAllocator().buffer(capacity: 256)
         ReplyEncoder.begin(&buffer, id: id)

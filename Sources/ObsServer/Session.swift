@@ -170,6 +170,7 @@ final class Session {
     private func list(_ id: JSONValue, repo: String, prefix: String?, values: Bool) {
         let repository = hub.existing(repo)
         var (revision, entries, sequence) = repository?.list(prefix: prefix) ?? (0, [], 0)
+        if let refusal = Self.tooLargeToSend(entries, values: values, what: "this list") { return fail(id: id, refusal) }
         entries.sort { $0.key < $1.key }  // outside the repository's lock
         let epoch = repository?.epoch ?? hub.freshEpoch
         reply(id, after: sequence, in: repository) { b in
@@ -240,6 +241,26 @@ final class Session {
                 b.writeCanonical(previous)
             }
         }
+    }
+
+    /// The most one reply (or a subscription's first messages) may hold: a message is built
+    /// in one buffer, and SwiftNIO's buffers end at 4 GiB.
+    static let maxMessageBytes = 1 << 30
+
+    /// `too_large`, when sending `entries` (their keys, and values if asked) would take more
+    /// than `maxMessageBytes`.
+    static func tooLargeToSend(_ entries: [(key: Key, value: CanonicalJSON)], values: Bool, what: String) -> ProtocolError? {
+        var bytes = 0
+        for entry in entries {
+            bytes += 2 * entry.key.utf8Count + 4 + (values ? entry.value.bytes.count : 0)
+            if bytes > maxMessageBytes {
+                return ProtocolError(
+                    .tooLarge,
+                    "\(what) would take more than \(maxMessageBytes >> 20) MiB of keys\(values ? " and values" : ""), the most one message holds: select fewer keys (a prefix, or keys)"
+                )
+            }
+        }
+        return nil
     }
 
     /// Whether the value's encoding is within the limit; if not, replies `too_large`.
