@@ -249,14 +249,16 @@ final class Session {
 
     /// `too_large`, when sending `entries` (their keys, and values if asked) would take more
     /// than `maxMessageBytes`.
-    static func tooLargeToSend(_ entries: [(key: Key, value: CanonicalJSON)], values: Bool, what: String) -> ProtocolError? {
+    static func tooLargeToSend(
+        _ entries: [(key: Key, value: CanonicalJSON)], values: Bool, what: String, limit: Int = maxMessageBytes
+    ) -> ProtocolError? {
         var bytes = 0
         for entry in entries {
             bytes += 2 * entry.key.utf8Count + 4 + (values ? entry.value.bytes.count : 0)
-            if bytes > maxMessageBytes {
+            if bytes > limit {
                 return ProtocolError(
                     .tooLarge,
-                    "\(what) would take more than \(maxMessageBytes >> 20) MiB of keys\(values ? " and values" : ""), the most one message holds: select fewer keys (a prefix, or keys)"
+                    "\(what) would take more than \(limit >> 20) MiB of keys\(values ? " and values" : ""), the most one message holds: select fewer keys (a prefix, or keys)"
                 )
             }
         }

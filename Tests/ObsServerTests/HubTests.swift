@@ -106,3 +106,15 @@ let writeLimits = WriteLimits(maxKeys: 1000, maxRepositories: 1000, maxRevisionB
         #expect(hub.existing("ghost") == nil)
     }
 }
+
+@Suite struct MessageSizeTests {
+    @Test func aReplyPastTheMessageLimitIsRefusedBeforeItIsBuilt() {
+        let value = CanonicalJSON(.string(String(repeating: "v", count: 1000)))
+        let entries = (0..<3000).map { (key: Key("k\($0)"), value: value) }
+        let refusal = Session.tooLargeToSend(entries, values: true, what: "this list", limit: 2 << 20)
+        #expect(refusal?.code == .tooLarge)
+        #expect(refusal?.message.contains("this list would take more than 2 MiB") == true)
+        #expect(Session.tooLargeToSend(entries, values: false, what: "this list", limit: 2 << 20) == nil, "keys alone fit")
+        #expect(Session.tooLargeToSend(entries, values: true, what: "this list") == nil, "3 MB is far below 1 GiB")
+    }
+}
