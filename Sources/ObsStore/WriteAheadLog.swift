@@ -93,6 +93,8 @@ final class WriteAheadLog {
             throw StorageError.from(errno, "cannot create \(directory.path)")
         }
         var replay = Replay()
+        /// Where the last valid frame of the log ends.
+        var logEnd: UInt64 = 0
         let segments = try directory.segments()
         for (i, segment) in segments.enumerated() {
             let last = i == segments.count - 1
@@ -101,8 +103,8 @@ final class WriteAheadLog {
             guard bytes.count >= Self.headerSize, Array(bytes[0..<8]) == Self.magic,
                 bytes.withUnsafeBytes({ UInt64(littleEndian: $0.loadUnaligned(fromByteOffset: 8, as: UInt64.self)) }) == segment
             else {
-                if last, bytes.count < Self.headerSize, bytes.allSatisfy({ $0 == 0 }) {
-                    unlink(path)  // a segment whose creation a crash interrupted
+                if last, bytes.allSatisfy({ $0 == 0 }) {
+                    unlink(path)  // a segment whose creation a crash interrupted (its header never synced)
                     continue
                 }
                 throw StorageError(.corrupt, "\(path) is not an obsd write-ahead log segment (bad header); refusing to start")
@@ -124,6 +126,7 @@ final class WriteAheadLog {
                     }
                     at = next
                     end = next
+                    logEnd = position
                     continue
                 case .bad:
                     guard last, !Self.anyValidFrame(in: bytes, after: at) else {
@@ -154,7 +157,8 @@ final class WriteAheadLog {
         // Appends go after the checkpoint even where the log ends before it (its unsynced
         // tail lost with the machine under `sync = relaxed`, after the compacted state took
         // it): a position at or before the checkpoint would be skipped by the next replay.
-        if fd < 0 || position < checkpoint { try startSegment(at: max(checkpoint, position, 1)) }
+        // A new segment starts where the log's last frame ends (or at its first position).
+        if fd < 0 || position < checkpoint { try startSegment(at: max(checkpoint, logEnd, position, 1)) }
         return replay
     }
 

@@ -195,16 +195,19 @@ struct EtcdClientTests {
 
         var acknowledged: [(key: String, revision: Int64)] = []
         var failures: [EtcdError] = []
+        var longestOutage: Duration = .zero
         let killAt = 20
         for i in 0..<60 {
             if i == killAt { cluster.kill(leader) }
             let key = "/l/\(i)"
+            let attempted = ContinuousClock.now
             // Each write is retried until it is acknowledged, within a bound: an unknown outcome
             // is retried too (the value is the same, so a write applied twice is harmless here).
             let deadline = ContinuousClock.now + .seconds(20)
             while true {
                 do {
                     acknowledged.append((key, try await onLeader.put(bytes(key), bytes("\(i)")).revision))
+                    longestOutage = max(longestOutage, ContinuousClock.now - attempted)
                     break
                 } catch let error as EtcdError {
                     failures.append(error)
@@ -213,6 +216,8 @@ struct EtcdClientTests {
                         Issue.record("write \(i) not acknowledged within 20 s: \(failures.suffix(5))")
                         return
                     }
+                    // A client retries as any would: not in a tight loop while the cluster elects.
+                    try await Task.sleep(for: .milliseconds(50))
                 }
             }
         }
@@ -224,7 +229,9 @@ struct EtcdClientTests {
         }
         let newLeader = await cluster.leader(using: client)
         #expect(newLeader != nil && newLeader != leader)
-        #expect(failures.count < 40, "too many failed attempts: \(failures.count)")
+        // How many attempts fail depends on how fast they fail; what a user sees is the outage:
+        // an election (1 s timeout here) and the client's move to a live member, not a stall.
+        #expect(longestOutage < .seconds(10), "writes stalled for \(longestOutage) after the leader was killed")
     }
 
     @Test func withTwoOfThreeMembersStoppedATxnFailsWithinFiveSecondsAndSucceedsOnceTheyReturn() async throws {

@@ -160,6 +160,35 @@ func snapshot(_ dir: String) throws -> String {
         again.close()
     }
 
+    @Test func aNewSegmentWhoseHeaderNeverReachedTheDiskIsDiscarded() throws {
+        let dir = temporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        var o = options(dir)
+        o.checkpointInterval = .seconds(3600)
+        let storage = try open(o)
+        let a = ListenerStub()
+        for rev in 1...10 as ClosedRange<UInt64> { _ = storage.append(record("a", rev), listener: a) }
+        #expect(waitFor { a.durable == 10 })
+        let crashed = try snapshot(dir)
+        storage.close()
+        defer { try? FileManager.default.removeItem(atPath: crashed) }
+        // A roll-over a crash interrupted: the next segment preallocated, its header never synced.
+        let last = try #require(segments(crashed).last)
+        let next = try #require(UInt64(last.dropLast(4), radix: 16)) + 1 << 20
+        let name = String(repeating: "0", count: 16 - String(next, radix: 16).count) + String(next, radix: 16) + ".wal"
+        try Data(count: 64 << 10).write(to: URL(fileURLWithPath: crashed + "/wal/" + name))
+
+        let recovered = try open(options(crashed))
+        #expect(try recovered.load().first?.state.revision == 10, "the log before it is replayed")
+        let b = ListenerStub()
+        #expect(recovered.append(record("a", 11), listener: b))
+        recovered.close()
+        #expect(b.durable == 11)
+        let again = try open(options(crashed))
+        #expect(try again.load().first?.state.revision == 11, "appends after the discarded segment are found again")
+        again.close()
+    }
+
     @Test func damageInTheMiddleOfTheLogRefusesToStartNamingTheFileAndOffset() throws {
         let dir = temporaryDirectory()
         defer { try? FileManager.default.removeItem(atPath: dir) }
