@@ -88,11 +88,13 @@ let package = Package(
         // libFuzzer harness for the framer and request decoder (fuzz/run.sh); a corpus
         // replayer when built normally.
         .executableTarget(name: "obsfuzz", dependencies: ["ObsProtocol", "ObservableKit"]),
+        // <sys/epoll.h>, which Swift's Glibc module leaves out, for obsbench's raw event loop.
+        .systemLibrary(name: "CEpoll"),
         // The benchmark load generator (see README, "Performance").
         .executableTarget(
             name: "obsbench",
             dependencies: [
-                "ObsProtocol", "ObsClient",
+                "ObsProtocol", "ObsClient", "CEpoll",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),

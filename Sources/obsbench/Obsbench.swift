@@ -1,16 +1,15 @@
-// obsbench — the load generator for obsd benchmarks.
+// obsbench — the load generator for obsd benchmarks (see README, "Performance").
 //
-// Written for the purpose: one event loop, raw line handling (no JSON tree per event),
-// and every delivered event counted and checked for order — a fast-but-lossy run fails.
-// Scenarios: `pubsub` (fan-out, keyed and latency, against obsd or Redis), `writes`
-// (acknowledged writes/s for N pipelined writers, against obsd or Redis), `idle` (memory
-// per idle subscribed connection), `fill` (load many keys), `soak` (a bounded robustness
-// run: churn, slow readers, memory and descriptors).
+// `pubsub` (fan-out, keyed and latency), `writes` and `idle` run against obsd or Redis on
+// a raw engine (Raw/): one thread, epoll, non-blocking Unix sockets, one shared read buffer,
+// frames scanned in place, no allocation per event — so that the load generator is not
+// what limits a fast server, and it checks every event and reply all the same.
+// `fill` (load many keys) and `soak` (a bounded robustness run: churn, slow readers, memory
+// and descriptors) drive obsd alone and stay on SwiftNIO and the client library.
 
 import ArgumentParser
 import NIOCore
 import NIOPosix
-import ObsProtocol
 
 #if canImport(Glibc)
 import Glibc
@@ -30,9 +29,21 @@ struct ServerOptions: ParsableArguments {
     @Option(help: "The server's socket.") var socket: String
 
     var redis: Bool { target == "redis" }
+    var dialect: Dialect { redis ? .redis : .obsd }
 
     func validate() throws {
         guard target == "obsd" || target == "redis" else { throw ValidationError("--target must be obsd or redis") }
+    }
+}
+
+/// A repository name as the contract allows it (1–128 of `[A-Za-z0-9._-]`); requests are
+/// encoded without escaping, so nothing else may reach them.
+func validateRepository(_ name: String) throws {
+    let allowed = name.utf8.allSatisfy { b in
+        (b >= 0x30 && b <= 0x39) || (b >= 0x41 && b <= 0x5A) || (b >= 0x61 && b <= 0x7A) || b == 0x2E || b == 0x5F || b == 0x2D
+    }
+    guard allowed, (1...128).contains(name.utf8.count) else {
+        throw ValidationError("--repo must be 1-128 characters of [A-Za-z0-9._-]")
     }
 }
 
@@ -62,4 +73,8 @@ func cpuSeconds() -> Double {
 func fmt(_ x: Double) -> String {
     let scaled = (x * 1000).rounded() / 1000
     return "\(scaled)"
+}
+
+extension Duration {
+    var seconds: Double { Double(components.seconds) + Double(components.attoseconds) / 1e18 }
 }

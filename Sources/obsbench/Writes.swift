@@ -1,136 +1,89 @@
-// obsbench — `writes`: acknowledged writes per second from N pipelined writers, against
-// obsd (JSON lines) or Redis (RESP `SET`), checking every reply is a success.
+// obsbench — `writes`: acknowledged writes per second from N pipelined writers against
+// obsd (`set`) or Redis (`SET`), on the raw engine (Raw/Engine.swift). Writer w writes its
+// own 1,000 keys (`<repo><w>/k0` …) round robin with `--inflight` writes in flight; every
+// reply must be a success. After a warm-up, acknowledgements, reply latency, the load
+// generator's CPU and (obsd) the daemon's fsyncs are measured over `--seconds`.
 
 import ArgumentParser
-import NIOCore
-import NIOPosix
-import ObsClient
-import ObsProtocol
 
-struct Writes: AsyncParsableCommand {
+#if canImport(Glibc)
+import Glibc
+#endif
+
+struct Writes: ParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "N writers keep K writes in flight each; prints acknowledged writes/s.")
 
     @OptionGroup var server: ServerOptions
     @Option(help: "Writer connections.") var writers: Int = 1
     @Option(help: "Writes in flight per writer.") var inflight: Int = 64
-    @Option(help: "Measured seconds (after one second of warm-up).") var seconds: Double = 5
+    @Option(help: "Measured seconds (after the warm-up).") var seconds: Double = 5
+    @Option(help: "Seconds of writing before the measurement.") var warmup: Double = 1
     @Option(help: "Repository (obsd) or key prefix (redis).") var repo: String = "w"
+    @Option(help: "Seconds without a reply, once writing stopped, before the run fails.") var grace: Double = 10
 
-    func run() async throws {
-        let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
-        let loop = group.next()
-        let counter = AckCounter()
-        let redis = server.redis
-        var channels: [any Channel] = []
+    static let keysPerWriter = 1000
+
+    func validate() throws {
+        guard writers > 0, inflight > 0, seconds > 0, warmup >= 0 else { throw ValidationError("counts and seconds must be positive") }
+        try validateRepository(repo)
+    }
+
+    func run() throws {
+        raiseDescriptorLimit()
+        let dialect = server.dialect
+        let keys = (0..<writers).flatMap { w in (0..<Self.keysPerWriter).map { "\(repo)\(w)/k\($0)" } }
+        var engine = try Engine(
+            dialect: dialect, connections: writers, requests: RequestTable(dialect: dialect, verb: .set, repo: repo, keys: keys))
+        var connections: [Int] = []
         for w in 0..<writers {
-            let prefix = "\(repo)\(w)"
-            let channel = try await connect(server.socket, loop: loop) {
-                KeepInFlight(redis: redis, repo: repo, prefix: prefix, inflight: inflight, counter: counter)
-            }
-            try await channel.writeAndFlush(ByteBuffer())  // kick
-            channels.append(channel)
+            connections.append(
+                try engine.addRequester(
+                    socket: server.socket, firstKey: w * Self.keysPerWriter, keyCount: Self.keysPerWriter, window: inflight, receivers: nil))
         }
-        // obsd reports its fsyncs; read them at both ends of the measured window.
-        let stats = redis ? nil : try await ObsClient.connect(socketPath: server.socket, eventLoopGroup: group)
-        try await Task.sleep(for: .seconds(1))
-        let fsyncs0 = try await stats?.stats()["storageFsyncs"]?.int64Value ?? 0
-        let (acks0, cpu0, start) = (try await counter.count(on: loop), cpuSeconds(), ContinuousClock.now)
-        try await Task.sleep(for: .milliseconds(Int(seconds * 1000)))
-        let (acks1, cpu1, end) = (try await counter.count(on: loop), cpuSeconds(), ContinuousClock.now)
-        let fsyncs1 = try await stats?.stats()["storageFsyncs"]?.int64Value ?? 0
-        let elapsed = (end - start).seconds
-        if let failure = try await counter.failure(on: loop) { throw BenchError(failure) }
+        let stats = server.redis ? nil : try StatsProbe(socket: server.socket)
+        engine.writing = true
+        for c in connections { engine.fill(c) }
+        engine.serve(seconds: warmup)
+
+        let fsyncs0 = try stats?.fsyncs() ?? 0
+        engine.replyLatency.reset()
+        let (acks0, cpu0, start) = (engine.requestTotals.answered, cpuSeconds(), monotonicNanoseconds())
+        engine.serve(seconds: seconds)
+        let (acks1, cpu1, end) = (engine.requestTotals.answered, cpuSeconds(), monotonicNanoseconds())
+        let fsyncs1 = try stats?.fsyncs() ?? 0
+        _ = engine.drain(grace: grace) { _ in true }
+        if let failure = engine.failure { throw BenchError(failure) }
+
+        let elapsed = Double(end - start) / 1e9
         print(
             "writes target=\(server.target) writers=\(writers) inflight=\(inflight) seconds=\(fmt(elapsed)) "
                 + "acks/s=\(Int(Double(acks1 - acks0) / elapsed)) fsyncs/s=\(fmt(Double(fsyncs1 - fsyncs0) / elapsed)) "
-                + "loadgen-cpu=\(Int((cpu1 - cpu0) / elapsed * 100))%")
-        await stats?.close()
-        for channel in channels { try? await channel.close() }
-        try await group.shutdownGracefully()
+                + "\(engine.replyLatency.summary(prefix: "reply-")) loadgen-cpu=\(Int(((cpu1 - cpu0) / elapsed * 100).rounded()))%")
     }
 }
 
-/// Counts acknowledgements across writers. Loop-confined.
-final class AckCounter: @unchecked Sendable {
-    // @unchecked: mutated only on the benchmark's single event loop.
-    var acks = 0
-    var firstFailure: String?
+/// A blocking connection to obsd for its `stats` (the daemon counts its fsyncs).
+struct StatsProbe: ~Copyable {
+    let fd: Int32
 
-    func count(on loop: any EventLoop) async throws -> Int { try await loop.submit { self.acks }.get() }
-    func failure(on loop: any EventLoop) async throws -> String? { try await loop.submit { self.firstFailure }.get() }
-}
+    init(socket: String) throws(BenchError) { fd = try RawSocket.connect(socket) }
 
-/// Keeps `inflight` writes outstanding on one connection, forever.
-final class KeepInFlight: ChannelDuplexHandler, @unchecked Sendable {
-    // @unchecked: used only on its channel's event loop.
-    typealias InboundIn = ByteBuffer
-    typealias OutboundIn = ByteBuffer
-    let redis: Bool
-    let repo: String
-    let prefix: String
-    let inflight: Int
-    let counter: AckCounter
-    var sent = 0
-    var answered = 0
-    var framer = LineFramer(maxLine: 1 << 20)
+    deinit { close(fd) }
 
-    init(redis: Bool, repo: String, prefix: String, inflight: Int, counter: AckCounter) {
-        self.redis = redis
-        self.repo = repo
-        self.prefix = prefix
-        self.inflight = inflight
-        self.counter = counter
-    }
-
-    func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
-        promise?.succeed(())
-        send(context)
-    }
-
-    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
-        let buffer = unwrapInboundIn(data)
-        var replies = 0
-        buffer.withUnsafeReadableBytes { bytes in
-            framer.feed(bytes) { frame in
-                guard case .line(let line) = frame else { return }
-                replies += 1
-                let good = redis ? line.first == UInt8(ascii: "+") : contains(line, #""ok":true"#)
-                if !good, counter.firstFailure == nil { counter.firstFailure = String(decoding: line, as: UTF8.self) }
-            }
+    /// `storageFsyncs` from a `stats` reply; 0 when the daemon has no such counter (`--in-memory`).
+    func fsyncs() throws(BenchError) -> Int {
+        try RawSocket.writeAll(fd, Array(#"{"id":1,"op":"stats"}"#.utf8) + [0x0A])
+        let line = try RawSocket.readLine(fd)
+        let value = line.withUnsafeBufferPointer { b -> Int?? in
+            guard let start = b.baseAddress, Wire.isSuccess(start, start + b.count) else { return nil }
+            guard let marker = Wire.find(#""storageFsyncs":"#, start, start + b.count) else { return .some(0) }
+            var q = marker + 16
+            let digits = q
+            while q < start + b.count, q[0] &- 48 < 10 { q += 1 }
+            return .some(Wire.digitsValue(digits, q))
         }
-        answered += replies
-        counter.acks += replies
-        send(context)
+        guard let value, let value else { throw BenchError("stats: \(String(decoding: line.prefix(300), as: UTF8.self))") }
+        return value
     }
-
-    private func send(_ context: ChannelHandlerContext) {
-        var buffer = context.channel.allocator.buffer(capacity: 4096)
-        while sent < answered + inflight {
-            sent += 1
-            let key = "\(prefix)/k\(sent % 1000)"
-            let value = "\(sent)"
-            if redis {
-                buffer.writeString("*3\r\n$3\r\nSET\r\n$\(key.utf8.count)\r\n\(key)\r\n$\(value.utf8.count)\r\n\(value)\r\n")
-            } else {
-                buffer.writeString(#"{"op":"set","repo":"\#(repo)","key":"\#(key)","value":\#(value)}"#)
-                buffer.writeInteger(UInt8(ascii: "\n"))
-            }
-        }
-        if buffer.readableBytes > 0 { context.writeAndFlush(NIOAny(buffer), promise: nil) }
-    }
-}
-
-/// Whether `line` contains `needle`.
-func contains(_ line: UnsafeRawBufferPointer, _ needle: String) -> Bool {
-    let n = Array(needle.utf8)
-    guard line.count >= n.count else { return false }
-    for i in 0...(line.count - n.count) where line[i] == n[0] {
-        if (0..<n.count).allSatisfy({ line[i + $0] == n[$0] }) { return true }
-    }
-    return false
-}
-
-extension Duration {
-    var seconds: Double { Double(components.seconds) + Double(components.attoseconds) / 1e18 }
 }
