@@ -3,7 +3,7 @@
 SWIFT ?= swift
 RELEASE := .build/release
 
-.PHONY: all build run test unit-test tsan fuzz fuzz-smoke bench soak deps install uninstall clean
+.PHONY: all build run test unit-test tsan fuzz fuzz-smoke bench bench-calibrate soak deps install uninstall clean
 
 # Install layout (make install PREFIX=/usr DESTDIR=/tmp/pkg).
 PREFIX ?= /usr/local
@@ -94,9 +94,20 @@ uninstall:
 	rm -rf $(DESTDIR)$(DOCDIR)
 	@echo "kept $(SYSCONFDIR)/obsd/obsd.toml and the data in /var/lib/obsd"
 
-# Benchmarks, side by side with Redis in one run (installs redis-server when missing).
+# Benchmarks, side by side with Redis in one run (installs redis-server when missing): a
+# markdown table headed with the machine and this command, a text chart; the table, the
+# rows as JSON and an SVG chart also go to $(BENCH_OUT).
+BENCH_OUT ?= .build/bench
 bench: build
-	python3 bench/bench.py $(BENCH_ARGS)
+	BENCH_COMMAND="make bench$(if $(BENCH_ARGS), BENCH_ARGS='$(BENCH_ARGS)')" python3 bench/bench.py --out $(BENCH_OUT) $(BENCH_ARGS)
+
+# The load generator checked against the neutral driver (../shared/busbench, built here
+# with make): both drive the same Redis in the same rounds; prints obsbench/busbench.
+BUSBENCH ?= ../shared/busbench
+bench-calibrate: deps
+	$(SWIFT) build -c release --product obsbench
+	$(MAKE) -C $(BUSBENCH)
+	BENCH_COMMAND="make bench-calibrate$(if $(BENCH_ARGS), BENCH_ARGS='$(BENCH_ARGS)')" python3 bench/bench.py --calibrate --busbench $(BUSBENCH) --out $(BENCH_OUT) $(BENCH_ARGS)
 
 # A long soak of a release obsd: churn, slow readers, gap-checked subscribers; RSS and
 # descriptors must come back (bench/soak.sh).
