@@ -223,6 +223,48 @@ def busbench(path, cpu, scenario, server, seconds):
     return pairs
 
 
+def busy_cpus(interval=1.0):
+    """CPUs in use by anything over `interval` seconds (/proc/stat)."""
+    def sample():
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+        return sum(fields[:8]), idle
+    t0, i0 = sample()
+    time.sleep(interval)
+    t1, i1 = sample()
+    hz = os.sysconf("SC_CLK_TCK")
+    return ((t1 - t0) - (i1 - i0)) / hz / interval
+
+
+class Quiet:
+    """--wait-idle: before each round, wait (up to `limit` seconds) until the rest of the
+    machine uses less than `threshold` CPUs, so that a round shares the machine as little
+    as possible with other work; counts the rounds that had to start anyway."""
+
+    def __init__(self, limit, threshold=0.3):
+        self.limit, self.threshold = limit, threshold
+        self.rounds = self.forced = 0
+        self.waited = 0.0
+
+    def __call__(self):
+        if not self.limit:
+            return
+        self.rounds += 1
+        start = time.time()
+        while busy_cpus() >= self.threshold:
+            if time.time() - start > self.limit:
+                self.forced += 1
+                break
+        self.waited += time.time() - start
+
+    def describe(self):
+        if not self.limit:
+            return ""
+        return (f"each round started once the machine was idle (< {self.threshold:g} CPU busy for 1 s; "
+                f"{self.forced} of {self.rounds} rounds started anyway after {self.limit:g} s)")
+
+
 # ---------------------------------------------------------------- reporting
 
 def median(xs):
@@ -291,6 +333,7 @@ def bench(args, report):
     for s in todo:
         samples = []  # per round: {"obsd": pairs, "redis": pairs}
         for r in range(args.rounds):
+            args.quiet()
             order = ["obsd", "redis"] if r % 2 == 0 else ["redis", "obsd"]
             result = {}
             for kind in order:
@@ -394,12 +437,14 @@ def calibrate(args, report):
     bb = os.path.join(args.busbench, "busbench")
     sh(["make", "-s", "-C", args.busbench, "busbench"], stdout=subprocess.DEVNULL)
     todo = [s for s in scenarios() if s.busbench and args.only in (None, s.family)]
-    report("| scenario | metric | busbench | obsbench | obsbench/busbench | within 10 % | driver CPU busbench / obsbench |")
-    report("|---|---|---:|---:|---:|:---:|---|")
+    report("| scenario | metric | busbench | obsbench | obsbench/busbench | within 10 % | driver CPU busbench / obsbench "
+           "| other load (CPUs) |")
+    report("|---|---|---:|---:|---:|:---:|---|---:|")
     rows = []
     for s in todo:
         samples = []
         for r in range(args.rounds):
+            args.quiet()
             order = ["busbench", "obsbench"] if r % 2 == 0 else ["obsbench", "busbench"]
             result = {}
             with Server("redis", s.persistence, args.server_cpu) as server:
@@ -415,13 +460,15 @@ def calibrate(args, report):
             ratio = median([y / x for x, y in zip(b, o) if x])
             cpu_b = median([float(x["busbench"].get("drv_cpu", "nan")) * 100 for x in samples])
             cpu_o = median([float(x["obsbench"].get("loadgen-cpu", "nan")) for x in samples])
+            # busbench's other_cpu: CPU used by everything else on the machine during its run.
+            other = median([float(x["busbench"].get("other_cpu", "nan")) for x in samples])
             ok = abs(ratio - 1) <= 0.10
             row = {"name": s.name, "scenario": s.label, "metric": m.key, "unit": m.unit, "busbench": median(b),
                    "obsbench": median(o), "ratio": ratio, "within": ok, "rounds": {"busbench": b, "obsbench": o},
-                   "cpu": {"busbench": cpu_b, "obsbench": cpu_o}}
+                   "cpu": {"busbench": cpu_b, "obsbench": cpu_o}, "other_cpu": other}
             rows.append(row)
             report(f"| {s.name}: {s.label} | {m.key} ({m.unit}) | {number(median(b), m.unit)} | {number(median(o), m.unit)} "
-                   f"| {ratio:.2f} | {'yes' if ok else '**no**'} | {cpu_b:.0f} % / {cpu_o:.0f} % |")
+                   f"| {ratio:.2f} | {'yes' if ok else '**no**'} | {cpu_b:.0f} % / {cpu_o:.0f} % | {other:.2f} |")
     within = sum(r["within"] for r in rows)
     report()
     report(f"{within} of {len(rows)} figures within 10 % of busbench's (median of {args.rounds} per-round ratios).")
@@ -442,7 +489,11 @@ def main():
     parser.add_argument("--busbench", default=DEFAULT_BUSBENCH, help="busbench's directory (built with make)")
     parser.add_argument("--out", help="also write results.md, results.json and (bench) pubsub.svg into this directory")
     parser.add_argument("--json", help="also write the rows to this file")
+    parser.add_argument("--wait-idle", type=float, default=0, metavar="SECONDS",
+                        help="before each round, wait up to SECONDS for the rest of the machine to go idle "
+                             "(a shared machine); the table's footer says how many rounds started anyway")
     args = parser.parse_args()
+    args.quiet = Quiet(args.wait_idle)
 
     ensure_redis()
     redis_version = sh(["redis-server", "--version"], capture_output=True).stdout.split()[2].removeprefix("v=")
@@ -453,6 +504,9 @@ def main():
            f"{args.rounds} rounds × {args.seconds:g} s, medians. Command: `{command_line()}`")
     report()
     rows = calibrate(args, report) if args.calibrate else bench(args, report)
+    if args.quiet.describe():
+        report()
+        report(f"Rounds: {args.quiet.describe()}.")
     if not args.calibrate:
         report()
         text_chart(rows, report)
