@@ -43,7 +43,9 @@ struct Lag {
 extension Outbox {
     /// Folds a revision `subscription` selects into its lag (starting one).
     func fold(_ record: Revision, selected: SelectedChanges, into subscription: Subscription) {
+        let starting = subscription.lag == nil
         var lag = subscription.lag ?? Lag(from: record.revision)
+        subscription.lag = nil  // `lag` the only owner: its dictionaries grow in place, never copied per revision
         let changes = record.record.changes
         let own = !subscription.wants(record)
         func fold(_ change: Change<CanonicalJSON>) {
@@ -62,7 +64,7 @@ extension Outbox {
         }
         lag.revision = record.revision
         lag.writer = record.record.writer
-        if subscription.lag == nil { lagging.append(subscription) }
+        if starting { lagging.append(subscription) }
         subscription.lag = lag
     }
 
