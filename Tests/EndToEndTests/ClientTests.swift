@@ -89,7 +89,7 @@ import Testing
         let d = try await TestDaemon.start()
         let client = try await ObsClient.connect(socketPath: d.socketPath)
         let sub = try await client.subscribe("x")
-        #expect(d.stop() == 0)
+        #expect(await d.stop() == 0)
         do {
             for try await _ in sub {}
             Issue.record("the stream should fail when the daemon goes away")

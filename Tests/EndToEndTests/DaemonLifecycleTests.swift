@@ -15,7 +15,7 @@ import Glibc
         let d = try await TestDaemon.start()
         let c = try d.connect()
         _ = try c.call(["op": "subscribe", "repo": "x"])
-        #expect(d.stop() == 0)
+        #expect(await d.stop() == 0)
         #expect(!FileManager.default.fileExists(atPath: d.socketPath))
         #expect(try c.receiveLine() == nil, "clients see the connection close")
         #expect(d.log.contains("obsd stopped"))

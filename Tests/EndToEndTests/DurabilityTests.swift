@@ -27,7 +27,7 @@ import Glibc
         let reposBefore = try c.call(["op": "repos"]).withoutID
 
         for restart in ["graceful", "kill -9"] {
-            if restart == "graceful" { #expect(d.stop() == 0) } else { d.kill9() }
+            if restart == "graceful" { #expect(await d.stop() == 0) } else { d.kill9() }
             try await d.launch()
             let r = try d.connect()
             #expect(try r.call(["op": "list", "repo": "ui", "values": true]).withoutID == listBefore, "\(restart)")
@@ -149,7 +149,7 @@ import Glibc
             code = try d.connect().call(["op": "subscribe", "repo": "a", "since": 0]).errorCode
         }
         #expect(code == "compacted")
-        #expect(d.stop() == 0)
+        #expect(await d.stop() == 0)
         try await d.launch()
         #expect(try d.connect().call(["op": "subscribe", "repo": "a", "since": 0]).errorCode == "compacted")
         #expect(try d.connect().call(["op": "get", "repo": "a", "key": "k"])["value"] == 3, "values do not expire")
@@ -158,7 +158,7 @@ import Glibc
     @Test func damagedOrForeignFilesStopTheDaemonWithAClearError() async throws {
         let d = try await TestDaemon.start()
         _ = try d.connect().call(["op": "set", "repo": "r", "key": "k", "value": 1])
-        #expect(d.stop() == 0)
+        #expect(await d.stop() == 0)
         let db = d.dataDirectory! + "/obsd.db"
         let original = try Data(contentsOf: URL(fileURLWithPath: db))
 
@@ -294,7 +294,7 @@ import Glibc
         var last: UInt64 = 0
         while last < rev + 1 { last = try watcher.receive()["rev"]?.uint64Value ?? 0 }
         #expect(last == rev + 1, "the watcher sees a gap-free sequence")
-        #expect(d.stop() == 0)
+        #expect(await d.stop() == 0)
         try await d.launch()
         #expect(try d.connect().call(["op": "get", "repo": "disk", "key": "small"])["value"] == "again")
     }

@@ -45,7 +45,7 @@ import Glibc
         var c = try d.connect()
         try write(c, "r", "k", 1...5)
         let seen = try epoch(c, "r")
-        #expect(d.stop() == 0)
+        #expect(await d.stop() == 0)
         try await d.launch()
         c = try d.connect()
         try write(c, "r", "other", 1...7)
@@ -67,7 +67,7 @@ import Glibc
         var c = try d.connect()
         try write(c, "r", "k", 1...3)
         let seen = try epoch(c, "r")
-        #expect(d.stop() == 0)
+        #expect(await d.stop() == 0)
         try await d.launch()
         c = try d.connect()
         #expect(try epoch(c, "r") == seen, "a graceful restart keeps the history")
@@ -89,7 +89,7 @@ import Glibc
         let backup = d.directory + "/backup"
         var c = try d.connect()
         try write(c, "r", "k", 1...5)
-        #expect(d.stop() == 0)
+        #expect(await d.stop() == 0)
         #expect(try run("/bin/cp", ["-a", data, backup]).status == 0)  // a backup at revision 5
         try await d.launch()
         c = try d.connect()
@@ -97,7 +97,7 @@ import Glibc
         let seen = try epoch(c, "r")  // a client saw revision 8 of this history
 
         // The backup is restored; the daemon goes on writing revisions 6–8 of another history.
-        #expect(d.stop() == 0)
+        #expect(await d.stop() == 0)
         #expect(try run("/bin/rm", ["-rf", data]).status == 0)
         #expect(try run("/bin/cp", ["-a", backup, data]).status == 0)
         try await d.launch()
@@ -109,13 +109,13 @@ import Glibc
         #expect(d.log.contains("every repository starts a new epoch") && d.log.contains("a restored backup"))
 
         // Moving the directory (a rename keeps the file) is the same history.
-        #expect(d.stop() == 0)
+        #expect(await d.stop() == 0)
         #expect(rename(data, data + ".moved") == 0 && rename(data + ".moved", data) == 0)
         try await d.launch()
         #expect(try epoch(try d.connect(), "r") == restored)
 
         // An empty data directory is a new history of every repository.
-        #expect(d.stop() == 0)
+        #expect(await d.stop() == 0)
         #expect(try run("/bin/rm", ["-rf", data]).status == 0)
         try await d.launch()
         c = try d.connect()
@@ -227,7 +227,7 @@ import Glibc
         let d = try await TestDaemon.start()
         let data = try #require(d.dataDirectory)
         try await writeNumbered("r", 1...3, socket: d.socketPath)
-        #expect(d.stop() == 0)
+        #expect(await d.stop() == 0)
         #expect(try run("/bin/cp", ["-a", data, d.directory + "/backup"]).status == 0)
         try await d.launch()
         let session = ObsSession(socketPath: d.socketPath, backoff: Backoff(initial: .milliseconds(100), maximum: .milliseconds(200)))
@@ -237,7 +237,7 @@ import Glibc
         let seen = try #require(events.epoch)
 
         // The backup comes back and is written past revision 6: same numbers, other values.
-        #expect(d.stop() == 0)
+        #expect(await d.stop() == 0)
         #expect(try run("/bin/rm", ["-rf", data]).status == 0)
         #expect(try run("/bin/cp", ["-a", d.directory + "/backup", data]).status == 0)
         try await d.launch()
@@ -271,7 +271,7 @@ import Glibc
         let resumed = try obsctl(["watch", "ui", "--since", "1", "--epoch", epoch, "--json"], socket: s, stopAfterLines: 2)
         #expect(resumed.stdout.split(separator: "\n").first?.contains(#""rev":2"#) == true)
 
-        #expect(d.stop() == 0)
+        #expect(await d.stop() == 0)
         try await d.launch()
         _ = try obsctl(["set", "ui", "a", "3"], socket: s)
         _ = try obsctl(["set", "ui", "a", "4"], socket: s)

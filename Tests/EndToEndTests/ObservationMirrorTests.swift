@@ -62,7 +62,7 @@ import TestSupport
         #expect(try await theme.set(Theme(name: "light", accent: 4, tags: [])) == .unchanged(revision: 2))
         #expect(notifications.count == 1)
 
-        #expect(d.stop() == 0)
+        #expect(await d.stop() == 0)
         try await until("the mirror sees the daemon gone") { if case .waiting = theme.connection { true } else { false } }
         try await d.launch()
         try await ObsClient.withConnection(socketPath: d.socketPath) { client in

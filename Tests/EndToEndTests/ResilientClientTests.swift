@@ -7,6 +7,7 @@ import ObsClient
 import ObsProtocol
 import ObservableKit
 import Observation
+import TestSupport
 import Testing
 
 @Suite(.timeLimit(.minutes(3))) struct ResilientClientTests {
@@ -21,7 +22,7 @@ import Testing
         try await writeNumbered("r", 1...20, socket: d.socketPath)
         try await expectChanges(&events, 1...20)
 
-        #expect(d.stop() == 0)
+        #expect(await d.stop() == 0)
         try await states.wait { if case .waiting = $0 { true } else { false } }
         try await d.launch()
         // Written at once: most land before the session is back, and must be replayed.
@@ -42,7 +43,7 @@ import Testing
         _ = try await events.next()
         try await writeNumbered("r", 1...3, socket: d.socketPath)
         try await expectChanges(&events, 1...3)
-        #expect(d.stop() == 0)
+        #expect(await d.stop() == 0)
         try await d.launch()
         try await ObsClient.withConnection(socketPath: d.socketPath) { client in _ = try await client.set("r", "fresh", 1) }
         guard case .snapshot(let revision, var values, resync: true) = try await events.next() else {
@@ -115,7 +116,7 @@ import Testing
         } catch {
             guard case .sessionClosed = error else { throw error }
         }
-        #expect(d.stop() == 0)
+        #expect(await d.stop() == 0)
     }
 
     @Test func backoffDoublesUpToItsMaximumWithBoundedJitter() {
@@ -154,38 +155,29 @@ func expectChanges(_ events: inout Watch.AsyncIterator, _ range: ClosedRange<Int
 
 /// Records a session's connection states as they are published.
 final class StateRecorder: Sendable {
-    private let seen = Locked<[ConnectionState]>([])
-    private let changes: AsyncStream<ConnectionState>
+    /// Every state published, and how many of them earlier waits have consumed.
+    private let seen = Locked<(states: [ConnectionState], consumed: Int)>(([], 0))
 
     init(_ session: ObsSession) {
-        let (stream, continuation) = AsyncStream.makeStream(of: ConnectionState.self)
-        changes = stream
         let seen = self.seen
         Task {
-            for await state in session.connectionStates() {
-                seen.withLock { $0.append(state) }
-                continuation.yield(state)
-            }
-            continuation.finish()
+            for await state in session.connectionStates() { seen.withLock { $0.states.append(state) } }
         }
     }
 
-    var states: [ConnectionState] { seen.withLock { $0 } }
+    var states: [ConnectionState] { seen.withLock { $0.states } }
 
-    /// Waits until a state published from now on matches.
+    /// Waits until a state published after those earlier waits consumed matches (consuming
+    /// it and those before it). Looks once more after the deadline: a test starved of its
+    /// thread past the deadline still sees a state that was published in time.
     func wait(timeout: Duration = .seconds(20), _ matches: @escaping @Sendable (ConnectionState) -> Bool) async throws {
-        try await withThrowingTaskGroup(of: Bool.self) { group in
-            group.addTask { [changes] in
-                for await state in changes where matches(state) { return true }
-                return false
+        let found = await eventually(timeout: timeout) {
+            seen.withLock { seen in
+                guard let i = seen.states[seen.consumed...].firstIndex(where: matches) else { return false }
+                seen.consumed = i + 1
+                return true
             }
-            group.addTask {
-                try await Task.sleep(for: timeout)
-                return false
-            }
-            let found = try await group.next() ?? false
-            group.cancelAll()
-            if !found { throw TestFailure("no matching connection state within \(timeout); seen: \(states)") }
         }
+        if !found { throw TestFailure("no matching connection state within \(timeout); seen: \(states)") }
     }
 }

@@ -189,7 +189,7 @@ struct AccessControlTests {
         #expect(try other.call(["op": "set", "repo": "small", "key": "k", "value": 1]).ok)
         let fits = try c.call(["op": "batch", "repo": "big", "ops": .array(Array(deleteAll.prefix(20)))])
         #expect(fits.ok && fits["rev"] == 41)
-        #expect(d.stop() == 0)
+        #expect(await d.stop() == 0)
         try await d.launch()
         #expect(try d.connect().call(["op": "list", "repo": "big"])["keys"]?.arrayValue?.count == 20)
     }

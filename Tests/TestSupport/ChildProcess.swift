@@ -144,6 +144,18 @@ public final class ChildProcess: Sendable {
         return false
     }
 
+    /// SIGTERM, then up to `grace` for the child to exit, then SIGKILL — without blocking a
+    /// thread of the cooperative pool (which other tests share). Whether it exited by itself.
+    @discardableResult
+    public func terminate(grace: Duration = .seconds(20)) async -> Bool {
+        guard isRunning else { return true }
+        kill(pid, SIGTERM)
+        if await exit(timeout: grace) != nil { return true }
+        kill(pid, SIGKILL)
+        await exit(timeout: .seconds(10))
+        return false
+    }
+
     /// SIGKILL, and wait for it.
     public func kill9() {
         guard isRunning else { return }
