@@ -74,6 +74,21 @@ func snapshot(_ dir: String) throws -> String {
     return copy
 }
 
+/// A data directory as a crash would leave it after ten durable revisions of "a", none of
+/// them in the compacted state yet (the caller removes it).
+func crashedAfterTenRevisions() throws -> String {
+    let dir = temporaryDirectory()
+    defer { try? FileManager.default.removeItem(atPath: dir) }
+    var o = options(dir)
+    o.checkpointInterval = .seconds(3600)
+    let storage = try open(o)
+    defer { storage.close() }
+    let a = ListenerStub()
+    for rev in 1...10 as ClosedRange<UInt64> { _ = storage.append(record("a", rev), listener: a) }
+    guard waitFor({ a.durable == 10 }) else { throw StorageError(.io, "ten revisions not durable within 20 s") }
+    return try snapshot(dir)
+}
+
 @Suite struct DiskStorageTests {
     @Test func whatWasMadeDurableIsLoadedWithItsHistoryAndEpoch() throws {
         let dir = temporaryDirectory()
@@ -128,16 +143,7 @@ func snapshot(_ dir: String) throws -> String {
     }
 
     @Test func aTornTailIsCutOffAndReported() throws {
-        let dir = temporaryDirectory()
-        defer { try? FileManager.default.removeItem(atPath: dir) }
-        var o = options(dir)
-        o.checkpointInterval = .seconds(3600)
-        let storage = try open(o)
-        let a = ListenerStub()
-        for rev in 1...10 as ClosedRange<UInt64> { _ = storage.append(record("a", rev), listener: a) }
-        #expect(waitFor { a.durable == 10 })
-        let crashed = try snapshot(dir)
-        storage.close()
+        let crashed = try crashedAfterTenRevisions()
         defer { try? FileManager.default.removeItem(atPath: crashed) }
         // Half a frame after the last one: a group whose write a crash interrupted.
         let segment = crashed + "/wal/" + segments(crashed).last!
@@ -161,16 +167,7 @@ func snapshot(_ dir: String) throws -> String {
     }
 
     @Test func aNewSegmentWhoseHeaderNeverReachedTheDiskIsDiscarded() throws {
-        let dir = temporaryDirectory()
-        defer { try? FileManager.default.removeItem(atPath: dir) }
-        var o = options(dir)
-        o.checkpointInterval = .seconds(3600)
-        let storage = try open(o)
-        let a = ListenerStub()
-        for rev in 1...10 as ClosedRange<UInt64> { _ = storage.append(record("a", rev), listener: a) }
-        #expect(waitFor { a.durable == 10 })
-        let crashed = try snapshot(dir)
-        storage.close()
+        let crashed = try crashedAfterTenRevisions()
         defer { try? FileManager.default.removeItem(atPath: crashed) }
         // A roll-over a crash interrupted: the next segment preallocated, its header never synced.
         let last = try #require(segments(crashed).last)
@@ -190,16 +187,7 @@ func snapshot(_ dir: String) throws -> String {
     }
 
     @Test func damageInTheMiddleOfTheLogRefusesToStartNamingTheFileAndOffset() throws {
-        let dir = temporaryDirectory()
-        defer { try? FileManager.default.removeItem(atPath: dir) }
-        var o = options(dir)
-        o.checkpointInterval = .seconds(3600)
-        let storage = try open(o)
-        let a = ListenerStub()
-        for rev in 1...10 as ClosedRange<UInt64> { _ = storage.append(record("a", rev), listener: a) }
-        #expect(waitFor { a.durable == 10 })
-        let crashed = try snapshot(dir)
-        storage.close()
+        let crashed = try crashedAfterTenRevisions()
         defer { try? FileManager.default.removeItem(atPath: crashed) }
         let segment = crashed + "/wal/" + segments(crashed).last!
         // Flip a byte of the first record's payload (after the 16-byte header and 8-byte frame header).
