@@ -185,10 +185,7 @@ public final class ObsServer: Service, Sendable {
         var ownSocket: (path: String, identity: SocketFile.Identity?)? = nil
         do {
             listeners = try await listen(group: group, hub: hub, connections: connections)
-            if case .path(let path) = config.listener {
-                try SocketFile.setOwnership(path, mode: config.socketMode, owner: config.socketOwner, group: config.socketGroup)
-                ownSocket = (path, SocketFile.identity(of: path))
-            }
+            if case .path(let path) = config.listener { ownSocket = (path, SocketFile.identity(of: path)) }
         } catch {
             storage.close()
             try? await group.shutdownGracefully()
@@ -248,7 +245,20 @@ public final class ObsServer: Service, Sendable {
             }
         switch configuration.listener {
         case .path(let path):
-            return [try await bootstrap.bind(unixDomainSocketPath: path).get()]
+            // Bound beside its path, given its mode and owner, then renamed into place: the
+            // socket never shows at `path` with other permissions than the configured ones.
+            let staging = SocketFile.stagingPath(for: path)
+            let channel = try await bootstrap.bind(unixDomainSocketPath: staging ?? path, cleanupExistingSocketFile: true).get()
+            do {
+                try SocketFile.setOwnership(
+                    staging ?? path, mode: configuration.socketMode, owner: configuration.socketOwner, group: configuration.socketGroup)
+                if let staging { try SocketFile.moveIntoPlace(staging, path) }
+            } catch {
+                if let staging { SocketFile.discard(staging) }
+                try? await channel.close()
+                throw error
+            }
+            return [channel]
         case .inherited(let descriptors):
             var channels: [any Channel] = []
             for fd in descriptors { channels.append(try await bootstrap.withBoundSocket(fd).get()) }

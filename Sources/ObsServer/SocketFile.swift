@@ -3,7 +3,8 @@
 //
 // Before binding: create the parent directory if needed; refuse a path that exists and
 // is not a socket; refuse to start if another daemon answers on it; remove a stale socket
-// left by a daemon that died. After shutdown: remove the file only if it is still ours
+// left by a daemon that died. Binding: under a staging name beside the path, given its mode
+// and owner there, then renamed into place. After shutdown: remove the file only if it is still ours
 // (same device and inode), never a successor's.
 
 import ObsProtocol
@@ -73,6 +74,29 @@ enum SocketFile {
             throw SocketPathError(description: "cannot set mode \(String(mode, radix: 8)) on \(path): \(errnoText())")
         }
     }
+
+    /// A name beside `path` to bind under before the socket has its mode and owner (nil if
+    /// it would not fit a socket address: then `path` is bound and set up in place).
+    static func stagingPath(for path: String) -> String? {
+        let slash = path.lastIndex(of: "/")
+        let directory = slash.map { String(path[...$0]) } ?? ""
+        let name = slash.map { String(path[path.index(after: $0)...]) } ?? path
+        let staging = directory + ".\(name).\(getpid()).binding"
+        return staging.utf8.count <= 107 ? staging : nil
+    }
+
+    /// Renames the set-up socket at `staging` to `path` (atomic: a client sees no socket, or
+    /// this one with its final mode and owner).
+    static func moveIntoPlace(_ staging: String, _ path: String) throws {
+        guard rename(staging, path) == 0 else {
+            let error = SocketPathError(description: "cannot move the socket from \(staging) to \(path): \(errnoText())")
+            unlink(staging)
+            throw error
+        }
+    }
+
+    /// Removes a staging socket that will not be moved into place.
+    static func discard(_ staging: String) { unlink(staging) }
 
     private static func makeParentDirectory(of path: String) throws {
         guard let slash = path.lastIndex(of: "/"), slash != path.startIndex else { return }
