@@ -128,8 +128,11 @@ let package = Package(
         .target(name: "TestSupport", path: "Tests/TestSupport"),
         // ObsEtcd against a real 3-member etcd cluster on loopback (TestSupport's EtcdCluster).
         .testTarget(name: "ObsEtcdTests", dependencies: ["ObsEtcd", "TestSupport"]),
-        // ObsCluster's encodings and key layout, without a cluster.
-        .testTarget(name: "ObsClusterTests", dependencies: ["ObsCluster", "ObsStore", "ObsProtocol", "ObservableKit"]),
+        // ObsCluster's encodings and key layout, without a cluster; and two real obsd daemons
+        // sharing a real 3-member etcd cluster on loopback (ClusterTests).
+        .testTarget(
+            name: "ObsClusterTests",
+            dependencies: ["ObsCluster", "ObsStore", "ObsProtocol", "ObservableKit", "ObsClient", "ObsEtcd", "TestSupport", "obsd"]),
         .testTarget(name: "SystemdTests", dependencies: ["Systemd", "TestSupport", .product(name: "Logging", package: "swift-log")]),
         // Starts the real obsd binary on a temporary socket; drives it over raw sockets,
         // through ObsClient and through obsctl.
