@@ -102,7 +102,7 @@ let package = Package(
         .executableTarget(
             name: "obsbench",
             dependencies: [
-                "ObsProtocol", "ObsClient", "CEpoll",
+                "ObsProtocol", "ObsClient", "ObservableKit", "CEpoll",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),

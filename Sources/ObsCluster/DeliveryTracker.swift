@@ -23,6 +23,8 @@ final class DeliveryTracker: Sendable {
         let position: Int64
         let minimumRevision: UInt64
         let continuation: CheckedContinuation<Bool, Never>
+        /// Ends the wait at its timeout; cancelled when the wait ends sooner.
+        var timer: Task<Void, Never>? = nil
     }
 
     private struct State {
@@ -50,20 +52,23 @@ final class DeliveryTracker: Sendable {
 
     /// The watch delivered `repo` up to `entry` (and the write ids in `writeIDs`).
     func advance(_ repo: String, to entry: Entry, writeIDs: [String] = []) {
-        let woken: [CheckedContinuation<Bool, Never>] = state.withLock { s in
+        let woken: [Waiter] = state.withLock { s in
             let old = s.entries[repo] ?? Entry()
             s.entries[repo] = Entry(revision: max(old.revision, entry.revision), position: max(old.position, entry.position))
             for id in writeIDs where s.pending.contains(id) { s.seen.insert(id) }
             let now = s.entries[repo]!
-            var woken: [CheckedContinuation<Bool, Never>] = []
+            var woken: [Waiter] = []
             s.waiters.removeAll { w in
                 guard w.repo == repo, now.position >= w.position, now.revision >= w.minimumRevision else { return false }
-                woken.append(w.continuation)
+                woken.append(w)
                 return true
             }
             return woken
         }
-        for continuation in woken { continuation.resume(returning: true) }
+        for waiter in woken {
+            waiter.timer?.cancel()
+            waiter.continuation.resume(returning: true)
+        }
     }
 
     /// Waits until `repo` is delivered to at least `position` and `revision`; false after `timeout`.
@@ -83,10 +88,17 @@ final class DeliveryTracker: Sendable {
                 return true
             }
             guard registered else { return continuation.resume(returning: true) }
-            Task {
-                try? await Task.sleep(for: timeout)
+            let timer = Task {
+                guard (try? await Task.sleep(for: timeout)) != nil else { return }  // woken sooner
                 self.expire(id)
             }
+            // Kept with the waiter so a wake cancels it; already woken: not needed.
+            let waiting = state.withLock { s -> Bool in
+                guard let i = s.waiters.firstIndex(where: { $0.id == id }) else { return false }
+                s.waiters[i].timer = timer
+                return true
+            }
+            if !waiting { timer.cancel() }
         }
     }
 

@@ -174,4 +174,35 @@ extension ClusterTests {
         #expect(try await b.set("h", "n", int(9)).revision == 9)
         #expect(try await a.get("h", "n")?.value == int(9))
     }
+
+    @Test func aDaemonStartedWhileTheClusterIsDownWaitsThenServesOnceItIsUp() async throws {
+        let etcd = try await EtcdCluster.start()
+        let daemon = ClusterDaemon(name: "A", endpoints: etcd.clientURLs, prefix: "/obsd-test/")
+        defer {
+            daemon.stop()
+            for i in etcd.members.indices { etcd.kill(i) }
+        }
+        for i in etcd.members.indices { etcd.stop(i) }
+        try daemon.spawn()
+        // It says why it waits, and does not listen meanwhile.
+        let waiting = await eventually(timeout: .seconds(20)) { () async -> Bool in daemon.log.contains("waiting for the etcd cluster") }
+        #expect(waiting, "\(daemon.log)")
+        #expect(daemon.isRunning)
+        #expect(!(await daemon.isServing), "obsd listens before it has reached the cluster")
+
+        for i in etcd.members.indices { try etcd.restart(i) }
+        try await daemon.waitUntilServing(timeout: .seconds(30))
+        let client = try await daemon.client()
+        #expect(try await client.set("late", "k", int(1)).revision == 1)
+    }
+
+    @Test func etcdEndpointsWithInMemoryIsAUsageError() async throws {
+        let daemon = ClusterDaemon(name: "A", endpoints: ["http://127.0.0.1:9"], prefix: "/obsd-test/", extra: ["--in-memory"])
+        defer { daemon.kill9() }
+        try daemon.spawn()
+        let exited = await eventually(timeout: .seconds(20)) { () async -> Bool in !daemon.isRunning }
+        #expect(exited)
+        #expect(daemon.exitCode == 64, "\(daemon.log)")
+        #expect(daemon.log.contains("--etcd-endpoints"))
+    }
 }

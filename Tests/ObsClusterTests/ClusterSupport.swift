@@ -49,8 +49,19 @@ final class ClusterDaemon: Sendable {
     /// Starts the process (again, after `kill9` or `stop`) and waits until it answers `ping`
     /// (obsd listens only once it has read the cluster).
     func launch(timeout: Duration = .seconds(30)) async throws {
+        try spawn()
+        try await waitUntilServing(timeout: timeout)
+    }
+
+    /// Starts the process without waiting for it.
+    func spawn() throws {
         let child = try ChildProcess(BuildProducts.path("obsd"), commandLine, stdout: .file(logPath), stderr: .file(logPath))
         process.withLock { $0 = child }
+    }
+
+    /// Waits until the process answers `ping`.
+    func waitUntilServing(timeout: Duration = .seconds(30)) async throws {
+        guard let child = process.withLock({ $0 }) else { throw ClusterTestFailure("obsd \(name) was not started") }
         let deadline = ContinuousClock.now + timeout
         while ContinuousClock.now < deadline {
             guard child.isRunning else { throw ClusterTestFailure("obsd \(name) exited (\(child.terminationStatus)) before serving:\n\(log)") }
@@ -67,6 +78,9 @@ final class ClusterDaemon: Sendable {
     var pid: pid_t? { process.withLock { $0?.pid } }
 
     var isRunning: Bool { process.withLock { $0?.isRunning ?? false } }
+
+    /// The exit status, once the process exited by itself.
+    var exitCode: Int32? { process.withLock { $0?.exitCode } }
 
     /// SIGTERM, SIGKILL after `grace`; waits for the exit.
     func stop(grace: Duration = .seconds(10)) {
@@ -87,6 +101,15 @@ final class ClusterDaemon: Sendable {
     }
 
     var log: String { (try? String(contentsOfFile: logPath, encoding: .utf8)) ?? "" }
+
+    /// Whether something accepts connections on the socket now.
+    var isServing: Bool {
+        get async {
+            guard let client = try? await ObsClient.connect(socketPath: socketPath) else { return false }
+            await client.close()
+            return true
+        }
+    }
 
     func client() async throws -> ObsClient { try await ObsClient.connect(socketPath: socketPath) }
 
