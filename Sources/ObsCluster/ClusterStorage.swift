@@ -32,7 +32,7 @@ public final class ClusterStorage: SharedStorage {
         /// unknown outcome, which the storage then settles).
         public var requestTimeout: Duration = .seconds(3)
         /// How long settling an unknown outcome may run past the commit's deadline.
-        public var settleGrace: Duration = .seconds(3)
+        public var settleGrace: Duration = .seconds(1)
         /// How long a read waits for the cluster to confirm the daemon's state is current
         /// before it is answered from that state anyway.
         public var readTimeout: Duration = .seconds(1)

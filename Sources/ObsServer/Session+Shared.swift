@@ -18,7 +18,7 @@ extension Session {
     /// How long a write may wait for the cluster before it is answered with the cause
     /// (the store may take `ClusterStorage.Configuration.settleGrace` more to settle an
     /// unknown outcome).
-    static let sharedWriteTimeout: Duration = .seconds(5)
+    static let sharedWriteTimeout: Duration = .seconds(4)
 
     /// The repositories a request reads (nil: it reads no repository state).
     static func sharedReadScope(_ command: Command) -> SharedScope? {

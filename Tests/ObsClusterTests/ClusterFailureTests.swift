@@ -96,6 +96,7 @@ extension ClusterTests {
             }
         }
         #expect(killed != nil && acknowledged.count >= acknowledgedAtKill + 30, "writes after the kill: \(failures)")
+        print("ClusterTests: leader m\(killed ?? -1) killed after \(acknowledgedAtKill) writes; \(acknowledged.count) acknowledged, \(failures.count) failed: \(failures)")
         if let killed {
             try pair.etcd.restart(killed)
             #expect(await pair.etcd.waitHealthy(timeout: .seconds(30)), "\(pair.etcd.diagnostics())")
