@@ -88,7 +88,7 @@ struct Cluster: AsyncParsableCommand {
         let elapsed = (ContinuousClock.now - start).seconds
         let delivered = await arrivals.wait(for: UInt64(acknowledged))
         print(
-            "cluster writes: writers=\(writers) (alternately on A and B) acknowledged=\(acknowledged) failed=\(failed) seconds=\(fmt(elapsed)) writes/s=\(fmt(Double(acknowledged) / elapsed)) events on B=\(arrivals.count) dense=\(arrivals.isDense && delivered)"
+            "cluster writes: writers=\(writers) (\((writers + 1) / 2) on A, \(writers / 2) on B) acknowledged=\(acknowledged) failed=\(failed) seconds=\(fmt(elapsed)) writes/s=\(fmt(Double(acknowledged) / elapsed)) events on B=\(arrivals.count) dense=\(arrivals.isDense && delivered)"
         )
         for client in clients { await client.close() }
     }
