@@ -91,6 +91,11 @@ final class ClusterDaemon: Sendable {
         _ = child?.stop(grace: grace)
     }
 
+    /// Sends `sig` (SIGSTOP freezes the daemon, SIGCONT lets it go on).
+    func signal(_ sig: Int32) {
+        process.withLock { $0 }?.signal(sig)
+    }
+
     /// SIGKILL; waits for the exit.
     func kill9() {
         let child = process.withLock { p in
@@ -156,6 +161,11 @@ struct ClusterPair {
 
     /// A client of the etcd cluster itself (to find the leader, to compact).
     func etcdClient(requestTimeout: Duration = .seconds(5)) throws -> EtcdClient {
+        try Self.etcdClient(etcd, requestTimeout: requestTimeout)
+    }
+
+    /// A client of every member of `etcd`, in member order.
+    static func etcdClient(_ etcd: EtcdCluster, requestTimeout: Duration = .seconds(5)) throws -> EtcdClient {
         var configuration = try EtcdClient.Configuration(endpoints: etcd.clientURLs)
         configuration.requestTimeout = requestTimeout
         return try EtcdClient(configuration: configuration)

@@ -2,8 +2,9 @@
 // 3-member etcd cluster on loopback (issue 14). The wire contract across daemons: events with
 // old and new values, dense revisions in one order, a batch as one event, compare-and-set,
 // the no-op rule, `since` replay and one epoch (this file); etcd losing its quorum, its
-// leader killed under a write loop, a daemon killed -9, and an etcd compaction
-// (ClusterFailureTests.swift).
+// leader killed under a write loop, a daemon killed -9, an etcd compaction, starting while
+// etcd is down (ClusterFailureTests.swift); a watch resumed behind a compaction and a wiped
+// prefix (ClusterCatchUpTests.swift).
 //
 // Each test starts its own cluster and daemons and stops every process by PID in a `defer`.
 // Tests await events and replies; the waits' bounds are failure guards only. The suite runs
