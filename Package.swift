@@ -66,12 +66,20 @@ let package = Package(
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
             ]),
+        // Repositories shared by several daemons through etcd (issue 14): the key layout, start-up,
+        // the watch that delivers every daemon's revisions, commits and linearizable reads —
+        // ObsStore's SharedStorage over ObsEtcd. The daemon (ObsServer) never sees etcd.
+        .target(
+            name: "ObsCluster",
+            dependencies: [
+                "ObsEtcd", "ObsStore", "ObsProtocol", "ObservableKit", .product(name: "Logging", package: "swift-log"),
+            ]),
         // Latency figures for docs/etcd-notes.md against a running cluster (not a test).
         .executableTarget(name: "obs-etcd-bench", dependencies: ["ObsEtcd"]),
         .executableTarget(
             name: "obsd",
             dependencies: [
-                "ObsServer", "ObsStore", "ObsConfig", "Systemd", "ObservableKit",
+                "ObsServer", "ObsStore", "ObsConfig", "ObsCluster", "Systemd", "ObservableKit",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
@@ -94,7 +102,7 @@ let package = Package(
         .executableTarget(
             name: "obsbench",
             dependencies: [
-                "ObsProtocol", "ObsClient", "CEpoll",
+                "ObsProtocol", "ObsClient", "ObservableKit", "CEpoll",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
@@ -120,6 +128,11 @@ let package = Package(
         .target(name: "TestSupport", path: "Tests/TestSupport"),
         // ObsEtcd against a real 3-member etcd cluster on loopback (TestSupport's EtcdCluster).
         .testTarget(name: "ObsEtcdTests", dependencies: ["ObsEtcd", "TestSupport"]),
+        // ObsCluster's encodings and key layout, without a cluster; and two real obsd daemons
+        // sharing a real 3-member etcd cluster on loopback (ClusterTests).
+        .testTarget(
+            name: "ObsClusterTests",
+            dependencies: ["ObsCluster", "ObsStore", "ObsProtocol", "ObservableKit", "ObsClient", "ObsEtcd", "TestSupport", "obsd"]),
         .testTarget(name: "SystemdTests", dependencies: ["Systemd", "TestSupport", .product(name: "Logging", package: "swift-log")]),
         // Starts the real obsd binary on a temporary socket; drives it over raw sockets,
         // through ObsClient and through obsctl.

@@ -54,6 +54,16 @@ public struct ConfigFile: Sendable {
                 case .string: values.append((key, .string(value.string!)))
                 case .int: values.append((key, .integer(value.int!)))
                 case .bool: values.append((key, .boolean(value.bool!)))
+                case .array:
+                    guard Setting.named(key)!.takesList else {
+                        throw ConfigError("\(path): \(key) must be \(Setting.named(key)!.expects), not an array")
+                    }
+                    var items: [String] = []
+                    for item in value.array! {
+                        guard let text = item.string else { throw ConfigError("\(path): \(key) must be an array of strings") }
+                        items.append(text)
+                    }
+                    values.append((key, .list(items)))
                 default:
                     throw ConfigError("\(path): \(key) must be \(Setting.named(key)!.expects), not a \(value.type)")
                 }

@@ -15,6 +15,10 @@ public struct DaemonSettings: Sendable, Equatable {
     /// `storage.data-dir`; nil: `$STATE_DIRECTORY`, `/var/lib/obsd` (root), `$XDG_STATE_HOME/obsd`, `~/.local/state/obsd`.
     public var dataDir: String? = nil
     public var inMemory = false
+    /// `storage.etcd-endpoints`; empty: repositories stay on this machine (data-dir or in-memory).
+    public var etcdEndpoints: [String] = []
+    /// `storage.etcd-prefix`: where this daemon's repositories live in etcd.
+    public var etcdPrefix = "/obsd/"
     public var sync = "always"
     public var syncIntervalMS = 1000
     public var historyLimit = 10_000
@@ -74,12 +78,15 @@ public enum RawSetting: Sendable, Equatable {
     case string(String)
     case integer(Int)
     case boolean(Bool)
+    /// A TOML array of strings (the configuration file's form of a list setting).
+    case list([String])
 
     var text: String {
         switch self {
         case .string(let s): return "\"\(s)\""
         case .integer(let i): return String(i)
         case .boolean(let b): return String(b)
+        case .list(let items): return "[" + items.map { "\"\($0)\"" }.joined(separator: ", ") + "]"
         }
     }
 }
@@ -104,6 +111,8 @@ public struct Setting: Sendable {
     let apply: @Sendable (inout DaemonSettings, RawSetting) -> Bool
     /// The setting's value in TOML syntax (or a note saying where the default comes from).
     public let describe: @Sendable (DaemonSettings) -> String
+    /// Whether the file gives it as an array (`storage.etcd-endpoints`).
+    public internal(set) var takesList = false
 
     public static let logLevels = ["trace", "debug", "info", "notice", "warning", "error", "critical"]
 
@@ -128,6 +137,11 @@ public struct Setting: Sendable {
              default: "$STATE_DIRECTORY, /var/lib/obsd for root, else $XDG_STATE_HOME/obsd or ~/.local/state/obsd"),
         boolean("storage.in-memory", "OBSD_IN_MEMORY", "in-memory", \.inMemory,
                 "Keep repositories in memory only: nothing survives a restart."),
+        list("storage.etcd-endpoints", "OBSD_ETCD_ENDPOINTS", "etcd-endpoints", \.etcdEndpoints, "urls",
+             "etcd client URLs (http://HOST:PORT, comma-separated): share repositories with every obsd on the same cluster and prefix.",
+             default: "none: repositories stay on this machine"),
+        string("storage.etcd-prefix", "OBSD_ETCD_PREFIX", "etcd-prefix", \.etcdPrefix, "prefix",
+               "With --etcd-endpoints: the etcd key prefix under which every key obsd writes lies."),
         choice("storage.sync", "OBSD_SYNC", "sync", ["always", "relaxed"], \.sync, "policy", "When a write is acknowledged: always or relaxed."),
         integer("storage.sync-interval-ms", "OBSD_SYNC_INTERVAL_MS", "sync-interval", 1...3_600_000, \.syncIntervalMS, "ms",
                 "With --sync relaxed: the longest time between fsyncs."),
@@ -199,6 +213,46 @@ public struct Setting: Sendable {
             describe: { $0[keyPath: path].map { "\"\($0)\"" } ?? "(unset: \(note))" })
     }
 
+    private static func string(
+        _ key: String, _ env: String, _ flag: String, _ path: WritableKeyPath<DaemonSettings, String> & Sendable, _ valueName: String,
+        _ help: String
+    ) -> Setting {
+        Setting(
+            key: key, environment: env, flag: flag, expects: "a non-empty string", help: help, valueName: valueName,
+            apply: { s, raw in
+                guard case .string(let v) = raw, !v.isEmpty else { return false }
+                s[keyPath: path] = v
+                return true
+            },
+            describe: { "\"\($0[keyPath: path])\"" })
+    }
+
+    /// A list of strings: an array in the file, comma-separated in the environment and on
+    /// the command line. Items are trimmed; empty items are not allowed.
+    private static func list(
+        _ key: String, _ env: String, _ flag: String, _ path: WritableKeyPath<DaemonSettings, [String]> & Sendable, _ valueName: String,
+        _ help: String, default note: String
+    ) -> Setting {
+        Setting(
+            key: key, environment: env, flag: flag, expects: "a non-empty list of non-empty strings (comma-separated, or a TOML array)",
+            help: help, valueName: valueName,
+            apply: { s, raw in
+                let items: [String]
+                switch raw {
+                case .string(let text): items = text.split(separator: ",", omittingEmptySubsequences: false).map { $0.trimmingSpaces }
+                case .list(let list): items = list.map(\.trimmingSpaces)
+                case .integer, .boolean: return false
+                }
+                guard !items.isEmpty, items.allSatisfy({ !$0.isEmpty }) else { return false }
+                s[keyPath: path] = items
+                return true
+            },
+            describe: { s in
+                let items = s[keyPath: path]
+                return items.isEmpty ? "(unset: \(note))" : "[" + items.map { "\"\($0)\"" }.joined(separator: ", ") + "]"
+            }, takesList: true)
+    }
+
     private static func boolean(
         _ key: String, _ env: String, _ flag: String, _ path: WritableKeyPath<DaemonSettings, Bool> & Sendable, _ help: String
     ) -> Setting {
@@ -228,7 +282,7 @@ public struct Setting: Sendable {
                 switch raw {
                 case .integer(let i): value = i
                 case .string(let t): value = Int(t)
-                case .boolean: value = nil
+                case .boolean, .list: value = nil
                 }
                 guard let value, range.contains(value) else { return false }
                 s[keyPath: path] = value
@@ -251,6 +305,18 @@ public struct Setting: Sendable {
             },
             describe: { "\"\($0[keyPath: path])\"" })
     }
+}
+
+extension Substring {
+    /// Without leading and trailing spaces and tabs.
+    var trimmingSpaces: String {
+        String(drop { $0 == " " || $0 == "\t" }.reversed().drop { $0 == " " || $0 == "\t" }.reversed())
+    }
+}
+
+extension String {
+    /// Without leading and trailing spaces and tabs.
+    var trimmingSpaces: String { self[...].trimmingSpaces }
 }
 
 extension DaemonSettings {

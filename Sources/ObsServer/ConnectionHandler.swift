@@ -12,6 +12,9 @@
 // subscriptions end (it asks for nothing more), and once every reply is written — replies
 // that wait for durability included — the daemon closes: the client reads every reply, in
 // order, then end of file.
+//
+// In etcd mode a request can wait for the cluster (`Session.awaitingCluster`); the handler
+// then holds the connection's further input the way it does while congested.
 
 import Logging
 import NIOCore
@@ -125,7 +128,7 @@ final class ConnectionHandler: ChannelDuplexHandler {
         guard let session, !quiescing else { return }
         var buffer = input
         while buffer.readableBytes > 0 {
-            if session.outbox.isCongested {
+            if session.outbox.isCongested || session.awaitingCluster {
                 held = buffer
                 return
             }
@@ -184,6 +187,7 @@ final class ConnectionHandler: ChannelDuplexHandler {
             context.close(promise: nil)  // a refused connection: its message is out
             return
         }
+        if session.awaitingCluster { return }  // its answer resumes this
         if !inputFinished {
             inputFinished = true
             framer.finish { frame in
@@ -213,7 +217,7 @@ final class ConnectionHandler: ChannelDuplexHandler {
 
     func read(context: ChannelHandlerContext) {
         if inputClosed || quiescing { return }
-        if held != nil || session?.outbox.isCongested == true {
+        if held != nil || session?.outbox.isCongested == true || session?.awaitingCluster == true {
             readPending = true
         } else {
             context.read()

@@ -67,10 +67,18 @@ final class Hub: Sendable {
     let stats = ServerStats()
     /// The epoch of every repository this daemon has not stored yet — at revision 0 there
     /// is no history to tell apart — and that repositories created by this process keep.
-    /// New at every start, so no other daemon or run hands it out.
-    let freshEpoch = Epoch.random()
+    /// New at every start, so no other daemon or run hands it out — except with a shared
+    /// store, whose epoch every daemon sharing it uses.
+    let freshEpoch: String
     let historyLimits: HistoryLimits
     let storage: any Storage
+    /// The storage, when other daemons share it (etcd mode): revisions are decided there,
+    /// and reads first make sure the state here is current.
+    let shared: (any SharedStorage)?
+    /// Names this daemon's commit groups (etcd mode).
+    let writeIDs = WriteIDs()
+    /// Told when a shared store's history no longer matches this daemon's.
+    private let onHistoryLost: @Sendable (String) -> Void
     let runtime: Runtime
     let users = UserDatabase()
 
@@ -87,9 +95,15 @@ final class Hub: Sendable {
     private let perUID = Locked<[UInt32: Int]>([:])
 
     /// A hub serving on `loops` (at least one), with what `storage` holds.
-    init(loops: [any EventLoop], historyLimits: HistoryLimits, storage: any Storage, runtime: Runtime) throws(StorageError) {
+    init(
+        loops: [any EventLoop], historyLimits: HistoryLimits, storage: any Storage, runtime: Runtime,
+        onHistoryLost: @escaping @Sendable (String) -> Void = { _ in }
+    ) throws(StorageError) {
         self.historyLimits = historyLimits
         self.storage = storage
+        self.shared = storage as? any SharedStorage
+        self.freshEpoch = shared?.epoch ?? Epoch.random()
+        self.onHistoryLost = onHistoryLost
         self.runtime = runtime
         precondition(!loops.isEmpty, "a hub needs an event loop")
         shards = loops.enumerated().map { LoopShard(eventLoop: $1, index: $0) }
@@ -221,5 +235,25 @@ final class Hub: Sendable {
     func reload(limits: Limits, policy: AccessPolicy) {
         runtime.update(limits: limits, policy: policy)
         for entry in connectedPeers { entry.revalidate() }
+    }
+}
+
+// MARK: - A shared store's revisions
+
+extension Hub: SharedStorageSink {
+    func deliver(repo name: String, revisions: [SharedRevision]) {
+        // Kept for good under the map's lock, so a placeholder cannot be dropped between here
+        // and the install that makes it a repository.
+        let repository = repositories.withLock { map -> Repository in
+            let repository = map[name]?.repository ?? makeRepository(name)
+            if map[name] == nil { map[name] = Slot(repository: repository) }
+            repository.keep()
+            return repository
+        }
+        repository.install(shared: revisions)
+    }
+
+    func historyLost(_ reason: String) {
+        onHistoryLost(reason)
     }
 }

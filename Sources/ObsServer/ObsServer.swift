@@ -79,6 +79,11 @@ public struct ServerConfiguration: Sendable {
     }
 }
 
+/// Why the server stopped on its own.
+public struct ServerFailure: Error, Sendable, CustomStringConvertible {
+    public let description: String
+}
+
 /// What the server is doing, for status lines.
 public struct ServerStatus: Sendable, CustomStringConvertible {
     public let connections: Int
@@ -112,6 +117,9 @@ public final class ObsServer: Service, Sendable {
     private let runtime: Runtime
     /// Set once serving, for `status` and `reload`.
     private let hub = Locked<Hub?>(nil)
+    /// Why the server must stop (a shared store's history no longer matches), and how to
+    /// stop it once it listens.
+    private let fatal = Locked<(reason: String?, stop: (@Sendable () -> Void)?)>((nil, nil))
 
     public init(configuration: ServerConfiguration, logger: Logger, observer: (any ServerObserver)? = nil) {
         self.configuration = configuration
@@ -164,13 +172,37 @@ public final class ObsServer: Service, Sendable {
         do {
             if case .path(let path) = config.listener { try SocketFile.prepare(path) }
             storage = try openStorage()
-            let limits = HistoryLimits(
-                count: config.historyLimit, maxBytes: config.historyMaxBytes, maxAge: config.historyMaxAge?.components.seconds)
-            hub = try Hub(loops: Array(group.makeIterator()), historyLimits: limits, storage: storage, runtime: runtime)
         } catch {
             try? await group.shutdownGracefully()
             throw error
         }
+        // A shared store (etcd): nothing is served until the cluster was reached and read.
+        if let shared = storage as? any SharedStorage {
+            logger.info("reaching the shared store before serving", metadata: ["storage": "\(storage.summary)"])
+            do {
+                try await cancelWhenGracefulShutdown { try await shared.connect() }
+            } catch {
+                storage.close()
+                try? await group.shutdownGracefully()
+                if error is CancellationError {
+                    logger.info("obsd stopped before it reached the shared store")
+                    return
+                }
+                throw error
+            }
+        }
+        do {
+            let limits = HistoryLimits(
+                count: config.historyLimit, maxBytes: config.historyMaxBytes, maxAge: config.historyMaxAge?.components.seconds)
+            hub = try Hub(
+                loops: Array(group.makeIterator()), historyLimits: limits, storage: storage, runtime: runtime,
+                onHistoryLost: { [weak self] reason in self?.historyLost(reason) })
+        } catch {
+            storage.close()
+            try? await group.shutdownGracefully()
+            throw error
+        }
+        (storage as? any SharedStorage)?.start(delivering: hub)
         let (repositories, keys) = hub.listed().reduce(into: (0, 0)) { $0.0 += 1; $0.1 += $1.summary.keys }
         logger.info(
             "storage ready",
@@ -198,6 +230,7 @@ public final class ObsServer: Service, Sendable {
         observer?.serverDidStart(status)
 
         let closeAll: @Sendable () -> Void = { for listener in listeners { listener.close(promise: nil) } }
+        if fatal.withLock({ f in f.stop = closeAll; return f.reason != nil }) { closeAll() }
         await withTaskCancellationHandler {
             await withGracefulShutdownHandler {
                 await withTaskGroup(of: Void.self) { tasks in
@@ -224,7 +257,19 @@ public final class ObsServer: Service, Sendable {
         await connections.drainAll(within: .seconds(2))
         await connections.closeAll()
         try await group.shutdownGracefully()
+        if let reason = fatal.withLock({ $0.reason }) { throw ServerFailure(description: reason) }
         logger.info("obsd stopped")
+    }
+
+    /// A shared store's history no longer matches what this daemon served: stops the server,
+    /// which then fails (a service manager restarts it, and it reads the store afresh).
+    private func historyLost(_ reason: String) {
+        logger.critical("stopping: \(reason); a restart reads the shared store afresh, and clients resubscribe")
+        let stop = fatal.withLock { f -> (@Sendable () -> Void)? in
+            if f.reason == nil { f.reason = reason }
+            return f.stop
+        }
+        stop?()
     }
 
     /// Binds the configured path, or adopts the inherited sockets.

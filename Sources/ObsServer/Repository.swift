@@ -44,6 +44,8 @@ enum WriteRefusal: Error, Sendable {
     case revisionTooLarge(bytes: Int, limit: Int)
     /// Storage no longer takes revisions (the daemon is stopping).
     case storageClosed
+    /// The shared store (etcd mode) could not commit it, or could not say whether it did.
+    case shared(SharedFailure)
 }
 
 /// The limits a write is checked against, after the write rules.
@@ -82,14 +84,14 @@ final class Repository: DurabilityListener, Sendable {
     /// the hub's fresh epoch for one this daemon has not stored.
     let epoch: String
 
-    private struct Pending: Sendable {
+    struct Pending: Sendable {
         let revision: Revision
         let sequence: StateSequence
         /// Each change's key entry before the revision, to undo it.
         let previous: [Entry<CanonicalJSON>?]
     }
 
-    private struct State: Sendable {
+    struct State: Sendable {
         var data: KeyedState<CanonicalJSON>
         var history: History
         /// Sequences handed out so far: one per revision applied in memory, undone ones included.
@@ -108,11 +110,13 @@ final class Repository: DurabilityListener, Sendable {
         /// The time of the newest revision: revisions are stamped no earlier, so their
         /// times never go back whatever the clock does.
         var lastTime: Int64 = .min
+        /// Writes waiting for a shared store (etcd mode; see Repository+Shared.swift).
+        var shared = SharedQueue()
     }
 
-    private let state: Locked<State>
+    let state: Locked<State>
     /// The sequence of the latest durable state; readable without the lock.
-    private let durableSequence = Atomic<StateSequence>(0)
+    let durableSequence = Atomic<StateSequence>(0)
     /// The highest sequence ever undone (0: none); readable without the lock.
     private let undoneCeiling = Atomic<StateSequence>(0)
     /// Subscriptions of every loop; readable without the lock (the hub drops placeholders
@@ -120,10 +124,14 @@ final class Repository: DurabilityListener, Sendable {
     private let subscribers = Atomic<Int>(0)
     /// Loaded from storage, or written in this process (even if storage undid it since): the
     /// hub never drops it (see `Hub`). Set once, never cleared.
-    private let permanent = Atomic<Bool>(false)
-    private let storage: any Storage
+    let permanent = Atomic<Bool>(false)
+    let storage: any Storage
     /// Counts repositories that exist (revision > 0).
-    private let stats: ServerStats
+    let stats: ServerStats
+    /// The hub's shared store (etcd mode), where revisions are decided; nil otherwise.
+    let sharedStorage: (any SharedStorage)?
+    /// Names this daemon's commit groups (etcd mode).
+    let writeIDs: WriteIDs?
     /// Every event loop's share; storage's durability news goes to one of them.
     private let shards: [LoopShard]
     /// The shard that handles storage's news: the last writer's, so the news usually
@@ -135,6 +143,8 @@ final class Repository: DurabilityListener, Sendable {
         self.epoch = loaded?.epoch ?? hub.freshEpoch
         self.storage = storage
         self.stats = hub.stats
+        self.sharedStorage = hub.shared
+        self.writeIDs = hub.shared == nil ? nil : hub.writeIDs
         self.shards = hub.shards
         self.home = Atomic(abs(name.hashValue % max(1, hub.shards.count)))
         var history = History(limits: hub.historyLimits)
@@ -329,7 +339,7 @@ final class Repository: DurabilityListener, Sendable {
 
     /// Posts a durable revision to the loops with subscribers. Under the state lock, so each
     /// loop's inbox holds this repository's revisions in order.
-    private static func publish(_ revision: Revision, of repository: Repository, to loops: [(shard: LoopShard, count: Int)]) {
+    static func publish(_ revision: Revision, of repository: Repository, to loops: [(shard: LoopShard, count: Int)]) {
         for loop in loops { loop.shard.post(.revision(revision, repository)) }
     }
 

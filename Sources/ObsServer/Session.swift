@@ -30,6 +30,9 @@ final class Session {
     /// The repository this session wrote last, once the hub keeps it for good: a client
     /// writes one repository many times, and this skips the hub's lock and lookup.
     private var lastWritten: Repository?
+    /// A request waits for the shared store (etcd mode): the connection hands over no
+    /// further request until it is answered (see Session+Shared.swift).
+    var awaitingCluster = false
 
     init(hub: Hub, outbox: Outbox, peer: Peer, settings: SessionSettings, logger: Logger) {
         self.hub = hub
@@ -91,6 +94,15 @@ final class Session {
             }
             guard permits(repo, needed, op: request.command.op, id: id) else { return }
         }
+        if let shared = hub.shared, let scope = Self.sharedReadScope(request.command) {
+            return afterLinearizing(scope, shared) { $0.perform(request) }
+        }
+        perform(request)
+    }
+
+    /// Runs a request whose access was checked.
+    func perform(_ request: Request) {
+        let id = request.id
         switch request.command {
         case .hello:
             reply(id) { b in
@@ -201,6 +213,9 @@ final class Session {
             maxKeys: self.limits.maxKeysPerRepository, maxRepositories: self.limits.maxRepositories,
             maxRevisionBytes: self.limits.maxRevisionBytes)
         let (writer, origin) = (self.writer, ObjectIdentifier(outbox))
+        if hub.shared != nil {
+            return writeShared(id, repo: repo, ops, single: single, limits: limits, writer: writer, origin: origin)
+        }
         let repository: Repository
         let result: Result<WriteOutcome, WriteRefusal>
         if let last = lastWritten, last.name == repo {
@@ -211,6 +226,11 @@ final class Session {
             }
             if repository.isPermanent { lastWritten = repository }
         }
+        answerWrite(id, repo: repo, repository, result, single: single)
+    }
+
+    /// Replies to a write with its outcome.
+    func answerWrite(_ id: JSONValue, repo: String, _ repository: Repository, _ result: Result<WriteOutcome, WriteRefusal>, single: Bool) {
         let outcome: WriteOutcome
         switch result {
         case .success(let o):
@@ -231,6 +251,9 @@ final class Session {
                 ))
         case .failure(.storageClosed):
             return fail(id: id, ProtocolError(.internal, "the daemon is stopping and takes no more writes; nothing was applied"))
+        case .failure(.shared(let failure)):
+            let code: ErrorCode = failure.kind == .tooLarge ? .tooLarge : .internal
+            return fail(id: id, ProtocolError(code, failure.message))
         }
         if outcome.changed { shard.counters.countWrite() }
         reply(id, after: outcome.sequence, in: repository) { b in

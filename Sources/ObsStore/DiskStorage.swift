@@ -53,6 +53,9 @@ public final class StorageCounters: Sendable {
     /// Batches applied to the compacted state, and those that failed (retried later).
     public let checkpoints = Atomic<Int>(0)
     public let checkpointFailures = Atomic<Int>(0)
+
+    /// Counters at zero (for a storage of another module).
+    public init() {}
 }
 
 public final class DiskStorage: Storage {

@@ -4,8 +4,9 @@
 // a raw engine (Raw/): one thread, epoll, non-blocking Unix sockets, one shared read buffer,
 // frames scanned in place, no allocation per event — so that the load generator is not
 // what limits a fast server, and it checks every event and reply all the same.
-// `fill` (load many keys) and `soak` (a bounded robustness run: churn, slow readers, memory
-// and descriptors) drive obsd alone and stay on SwiftNIO and the client library.
+// `fill` (load many keys), `soak` (a bounded robustness run: churn, slow readers, memory
+// and descriptors) and `cluster` (two daemons sharing one etcd) drive obsd alone and stay
+// on SwiftNIO and the client library.
 
 import ArgumentParser
 import NIOCore
@@ -20,7 +21,7 @@ struct Obsbench: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "obsbench",
         abstract: "Load generator for obsd benchmarks.",
-        subcommands: [PubSub.self, Writes.self, Idle.self, Fill.self, Soak.self])
+        subcommands: [PubSub.self, Writes.self, Idle.self, Fill.self, Soak.self, Cluster.self])
 }
 
 /// The server a scenario runs against: obsd or Redis, on a Unix socket.

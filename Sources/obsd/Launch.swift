@@ -1,7 +1,8 @@
-// obsd — from settings to a server configuration: the data directory, the listener
+// obsd — from settings to a server configuration: the data directory or the etcd cluster, the listener
 // (a path, or the sockets systemd passed), sync policy, limits, heartbeat.
 
 import Logging
+import ObsCluster
 import ObsConfig
 import ObsProtocol
 import ObsServer
@@ -32,7 +33,16 @@ enum Launch {
             }
         }
         let storage: StorageConfiguration
-        if s.inMemory {
+        if !s.etcdEndpoints.isEmpty {
+            var cluster = ClusterStorage.Configuration(endpoints: s.etcdEndpoints, prefix: s.etcdPrefix, historyLimit: s.historyLimit)
+            cluster.readTimeout = .seconds(1)
+            do {
+                storage = .custom(try ClusterStorage(configuration: cluster, logger: logger))
+            } catch {
+                throw Failure(description: "storage.etcd-endpoints: \(error)")
+            }
+            if let dataDir = s.dataDir { logger.notice("storage.etcd-endpoints is set: repositories live in etcd, not in \(dataDir)") }
+        } else if s.inMemory {
             storage = .inMemory
         } else {
             guard let directory = s.dataDir ?? DataDirectory.defaultPath(environment: environment) else {

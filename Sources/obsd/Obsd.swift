@@ -73,6 +73,11 @@ struct Obsd: AsyncParsableCommand {
         }
         let configPath = config ?? environment["OBSD_CONFIG"].flatMap { $0.isEmpty ? nil : $0 }
         let settings = try Self.orExit { () throws(ConfigError) in try Self.load(file: configPath, environment: environment, flags: flags) }
+        if !settings.etcdEndpoints.isEmpty && settings.inMemory {
+            var stderr = StandardError()
+            print("obsd: use one of --etcd-endpoints and --in-memory (repositories live either in etcd or in this process)", to: &stderr)
+            throw ExitCode(64)
+        }
 
         // Data files are the daemon's alone; the socket's mode is set explicitly.
         umask(0o077)

@@ -3,6 +3,7 @@
 
 import Foundation
 import Testing
+import TestSupport
 
 @Suite struct FuzzCorpusTests {
     @Test func seedCorpusReplaysCleanly() throws {

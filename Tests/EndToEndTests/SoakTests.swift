@@ -4,6 +4,7 @@
 
 import Foundation
 import Testing
+import TestSupport
 
 #if canImport(Glibc)
 import Glibc

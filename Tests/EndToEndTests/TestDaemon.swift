@@ -8,24 +8,6 @@ import TestSupport
 import Glibc
 #endif
 
-/// Where the package's executables were built (next to the test bundle).
-enum BuildProducts {
-    static var directory: URL {
-        if let dir = ProcessInfo.processInfo.environment["OBSD_BUILD_DIR"] {
-            return URL(fileURLWithPath: dir)
-        }
-        let exe = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath()
-        var dir = exe.deletingLastPathComponent()
-        // On some layouts the runner sits inside the .xctest bundle.
-        while !FileManager.default.fileExists(atPath: dir.appendingPathComponent("obsd").path), dir.path != "/" {
-            dir = dir.deletingLastPathComponent()
-        }
-        return dir
-    }
-
-    static func path(_ name: String) -> String { directory.appendingPathComponent(name).path }
-}
-
 struct TestFailure: Error, CustomStringConvertible {
     let description: String
     init(_ description: String) { self.description = description }

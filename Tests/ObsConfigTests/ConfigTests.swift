@@ -23,6 +23,7 @@ import Testing
         expected.socketUser = "obsd"
         expected.socketGroup = "obsd"
         expected.dataDir = "/var/lib/obsd"
+        expected.etcdEndpoints = ["http://10.0.0.1:2379", "http://10.0.0.2:2379", "http://10.0.0.3:2379"]
         #expect(try DaemonSettings.resolve(file: full, environment: [:], flags: [:]) == expected)
     }
 
@@ -68,6 +69,24 @@ import Testing
         }
         #expect(throws: ConfigError("--threads: server.threads must be an integer from 0 to 1024, not 5000")) {
             try DaemonSettings.resolve(file: nil, environment: [:], flags: ["server.threads": .integer(5000)])
+        }
+    }
+
+    @Test func etcdEndpointsAreAListInEverySource() throws {
+        let file = try ConfigFile.parse("[storage]\netcd-endpoints = [\"http://a:1\", \"http://b:2\"]\netcd-prefix = \"/x/\"\n", path: "f")
+        let fromFile = try DaemonSettings.resolve(file: file, environment: [:], flags: [:])
+        #expect(fromFile.etcdEndpoints == ["http://a:1", "http://b:2"])
+        #expect(fromFile.etcdPrefix == "/x/")
+        let fromEnvironment = try DaemonSettings.resolve(file: nil, environment: ["OBSD_ETCD_ENDPOINTS": "http://a:1, http://b:2"], flags: [:])
+        #expect(fromEnvironment.etcdEndpoints == ["http://a:1", "http://b:2"])
+        let flags = try Setting.parseFlags(["--etcd-endpoints", "http://c:3,http://d:4"])
+        #expect(try DaemonSettings.resolve(file: file, environment: [:], flags: flags).etcdEndpoints == ["http://c:3", "http://d:4"])
+        #expect(DaemonSettings().etcdEndpoints.isEmpty && DaemonSettings().etcdPrefix == "/obsd/")
+        #expect(throws: ConfigError("--etcd-endpoints: storage.etcd-endpoints must be a non-empty list of non-empty strings (comma-separated, or a TOML array), not \"http://a:1,\"")) {
+            try DaemonSettings.resolve(file: nil, environment: [:], flags: ["storage.etcd-endpoints": .string("http://a:1,")])
+        }
+        #expect(throws: ConfigError("f: storage.etcd-prefix must be a non-empty string, not an array")) {
+            try DaemonSettings.resolve(file: try ConfigFile.parse("[storage]\netcd-prefix = [\"a\"]\n", path: "f"), environment: [:], flags: [:])
         }
     }
 

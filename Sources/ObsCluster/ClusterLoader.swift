@@ -1,0 +1,98 @@
+// ObsCluster — start-up: the epoch (created by the first daemon that finds none under the
+// prefix), then every repository — counters, values and the change log — read at one etcd
+// revision, from which the watch continues.
+
+import ObsEtcd
+import ObsProtocol
+import ObsStore
+import ObservableKit
+
+/// What a daemon starts from.
+struct ClusterSnapshot: Sendable {
+    let epoch: String
+    /// Whether this daemon created the epoch (the prefix was empty).
+    let createdEpoch: Bool
+    /// The etcd revision everything was read at; the watch starts after it.
+    let revision: Int64
+    let repositories: [LoadedRepository]
+    /// Every counter's revision and position (a counter can exist at revision 0 after a fence).
+    let positions: [String: DeliveryTracker.Entry]
+}
+
+enum ClusterLoader {
+    /// Reads (or creates) the epoch and reads every repository at one revision.
+    /// - Parameter historyLimit: revisions of history to load per repository.
+    static func load(client: EtcdClient, layout: KeyLayout, historyLimit: Int, timeout: Duration) async throws -> ClusterSnapshot {
+        let (epoch, created) = try await epoch(client: client, layout: layout, timeout: timeout)
+        let counters = try await client.range(layout.counterPrefix, rangeEnd: EtcdKey.prefixEnd(layout.counterPrefix), timeout: timeout)
+        let at = counters.revision
+        let check = try await client.range(layout.epochKey, revision: at, timeout: timeout)
+        guard check.kvs.first.map({ String(decoding: $0.value, as: UTF8.self) }) == epoch else {
+            throw EtcdError.invalidResponse("the epoch under the prefix changed while it was read; reading again")
+        }
+        let data = try await client.range(layout.dataPrefix, rangeEnd: EtcdKey.prefixEnd(layout.dataPrefix), revision: at, timeout: timeout)
+        let log = try await client.range(layout.logPrefix, rangeEnd: EtcdKey.prefixEnd(layout.logPrefix), revision: at, timeout: timeout)
+
+        var positions: [String: DeliveryTracker.Entry] = [:]
+        for kv in counters.kvs {
+            guard case .counter(let repo) = layout.classify(kv.key), let revision = Codec.counter(from: kv.value) else {
+                throw Malformed(description: "\(String(decoding: kv.key, as: UTF8.self)) is not an obsd revision counter")
+            }
+            positions[repo] = DeliveryTracker.Entry(revision: revision, position: kv.modRevision)
+        }
+        var entries: [String: [Key: Entry<CanonicalJSON>]] = [:]
+        for kv in data.kvs {
+            guard case .data(let repo) = layout.classify(kv.key), let key = layout.key(ofDataKey: kv.key, repo: repo) else { continue }
+            do {
+                entries[repo, default: [:]][key] = try Codec.data(from: kv.value)
+            } catch {
+                throw Malformed(description: "\(String(decoding: kv.key, as: UTF8.self)): \(error)")
+            }
+        }
+        var logs: [String: [RevisionRecord]] = [:]
+        for kv in log.kvs {
+            guard case .log(let repo) = layout.classify(kv.key) else { continue }
+            do {
+                logs[repo, default: []].append(try Codec.log(from: kv.value, repo: repo).record)
+            } catch {
+                throw Malformed(description: "\(String(decoding: kv.key, as: UTF8.self)): \(error)")
+            }
+        }
+
+        var repositories: [LoadedRepository] = []
+        for (repo, position) in positions.sorted(by: { $0.key < $1.key }) where position.revision > 0 {
+            let values = entries[repo] ?? [:]
+            if let newer = values.first(where: { $0.value.revision > position.revision }) {
+                throw Malformed(description: "repository \(repo): key \(newer.key.string.debugDescription) is at revision \(newer.value.revision), beyond the counter's \(position.revision)")
+            }
+            let state = KeyedState(revision: position.revision, entries: values)
+            let history = contiguousTail(logs[repo] ?? [], endingAt: position.revision, limit: historyLimit)
+            repositories.append(LoadedRepository(name: repo, epoch: epoch, state: state, history: history))
+        }
+        return ClusterSnapshot(epoch: epoch, createdEpoch: created, revision: at, repositories: repositories, positions: positions)
+    }
+
+    /// The epoch under the prefix, created (128 random bits) if there is none.
+    static func epoch(client: EtcdClient, layout: KeyLayout, timeout: Duration) async throws -> (String, created: Bool) {
+        let fresh = Epoch.random()
+        let result = try await client.txn(
+            compare: [.version(layout.epochKey, .equal, 0)], success: [.put(key: layout.epochKey, value: Array(fresh.utf8))],
+            failure: [.range(EtcdRangeRequest(key: layout.epochKey))], timeout: timeout)
+        if result.succeeded { return (fresh, true) }
+        guard case .range(let found)? = result.responses.first, let kv = found.kvs.first else {
+            throw EtcdError.invalidResponse("the epoch key neither absent nor present")
+        }
+        let epoch = String(decoding: kv.value, as: UTF8.self)
+        guard Epoch.isValid(epoch) else { throw Malformed(description: "\(String(decoding: layout.epochKey, as: UTF8.self)) is not an epoch") }
+        return (epoch, false)
+    }
+
+    /// The longest run of consecutive revisions ending at `revision`, at most `limit` long.
+    static func contiguousTail(_ records: [RevisionRecord], endingAt revision: UInt64, limit: Int) -> [RevisionRecord] {
+        let sorted = records.sorted { $0.revision < $1.revision }
+        guard limit > 0, let last = sorted.last, last.revision == revision else { return [] }
+        var start = sorted.count - 1
+        while start > 0, sorted.count - start < limit, sorted[start - 1].revision + 1 == sorted[start].revision { start -= 1 }
+        return Array(sorted[start...])
+    }
+}

@@ -1,0 +1,162 @@
+// ObsCluster — where obsd's data lies in etcd, and how it is encoded. Every key is under the
+// configured prefix P (default `/obsd/`):
+//
+//   P epoch                      the epoch of every repository under P (created once, 32 hex digits)
+//   P rev/<repo>                 the repository's revision counter, decimal; one obsd write is
+//                                one txn that compares this key's mod_revision and puts it
+//   P data/<repo>/<key>          a key's value: "<revision that last changed it> <canonical JSON>"
+//   P log/<repo>/<revision>      the change log, one record per revision (20-digit revision, so
+//                                keys sort by revision): JSON {"rev","time","w","by","changes"}
+//
+// Repository names are `[A-Za-z0-9._-]`, so the first `/` after `data/` or `log/` ends the
+// name. Values and the log are JSON so that `etcdctl get --prefix /obsd/` reads as text.
+
+import ObsEtcd
+import ObsProtocol
+import ObsStore
+import ObservableKit
+
+/// The keys of one prefix.
+struct KeyLayout: Sendable {
+    let prefix: [UInt8]
+
+    init(prefix: String) {
+        self.prefix = Array(prefix.utf8)
+    }
+
+    var epochKey: [UInt8] { prefix + Array("epoch".utf8) }
+    var counterPrefix: [UInt8] { prefix + Array("rev/".utf8) }
+    var dataPrefix: [UInt8] { prefix + Array("data/".utf8) }
+    var logPrefix: [UInt8] { prefix + Array("log/".utf8) }
+
+    func counterKey(_ repo: String) -> [UInt8] { counterPrefix + Array(repo.utf8) }
+    func dataPrefix(_ repo: String) -> [UInt8] { dataPrefix + Array(repo.utf8) + [UInt8(ascii: "/")] }
+    func dataKey(_ repo: String, _ key: Key) -> [UInt8] { dataPrefix(repo) + Array(key.string.utf8) }
+    func logPrefix(_ repo: String) -> [UInt8] { logPrefix + Array(repo.utf8) + [UInt8(ascii: "/")] }
+
+    func logKey(_ repo: String, _ revision: UInt64) -> [UInt8] {
+        var digits = Array(String(revision).utf8)
+        if digits.count < 20 { digits.insert(contentsOf: repeatElement(UInt8(ascii: "0"), count: 20 - digits.count), at: 0) }
+        return logPrefix(repo) + digits
+    }
+
+    /// What a key under the prefix is.
+    enum Kind: Equatable {
+        case epoch
+        case counter(repo: String)
+        case data(repo: String)
+        case log(repo: String)
+        /// Not obsd's (or not under the prefix).
+        case other
+    }
+
+    func classify(_ key: [UInt8]) -> Kind {
+        guard key.count > prefix.count, key.starts(with: prefix) else { return .other }
+        let rest = key[prefix.count...]
+        if rest.elementsEqual("epoch".utf8) { return .epoch }
+        if let name = Self.after("rev/", in: rest, nameEnds: false) { return .counter(repo: name) }
+        if let name = Self.after("data/", in: rest, nameEnds: true) { return .data(repo: name) }
+        if let name = Self.after("log/", in: rest, nameEnds: true) { return .log(repo: name) }
+        return .other
+    }
+
+    /// The repository name after `section` — up to the next `/` when `nameEnds`, else all
+    /// of the rest.
+    private static func after(_ section: String, in rest: ArraySlice<UInt8>, nameEnds: Bool) -> String? {
+        let head = Array(section.utf8)
+        guard rest.starts(with: head) else { return nil }
+        let tail = rest.dropFirst(head.count)
+        let name: ArraySlice<UInt8>
+        if nameEnds {
+            guard let slash = tail.firstIndex(of: UInt8(ascii: "/")) else { return nil }
+            name = tail[..<slash]
+        } else {
+            name = tail
+        }
+        guard !name.isEmpty else { return nil }
+        return String(decoding: name, as: UTF8.self)
+    }
+
+    /// The obsd key of a data key of `repo`.
+    func key(ofDataKey etcdKey: [UInt8], repo: String) -> Key? {
+        let head = dataPrefix(repo)
+        guard etcdKey.count > head.count, etcdKey.starts(with: head) else { return nil }
+        return Key(String(decoding: etcdKey[head.count...], as: UTF8.self))
+    }
+}
+
+/// Why something under the prefix cannot be read as obsd's.
+struct Malformed: Error, CustomStringConvertible {
+    let description: String
+}
+
+/// The encodings of counters, values and log records.
+enum Codec {
+    static func counter(_ revision: UInt64) -> [UInt8] { Array(String(revision).utf8) }
+
+    static func counter(from bytes: [UInt8]) -> UInt64? { UInt64(String(decoding: bytes, as: UTF8.self)) }
+
+    /// `"<revision> <canonical JSON>"`.
+    static func data(revision: UInt64, value: CanonicalJSON) -> [UInt8] {
+        var out = Array(String(revision).utf8)
+        out.append(UInt8(ascii: " "))
+        out.append(contentsOf: value.bytes)
+        return out
+    }
+
+    static func data(from bytes: [UInt8]) throws(Malformed) -> Entry<CanonicalJSON> {
+        guard let space = bytes.firstIndex(of: UInt8(ascii: " ")),
+            let revision = UInt64(String(decoding: bytes[..<space], as: UTF8.self))
+        else { throw Malformed(description: "a value without its revision") }
+        do {
+            let value = try bytes[(space + 1)...].withUnsafeBytes { (raw) throws(JSONParseError) in try CanonicalJSON(validating: raw) }
+            return Entry(value: value, revision: revision)
+        } catch {
+            throw Malformed(description: "a value that is not JSON (\(error))")
+        }
+    }
+
+    /// A log record: `{"rev":N,"time":T,"w":"<write id>","by":{…},"changes":[{"key","old","new"}…]}`.
+    static func log(_ record: RevisionRecord, writeID: String) -> [UInt8] {
+        var out: [UInt8] = []
+        out.reserveCapacity(record.byteSize + 96)
+        out.writeMember("{\"rev\":", record.revision)
+        out.writeRaw(",\"time\":")
+        out.writeDecimal(record.time)
+        out.writeMember(",\"w\":", writeID)
+        if let writer = record.writer { EventEncoder.writeBy(&out, writer) }
+        out.writeRaw(",\"changes\":[")
+        for (i, change) in record.changes.enumerated() {
+            if i > 0 { out.writeByte(UInt8(ascii: ",")) }
+            EventEncoder.writeChange(&out, change) { sink, value in sink.writeCanonical(value) }
+        }
+        out.writeRaw("]}")
+        return out
+    }
+
+    static func log(from bytes: [UInt8], repo: String) throws(Malformed) -> SharedRevision {
+        let tree: JSONValue
+        do { tree = try JSONParser.parse(bytes) } catch { throw Malformed(description: "a log record that is not JSON (\(error))") }
+        guard case .object(let o) = tree, let revision = o["rev"]?.uint64Value, revision > 0, let time = o["time"]?.int64Value,
+            let changes = o["changes"]?.arrayValue
+        else { throw Malformed(description: "a log record without rev, time or changes") }
+        var writer: Writer? = nil
+        if let by = o["by"]?.objectValue {
+            guard let uid = by["uid"]?.uint64Value, let gid = by["gid"]?.uint64Value, let pid = by["pid"]?.int64Value,
+                let u = UInt32(exactly: uid), let g = UInt32(exactly: gid), let p = Int32(exactly: pid)
+            else { throw Malformed(description: "a log record with a malformed writer") }
+            writer = Writer(uid: u, gid: g, pid: p)
+        }
+        var decoded: [Change<CanonicalJSON>] = []
+        decoded.reserveCapacity(changes.count)
+        for change in changes {
+            guard case .object(let c) = change, let key = c["key"]?.stringValue else {
+                throw Malformed(description: "a log record with a change without its key")
+            }
+            decoded.append(Change(key: Key(key), old: c["old"].map(CanonicalJSON.init), new: c["new"].map(CanonicalJSON.init)))
+        }
+        let record = RevisionRecord(
+            repo: repo, changeSet: ChangeSet(revision: revision, changes: decoded), time: time, writer: writer)
+        return SharedRevision(record: record, writeID: o["w"]?.stringValue)
+    }
+}

@@ -1,0 +1,126 @@
+// ObsStore — storage that several daemons share (several hosts, issue 14).
+//
+// A `SharedStorage` keeps repositories in a store other daemons write too (etcd, in
+// ObsCluster). Unlike `Storage`, it decides revisions itself: a daemon plans a write
+// against the state it holds (a *basis* revision), the store commits it only if that basis
+// is still current everywhere, and every committed revision — this daemon's and every
+// other's, in one order — reaches the daemon through `SharedStorageSink.deliver`, which is
+// the only way the daemon's state moves. So a local write is applied exactly once, in the
+// same order as on every other daemon, and only once it is in the store.
+//
+// This file is the boundary only: what the daemon asks (`commit`, `linearize`) and what it
+// is told (`SharedStorageSink`). It names no cluster technology.
+
+/// Where a committed revision came from: its record, and the write id the committing
+/// daemon gave its group (nil when unknown).
+public struct SharedRevision: Sendable {
+    public let record: RevisionRecord
+    public let writeID: String?
+
+    public init(record: RevisionRecord, writeID: String?) {
+        self.record = record
+        self.writeID = writeID
+    }
+}
+
+/// Revisions planned by this daemon on `basisRevision` of `repo`, to commit together (group
+/// commit): each keeps its own revision, `basisRevision + 1`… in order. With no records, a
+/// check that the basis is current (for answers that change nothing: a no-op, a conflict).
+public struct SharedCommit: Sendable {
+    public let repo: String
+    public let basisRevision: UInt64
+    public let records: [RevisionRecord]
+    /// Unique among every daemon's groups; stored with each record (it settles a commit
+    /// whose outcome the store could not report).
+    public let writeID: String
+    /// When the daemon must have an answer (the store may take a little longer to settle an
+    /// unknown outcome; see `SharedCommitOutcome.failed`).
+    public let deadline: ContinuousClock.Instant
+
+    public init(repo: String, basisRevision: UInt64, records: [RevisionRecord], writeID: String, deadline: ContinuousClock.Instant) {
+        self.repo = repo
+        self.basisRevision = basisRevision
+        self.records = records
+        self.writeID = writeID
+        self.deadline = deadline
+    }
+}
+
+/// How a `SharedCommit` ended.
+public enum SharedCommitOutcome: Sendable {
+    /// The records are committed, and already delivered to the sink.
+    case committed
+    /// (No records.) The basis was the current state at a moment after the call.
+    case current
+    /// The basis was not current; the sink has since been given the newer revisions.
+    /// Nothing was committed: plan again on the new state.
+    case stale
+    /// Not committed, or not known to be (`SharedFailure.Kind`).
+    case failed(SharedFailure)
+}
+
+/// Why a shared store could not commit.
+public struct SharedFailure: Error, Sendable, CustomStringConvertible {
+    public enum Kind: Sendable, Equatable {
+        /// The store cannot take writes now (no quorum, unreachable); nothing was applied.
+        case unavailable
+        /// The store could not say whether the write was applied; it may be, even later.
+        /// If it is, every daemon delivers it as usual.
+        case outcomeUnknown
+        /// The store refuses writes this large; nothing was applied.
+        case tooLarge
+        /// Anything else; nothing was applied.
+        case refused
+    }
+
+    public let kind: Kind
+    /// Names the cause, for the writer's error reply.
+    public let message: String
+
+    public init(_ kind: Kind, _ message: String) {
+        self.kind = kind
+        self.message = message
+    }
+
+    public var description: String { message }
+}
+
+/// Which repositories a read must be up to date with.
+public enum SharedScope: Sendable, Hashable {
+    case repository(String)
+    /// Every repository (the `repos` op).
+    case all
+}
+
+/// Told about every committed revision of a shared store, in order. Called from the store's
+/// own task; it must not wait for the store.
+public protocol SharedStorageSink: AnyObject, Sendable {
+    /// The next revisions of `repo`, contiguous and in order, committed by any daemon.
+    func deliver(repo: String, revisions: [SharedRevision])
+    /// The store's history no longer matches what this daemon showed its clients (the
+    /// store's data was wiped or replaced): the daemon cannot go on with the same epoch.
+    func historyLost(_ reason: String)
+}
+
+/// A storage shared with other daemons. `append` is never used: writes go through
+/// `commit`, and the daemon's state moves only by `SharedStorageSink.deliver`.
+public protocol SharedStorage: Storage {
+    /// The epoch of every repository in the store: the same on every daemon that shares it,
+    /// new when the store's data is new.
+    var epoch: String { get }
+    /// Reaches the store and reads every repository, waiting (and logging why) while it
+    /// cannot; `load()` returns what was read. Throws `CancellationError`, or a
+    /// `StorageError` when what the store holds is not the daemon's.
+    func connect() async throws
+    /// Starts delivering every revision committed after what `load()` returned.
+    func start(delivering sink: any SharedStorageSink)
+    /// Why `records` cannot be committed together, if they cannot (the daemon then commits
+    /// fewer at a time, or refuses a single revision that is too large with this reason).
+    func limitExceeded(by records: [RevisionRecord]) -> String?
+    /// Commits `group` if its basis is current.
+    func commit(_ group: SharedCommit) async -> SharedCommitOutcome
+    /// Returns once every revision of `scope` committed before the call has been delivered
+    /// (true), or false when the store could not say so quickly (it is unreachable or has
+    /// no quorum): the caller then answers from the state it holds.
+    func linearize(_ scope: SharedScope) async -> Bool
+}
