@@ -171,7 +171,7 @@ final class StateRecorder: Sendable {
     /// it and those before it). Looks once more after the deadline: a test starved of its
     /// thread past the deadline still sees a state that was published in time.
     func wait(timeout: Duration = .seconds(20), _ matches: @escaping @Sendable (ConnectionState) -> Bool) async throws {
-        let found = await eventually(timeout: timeout) {
+        let found = await eventually(timeout: timeout) { () async -> Bool in  // suspends between looks
             seen.withLock { seen in
                 guard let i = seen.states[seen.consumed...].firstIndex(where: matches) else { return false }
                 seen.consumed = i + 1

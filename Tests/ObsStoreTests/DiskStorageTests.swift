@@ -285,7 +285,7 @@ func crashedAfterTenRevisions() throws -> String {
         #expect(waitFor { a.durable == 1 })
         // Fill the file system, then write until the log refuses.
         let filler = mount.path + "/filler"
-        FileManager.default.createFile(atPath: filler, contents: nil)
+        #expect(FileManager.default.createFile(atPath: filler, contents: nil))
         let handle = try #require(FileHandle(forWritingAtPath: filler))
         while (try? handle.write(contentsOf: Data(count: 64 << 10))) != nil {}
         try? handle.close()
