@@ -199,16 +199,7 @@ extension Repository {
     private static func limitRefusal(
         _ changes: [Change<CanonicalJSON>], data: KeyedState<CanonicalJSON>, limits: WriteLimits, stats: ServerStats
     ) -> WriteRefusal? {
-        var created = 0
-        var removed = 0
-        var bytes = 0
-        for change in changes {
-            if change.old == nil { created += 1 }
-            if change.new == nil { removed += 1 }
-            bytes += RevisionRecord.byteSize(of: change)
-        }
-        if created > 0, data.count + created - removed > limits.maxKeys { return .tooManyKeys(limit: limits.maxKeys) }
-        if bytes > limits.maxRevisionBytes { return .revisionTooLarge(bytes: bytes, limit: limits.maxRevisionBytes) }
+        if let refusal = sizeRefusal(changes, keys: data.count, limits: limits) { return refusal }
         if data.revision == 0, stats.repositories.load(ordering: .relaxed) >= limits.maxRepositories {
             return .tooManyRepositories(limit: limits.maxRepositories)
         }

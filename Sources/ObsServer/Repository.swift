@@ -187,6 +187,22 @@ final class Repository: DurabilityListener, Sendable {
 
     // MARK: Writing
 
+    /// Whether `changes` would pass the key-count or the revision-size limit of a repository
+    /// holding `keys` keys (checked before anything is applied).
+    static func sizeRefusal(_ changes: [Change<CanonicalJSON>], keys: Int, limits: WriteLimits) -> WriteRefusal? {
+        var created = 0
+        var removed = 0
+        var bytes = 0
+        for change in changes {
+            if change.old == nil { created += 1 }
+            if change.new == nil { removed += 1 }
+            bytes += RevisionRecord.byteSize(of: change)
+        }
+        if created > 0, keys + created - removed > limits.maxKeys { return .tooManyKeys(limit: limits.maxKeys) }
+        if bytes > limits.maxRevisionBytes { return .revisionTooLarge(bytes: bytes, limit: limits.maxRevisionBytes) }
+        return nil
+    }
+
     /// Applies `ops` atomically, written by `writer` on connection `origin`. The resulting
     /// revision (if any) is delivered to subscribers once durable; `awaitDurable` tells the
     /// writer's loop (`from`, whose shard then hears storage's news first).
@@ -206,16 +222,7 @@ final class Repository: DurabilityListener, Sendable {
             guard !changes.isEmpty else {
                 return WriteOutcome(revision: s.data.revision, changed: false, previous: previous, sequence: s.current)
             }
-            var created = 0
-            var removed = 0
-            var bytes = 0
-            for change in changes {
-                if change.old == nil { created += 1 }
-                if change.new == nil { removed += 1 }
-                bytes += RevisionRecord.byteSize(of: change)
-            }
-            if created > 0, s.data.count + created - removed > limits.maxKeys { throw .tooManyKeys(limit: limits.maxKeys) }
-            if bytes > limits.maxRevisionBytes { throw .revisionTooLarge(bytes: bytes, limit: limits.maxRevisionBytes) }
+            if let refusal = Self.sizeRefusal(changes, keys: s.data.count, limits: limits) { throw refusal }
             // Only a `set` brings an empty repository into existence; the count is reserved
             // atomically, so concurrent creators cannot pass the limit together.
             let creates = s.data.revision == 0
