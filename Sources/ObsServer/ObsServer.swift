@@ -292,8 +292,10 @@ public final class ObsServer: Service, Sendable {
         case .path(let path):
             // Bound beside its path, given its mode and owner, then renamed into place: the
             // socket never shows at `path` with other permissions than the configured ones.
+            // (A leftover staging file is this pid's own; the path itself was checked by
+            // `SocketFile.prepare` and is never removed here.)
             let staging = SocketFile.stagingPath(for: path)
-            let channel = try await bootstrap.bind(unixDomainSocketPath: staging ?? path, cleanupExistingSocketFile: true).get()
+            let channel = try await bootstrap.bind(unixDomainSocketPath: staging ?? path, cleanupExistingSocketFile: staging != nil).get()
             do {
                 try SocketFile.setOwnership(
                     staging ?? path, mode: configuration.socketMode, owner: configuration.socketOwner, group: configuration.socketGroup)
