@@ -12,19 +12,12 @@ COUNT=${1:-1000}
 SECONDS_OF_WRITES=${2:-10}
 
 dir=$(mktemp -d /tmp/obsd-cluster-bench-XXXXXX)
-pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
-  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
-  rm -rf "$dir"
-}
-trap cleanup EXIT
+source bench/etcd-cluster.sh   # start_etcd_cluster; every process in `pids` killed, $dir removed on exit
 
 swift build -c release --product obsd >/dev/null
 swift build -c release --product obsbench >/dev/null
 swift build -c release --product obs-etcd-bench >/dev/null
 
-source bench/etcd-cluster.sh
 start_etcd_cluster "$dir"
 echo "== etcd $(etcd --version | head -1 | awk '{print $3}'), 3 members; leader $leader"
 

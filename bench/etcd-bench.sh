@@ -15,15 +15,8 @@ CHECK_PERF=false
 [ "${2:-}" = "--check-perf" ] && CHECK_PERF=true
 
 dir=$(mktemp -d /tmp/obsd-etcd-bench-XXXXXX)
-pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
-  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
-  rm -rf "$dir"
-}
-trap cleanup EXIT
+source bench/etcd-cluster.sh   # start_etcd_cluster; every process in `pids` killed, $dir removed on exit
 
-source bench/etcd-cluster.sh
 start_etcd_cluster "$dir"
 echo "== etcd $(etcd --version | head -1 | awk '{print $3}'): 3 members healthy after ${healthy_after} s"
 echo "== leader $leader; writes go to the leader, the watcher reads from $follower"

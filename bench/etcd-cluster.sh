@@ -1,4 +1,5 @@
-# Sourced by the etcd benchmarks: a fresh 3-member etcd cluster on free loopback ports.
+# Sourced by the etcd benchmarks (after setting `dir`): a fresh 3-member etcd cluster on
+# free loopback ports, and a trap that kills every process in `pids` and removes `dir`.
 #
 #   start_etcd_cluster DIR     members' data and logs under DIR; appends their PIDs to the
 #                              caller's `pids` array; sets `endpoints` (host:port,…), `urls`
@@ -35,3 +36,11 @@ print(" ".join(str(x.getsockname()[1]) for x in s))')
   leader=$(etcdctl --endpoints "$endpoints" endpoint status | awk -F', ' '$5 == "true" {print $1}')
   follower=$(echo "$endpoints" | tr , '\n' | grep -v "^$leader$" | head -1)
 }
+
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
+  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+  rm -rf "$dir"
+}
+trap cleanup EXIT
