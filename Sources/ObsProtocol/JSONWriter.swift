@@ -34,6 +34,7 @@ extension JSONSink {
     }
 
     /// Writes an unsigned integer in decimal.
+    @inlinable
     public mutating func writeDecimal(_ value: UInt64) {
         var digits: (UInt64, UInt64, UInt64) = (0, 0, 0)  // 24 bytes of scratch
         withUnsafeMutableBytes(of: &digits) { buf in
@@ -49,6 +50,7 @@ extension JSONSink {
     }
 
     /// Writes a signed integer in decimal.
+    @inlinable
     public mutating func writeDecimal(_ value: Int64) {
         if value < 0 {
             writeByte(UInt8(ascii: "-"))
@@ -59,6 +61,7 @@ extension JSONSink {
     }
 
     /// Writes a JSON string literal.
+    @inlinable
     public mutating func writeJSONString(_ string: String) {
         writeByte(UInt8(ascii: "\""))
         var s = string
@@ -76,7 +79,8 @@ extension JSONSink {
         writeByte(UInt8(ascii: "\""))
     }
 
-    private mutating func writeEscape(_ b: UInt8) {
+    @usableFromInline
+    internal mutating func writeEscape(_ b: UInt8) {
         switch b {
         case UInt8(ascii: "\""): writeRaw("\\\"")
         case UInt8(ascii: "\\"): writeRaw("\\\\")
@@ -98,6 +102,7 @@ extension JSONSink {
     public mutating func writeJSONString(_ key: Key) { writeJSONString(key.string) }
 
     /// Writes any JSON value.
+    @inlinable
     public mutating func writeJSON(_ value: JSONValue) {
         switch value {
         case .null: writeRaw("null")

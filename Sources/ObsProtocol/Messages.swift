@@ -90,6 +90,7 @@ public enum EventEncoder {
     }
 
     /// Writes `,"by":{"uid":…,"gid":…,"pid":…}`: who wrote a revision (`writers: true`).
+    @inlinable
     public static func writeBy<S: JSONSink>(_ sink: inout S, _ writer: Writer) {
         sink.writeMember(",\"by\":{\"uid\":", UInt64(writer.uid))
         sink.writeMember(",\"gid\":", UInt64(writer.gid))
@@ -98,20 +99,20 @@ public enum EventEncoder {
         sink.writeByte(UInt8(ascii: "}"))
     }
 
-    /// Writes `,"repo":…,"rev":…[,"from":…],"changes":[…]}\n` from pre-encoded change
-    /// objects (`from`: the first revision a coalesced event covers).
+    /// Writes `,"repo":…,"rev":…[,"from":…],"changes":[…]}\n` (`from`: the first revision a
+    /// coalesced event covers), the `count` change objects written in order by `writeChange`
+    /// (given each one's position; see `writeChange(_:_:writeValue:)`).
+    @inlinable
     public static func writeChangeBody<S: JSONSink>(
-        _ sink: inout S, repo: String, rev: UInt64, from: UInt64? = nil, encodedChanges: some Sequence<[UInt8]>
+        _ sink: inout S, repo: String, rev: UInt64, from: UInt64? = nil, count: Int, writeChange: (inout S, Int) -> Void
     ) {
         sink.writeMember(",\"repo\":", repo)
         sink.writeMember(",\"rev\":", rev)
         if let from { sink.writeMember(",\"from\":", from) }
         sink.writeRaw(",\"changes\":[")
-        var first = true
-        for change in encodedChanges {
-            if !first { sink.writeByte(UInt8(ascii: ",")) }
-            first = false
-            sink.writeRaw(change)
+        for i in 0..<count {
+            if i > 0 { sink.writeByte(UInt8(ascii: ",")) }
+            writeChange(&sink, i)
         }
         sink.writeRaw("]}\n")
     }

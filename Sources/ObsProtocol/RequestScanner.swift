@@ -75,7 +75,7 @@ struct ScannedFields {
 
     /// The request these members make, when it is well-formed; nil leaves the judgement
     /// (and the message) to the general decoder.
-    func request() -> Request? {
+    consuming func request() -> Request? {
         guard let op else { return nil }
         let command: Command
         switch op {

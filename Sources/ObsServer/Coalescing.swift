@@ -85,12 +85,10 @@ extension Outbox {
                 buffer.writeRaw(subscription.head)
                 if subscription.writers, let writer = lag.writer { EventEncoder.writeBy(&buffer, writer) }
                 EventEncoder.writeChangeBody(
-                    &buffer, repo: subscription.repository.name, rev: revision, from: lag.from,
-                    encodedChanges: changes.lazy.map { change -> [UInt8] in
-                        var out: [UInt8] = []
-                        EventEncoder.writeChange(&out, change) { sink, value in sink.writeCanonical(value) }
-                        return out
-                    })
+                    &buffer, repo: subscription.repository.name, rev: revision, from: lag.from, count: changes.count
+                ) { buffer, i in
+                    EventEncoder.writeChange(&buffer, changes[i]) { sink, value in sink.writeCanonical(value) }
+                }
             }
         }
     }

@@ -63,11 +63,15 @@ final class LoopShard: @unchecked Sendable {
 
     // Loop-confined from here on.
 
-    private struct RepositoryRoutes {
+    /// A class, so that delivering a revision reads it in place (a struct would be copied
+    /// out of the dictionary, retaining each of its index's tables, once per revision).
+    private final class RepositoryRoutes {
         let repository: Repository
         var routes = KeyedRoutes<Subscription>()
         /// The newest revision delivered to this loop.
         var revision: UInt64 = 0
+
+        init(repository: Repository) { self.repository = repository }
     }
 
     /// A reply (or a subscription's first messages) waiting for a state to be durable.
@@ -117,16 +121,17 @@ final class LoopShard: @unchecked Sendable {
     func route(_ subscription: Subscription, for selection: Selection) {
         eventLoop.assertInEventLoop()
         let id = ObjectIdentifier(subscription.repository)
-        routes[id, default: RepositoryRoutes(repository: subscription.repository)].routes.insert(
-            subscription, for: selection, id: subscription.routeID)
+        let entry = routes[id] ?? RepositoryRoutes(repository: subscription.repository)
+        routes[id] = entry
+        entry.routes.insert(subscription, for: selection, id: subscription.routeID)
     }
 
     /// Stops routing to `subscription`. Idempotent.
     func unroute(_ subscription: Subscription) {
         eventLoop.assertInEventLoop()
         let id = ObjectIdentifier(subscription.repository)
-        guard routes[id]?.routes.remove(subscription.routeID) != nil else { return }
-        if routes[id]?.routes.count == 0 { routes[id] = nil }
+        guard let entry = routes[id], entry.routes.remove(subscription.routeID) != nil else { return }
+        if entry.routes.count == 0 { routes[id] = nil }
         subscription.repository.subscriberLeft(self)
         hub?.subscriptionEnded(subscription.repository)
     }
@@ -206,7 +211,7 @@ final class LoopShard: @unchecked Sendable {
     /// events queued.
     private func deliver(_ record: Revision, of repository: Repository) -> Int {
         guard let entry = routes[ObjectIdentifier(repository)] else { return 0 }
-        routes[ObjectIdentifier(repository)]!.revision = record.revision
+        entry.revision = record.revision
         var delivered = 0
         var ended: [Subscription] = []
         entry.routes.route(record.keys) { _, subscription, selected in

@@ -217,8 +217,10 @@ final class Repository: DurabilityListener, Sendable {
         return try state.withLock { (s) throws(WriteRefusal) -> WriteOutcome in
             let changes: [Change<CanonicalJSON>]
             do throws(WriteError) { changes = try s.data.plan(ops) } catch { throw .rules(error) }
-            let before = ops.map { s.data[$0.key] }
-            let previous = ops.count == 1 ? before[0]?.value : nil
+            // A single write's reply carries the value it replaced (the change's old value, or
+            // the equal value it left in place).
+            let previous: CanonicalJSON? =
+                if ops.count != 1 { nil } else if let change = changes.first { change.old } else { s.data[ops[0].key]?.value }
             guard !changes.isEmpty else {
                 return WriteOutcome(revision: s.data.revision, changed: false, previous: previous, sequence: s.current)
             }
@@ -232,6 +234,8 @@ final class Repository: DurabilityListener, Sendable {
             let changeSet = ChangeSet(revision: s.data.revision + 1, changes: changes)
             let record = RevisionRecord(repo: name, changeSet: changeSet, time: max(now, s.lastTime), writer: writer)
             let revision = Revision(record, encode: !s.subscriberLoops.isEmpty, origin: origin)
+            // What each changed key held, to undo the write should storage fail it.
+            let before = storage.isImmediate ? [] : ops.map { s.data[$0.key] }
             // Storage never calls back from inside `append` (this lock is held): a store that
             // no longer takes revisions says so, and nothing is applied.
             if !storage.isImmediate, !storage.append(record, listener: self) {

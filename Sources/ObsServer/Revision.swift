@@ -18,8 +18,9 @@ final class Revision: Sendable {
     private struct Encoded: Sendable {
         /// The body with every change.
         let body: [UInt8]
-        /// Each change's object, for subscribers that select some of a revision's changes.
-        let changes: [[UInt8]]
+        /// Where each change's object lies in `body`, for subscribers that select some of a
+        /// revision's changes (empty for a revision of one change).
+        let changes: [Range<Int>]
     }
 
     /// - Parameters:
@@ -32,7 +33,8 @@ final class Revision: Sendable {
     }
 
     var revision: UInt64 { record.revision }
-    var keys: [Key] { record.keys }
+    /// Its keys, in application order (without building an array).
+    var keys: LazyMapSequence<[Change<CanonicalJSON>], Key> { record.changes.lazy.map(\.key) }
 
     /// Writes a change event minus its head (`{"event":"change","sub":N`, which each
     /// subscriber writes itself), holding the changes `selected` picks.
@@ -42,7 +44,11 @@ final class Revision: Sendable {
         case .all:
             sink.writeRaw(e.body)
         case .some(let positions):
-            EventEncoder.writeChangeBody(&sink, repo: record.repo, rev: record.revision, encodedChanges: positions.lazy.map { e.changes[$0] })
+            e.body.withUnsafeBytes { body in
+                EventEncoder.writeChangeBody(&sink, repo: record.repo, rev: record.revision, count: positions.count) { sink, i in
+                    sink.writeBytes(UnsafeRawBufferPointer(rebasing: body[e.changes[positions[i]]]))
+                }
+            }
         }
     }
 
@@ -53,16 +59,18 @@ final class Revision: Sendable {
         writeEventBody(&sink, selected: selected)
     }
 
+    /// One buffer, each change object written in place (its range kept when there are several).
     private static func encode(_ record: RevisionRecord) -> Encoded {
-        let changes = record.changes.map { change -> [UInt8] in
-            var out: [UInt8] = []
-            out.reserveCapacity(change.key.utf8Count + (change.old?.bytes.count ?? 0) + (change.new?.bytes.count ?? 0) + 24)
-            EventEncoder.writeChange(&out, change) { sink, value in sink.writeCanonical(value) }
-            return out
-        }
+        let several = record.changes.count > 1
         var body: [UInt8] = []
-        body.reserveCapacity(changes.reduce(record.repo.utf8.count + 48) { $0 + $1.count + 1 })
-        EventEncoder.writeChangeBody(&body, repo: record.repo, rev: record.revision, encodedChanges: changes)
-        return Encoded(body: body, changes: changes.count > 1 ? changes : [])
+        body.reserveCapacity(record.changes.reduce(record.repo.utf8.count + 48) { $0 + RevisionRecord.byteSize(of: $1) })
+        var changes: [Range<Int>] = []
+        if several { changes.reserveCapacity(record.changes.count) }
+        EventEncoder.writeChangeBody(&body, repo: record.repo, rev: record.revision, count: record.changes.count) { body, i in
+            let start = body.count
+            EventEncoder.writeChange(&body, record.changes[i]) { sink, value in sink.writeCanonical(value) }
+            if several { changes.append(start..<body.count) }
+        }
+        return Encoded(body: body, changes: changes)
     }
 }

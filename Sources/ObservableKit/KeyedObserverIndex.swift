@@ -109,9 +109,9 @@ public struct KeyedRoutes<Element> {
     /// Calls `body` for each observer that selects any of `keys` (one revision's keys, in
     /// application order) — once per observer, with the positions it selects.
     @inlinable
-    public func route(_ keys: [Key], _ body: (ObserverID, Element, SelectedChanges) -> Void) {
-        if keys.count == 1 {
-            forEachMatch(of: keys[0]) { slot in body(slot.id, slot.element, .all) }
+    public func route(_ keys: some RandomAccessCollection<Key>, _ body: (ObserverID, Element, SelectedChanges) -> Void) {
+        if keys.count == 1, let key = keys.first {
+            forEachMatch(of: key) { slot in body(slot.id, slot.element, .all) }
             return
         }
         var position: [ObserverID: Int] = [:]
