@@ -13,8 +13,9 @@
 // that wait for durability included — the daemon closes: the client reads every reply, in
 // order, then end of file.
 //
-// In etcd mode a request can wait for the cluster (`Session.awaitingCluster`); the handler
-// then holds the connection's further input the way it does while congested.
+// In etcd mode a request can wait for the cluster (`Session.awaitingCluster`), and a write
+// can wait for a loop's delivery backlog to go down (`Session.awaitingDelivery`); the
+// handler then holds the connection's further input the way it does while congested.
 
 import Logging
 import NIOCore
@@ -128,7 +129,7 @@ final class ConnectionHandler: ChannelDuplexHandler {
         guard let session, !quiescing else { return }
         var buffer = input
         while buffer.readableBytes > 0 {
-            if session.outbox.isCongested || session.awaitingCluster {
+            if session.outbox.isCongested || session.holdsInput {
                 held = buffer
                 return
             }
@@ -187,7 +188,7 @@ final class ConnectionHandler: ChannelDuplexHandler {
             context.close(promise: nil)  // a refused connection: its message is out
             return
         }
-        if session.awaitingCluster { return }  // its answer resumes this
+        if session.holdsInput { return }  // what it waits for resumes this
         if !inputFinished {
             inputFinished = true
             framer.finish { frame in
@@ -217,7 +218,7 @@ final class ConnectionHandler: ChannelDuplexHandler {
 
     func read(context: ChannelHandlerContext) {
         if inputClosed || quiescing { return }
-        if held != nil || session?.outbox.isCongested == true || session?.awaitingCluster == true {
+        if held != nil || session?.outbox.isCongested == true || session?.holdsInput == true {
             readPending = true
         } else {
             context.read()

@@ -22,6 +22,8 @@ final class ServerStats: Sendable {
     let connectionsRefused = Atomic<Int>(0)
     let subscriptions = Atomic<Int>(0)
     let overflows = Atomic<Int>(0)
+    /// Times a writer's connection was held until a loop's delivery backlog went down.
+    let writersHeld = Atomic<Int>(0)
     let errors = Atomic<Int>(0)
     let denied = Atomic<Int>(0)
     /// Repositories with revision > 0.
@@ -97,7 +99,7 @@ final class Hub: Sendable {
     /// A hub serving on `loops` (at least one), with what `storage` holds.
     init(
         loops: [any EventLoop], historyLimits: HistoryLimits, storage: any Storage, runtime: Runtime,
-        onHistoryLost: @escaping @Sendable (String) -> Void = { _ in }
+        delivery: DeliveryBudget = DeliveryBudget(), onHistoryLost: @escaping @Sendable (String) -> Void = { _ in }
     ) throws(StorageError) {
         self.historyLimits = historyLimits
         self.storage = storage
@@ -106,7 +108,7 @@ final class Hub: Sendable {
         self.onHistoryLost = onHistoryLost
         self.runtime = runtime
         precondition(!loops.isEmpty, "a hub needs an event loop")
-        shards = loops.enumerated().map { LoopShard(eventLoop: $1, index: $0) }
+        shards = loops.enumerated().map { LoopShard(eventLoop: $1, index: $0, budget: delivery) }
         let loaded = try storage.load()
         repositories.withLock { map in
             for repo in loaded {
@@ -122,6 +124,12 @@ final class Hub: Sendable {
     }
 
     // MARK: Event loops
+
+    /// A loop whose delivery backlog is at its limit, if any: writers wait for it.
+    var backloggedShard: LoopShard? {
+        for shard in shards where shard.isBacklogged { return shard }
+        return nil
+    }
 
     /// The shard of `loop` (every connection's loop is one of the hub's).
     func shard(for loop: any EventLoop) -> LoopShard {

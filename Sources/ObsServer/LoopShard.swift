@@ -8,6 +8,15 @@
 // loop takes its inbox, routes each revision through its own index to its own connections'
 // outboxes, and writes each connection once. The inbox lock is taken once per revision per
 // loop, never per subscriber; nothing crosses threads per event.
+//
+// Delivery is bounded two ways. A tick delivers at most `DeliveryBudget.eventsPerTick`
+// events, then lets the loop serve its connections (and the watchdog's heartbeat) before
+// the next tick goes on. And what waits to be delivered — the backlog, counted in events
+// (a revision weighs as many as this loop has subscriptions to its repository) — pushes
+// back on writers: past `DeliveryBudget.maxBacklog`, a connection that writes hands over
+// no further request until the backlog is below half of it (`whenDrained`). A slow reader
+// never causes a backlog — its own queue overflows (or coalesces) — so only a loop whose
+// fan-out costs more than the writes arrive slows the writers.
 
 import NIOCore
 import ObsProtocol
@@ -33,6 +42,15 @@ final class LoopCounters: Sendable {
     }
 }
 
+/// How much a loop delivers before it serves its connections again, and how much may wait
+/// to be delivered before writers are held back (see LoopShard).
+struct DeliveryBudget: Sendable {
+    /// Events one tick delivers before it lets the loop do its I/O (about 10–50 ms of work).
+    var eventsPerTick = 65_536
+    /// Events waiting to be delivered on one loop past which writers wait.
+    var maxBacklog = 262_144
+}
+
 final class LoopShard: @unchecked Sendable {
     // @unchecked Sendable: `inbox` is behind a lock and `counters` are atomics; `hub` is set
     // once by the hub's initializer, before the shard is published to any other thread;
@@ -42,8 +60,8 @@ final class LoopShard: @unchecked Sendable {
 
     /// News for this loop, posted from any thread.
     enum Item: Sendable {
-        /// A durable revision of a repository this loop has subscribers to.
-        case revision(Revision, Repository)
+        /// A durable revision of a repository this loop has `weight` subscriptions to.
+        case revision(Revision, Repository, weight: Int)
         /// Every state of the repository up to this sequence is durable.
         case durable(Repository, through: StateSequence)
         /// States of the repository after this sequence were undone.
@@ -59,7 +77,18 @@ final class LoopShard: @unchecked Sendable {
     let counters = LoopCounters()
     /// The hub this shard belongs to (which owns it).
     weak var hub: Hub?
-    private let inbox = Locked<(items: [Item], scheduled: Bool)>(([], false))
+    private let inbox = Locked<Inbox>(Inbox())
+    /// Events posted and not yet delivered (an upper bound: each revision counts as many as
+    /// its repository's subscriptions here). Written under the inbox lock and by the loop.
+    private let backlog = Atomic<Int>(0)
+    let budget: DeliveryBudget
+
+    private struct Inbox {
+        var items: [Item] = []
+        var scheduled = false
+        /// Writers' loops waiting for the backlog to go down (see `whenDrained`).
+        var drainWaiters: [@Sendable () -> Void] = []
+    }
 
     // Loop-confined from here on.
 
@@ -90,10 +119,13 @@ final class LoopShard: @unchecked Sendable {
     private var waiters: [ObjectIdentifier: CircularBuffer<Waiter>] = [:]
     private var dirty: [Outbox] = []
     private var tickScheduled = false
+    /// Taken from the inbox and not yet handled (the last tick ran out of its budget).
+    private var taken = CircularBuffer<Item>()
 
-    init(eventLoop: any EventLoop, index: Int) {
+    init(eventLoop: any EventLoop, index: Int, budget: DeliveryBudget = DeliveryBudget()) {
         self.eventLoop = eventLoop
         self.index = index
+        self.budget = budget
     }
 
     // MARK: Posting (any thread)
@@ -101,6 +133,7 @@ final class LoopShard: @unchecked Sendable {
     /// Queues news for this loop; it is handled in the loop's next tick.
     func post(_ item: Item) {
         let wasScheduled = inbox.withLock { box -> Bool in
+            if case .revision(_, _, let weight) = item { backlog.wrappingAdd(weight, ordering: .relaxed) }
             box.items.append(item)
             defer { box.scheduled = true }
             return box.scheduled
@@ -111,6 +144,22 @@ final class LoopShard: @unchecked Sendable {
         } else {
             eventLoop.execute { self.tick() }
         }
+    }
+
+    // MARK: Backlog (any thread)
+
+    /// Whether the backlog is at its limit: writers should wait (`whenDrained`).
+    var isBacklogged: Bool { backlog.load(ordering: .relaxed) >= budget.maxBacklog }
+
+    /// Calls `resume` (on whatever thread; it must hop to its own loop) once the backlog is
+    /// below half its limit — at once if it already is.
+    func whenDrained(_ resume: @escaping @Sendable () -> Void) {
+        let now = inbox.withLock { box -> Bool in
+            if backlog.load(ordering: .relaxed) < budget.maxBacklog / 2 { return true }
+            box.drainWaiters.append(resume)
+            return false
+        }
+        if now { resume() }
     }
 
     // MARK: Subscriptions (on the loop)
@@ -170,33 +219,42 @@ final class LoopShard: @unchecked Sendable {
 
     // MARK: The tick
 
-    /// Handles what was posted, then writes every connection that has output. Runs as a
-    /// task of the loop, after the loop has handled the reads of its current iteration.
+    /// Handles what was posted — up to the budget of events, the rest in the next tick —
+    /// then writes every connection that has output. Runs as a task of the loop, after the
+    /// loop has handled the reads of its current iteration.
     private func tick() {
         eventLoop.assertInEventLoop()
         tickScheduled = false
         var delivered = 0
+        var weighed = 0
         // News handled here may post more for this loop (a confirmation tells the waiting
         // loops, this one among them): a few rounds take it in this tick.
-        for _ in 0..<3 {
-            let items = inbox.withLock { box -> [Item] in
-                box.scheduled = false
-                var taken: [Item] = []
-                swap(&taken, &box.items)
-                return taken
+        rounds: for _ in 0..<3 {
+            if taken.isEmpty {
+                let items = inbox.withLock { box -> [Item] in
+                    box.scheduled = false
+                    var items: [Item] = []
+                    swap(&items, &box.items)
+                    return items
+                }
+                if items.isEmpty { break }
+                taken.append(contentsOf: items)
             }
-            if items.isEmpty { break }
-            for item in items {
+            while let item = taken.popFirst() {
                 switch item {
-                case .revision(let record, let repository): delivered += deliver(record, of: repository)
+                case .revision(let record, let repository, let weight):
+                    delivered += deliver(record, of: repository)
+                    weighed += weight
                 case .durable(let repository, let sequence): release(repository, through: sequence)
                 case .failed(let repository, let sequence, let error): fail(repository, after: sequence, error)
                 case .confirm(let repository, let revision): repository.confirm(through: revision)
                 case .undo(let repository, let revision, let error): repository.undo(after: revision, error: error)
                 }
+                if delivered >= budget.eventsPerTick { break rounds }
             }
         }
         if delivered > 0 { counters.count(events: delivered) }
+        if weighed > 0 { settle(weighed) }
         let outboxes = dirty
         dirty.removeAll(keepingCapacity: true)
         var written = 0
@@ -205,6 +263,21 @@ final class LoopShard: @unchecked Sendable {
             written += outbox.flush()
         }
         if written > 0 { counters.count(bytes: written) }
+        // Out of budget: the rest after the loop has served its connections.
+        if !taken.isEmpty { requestTick() }
+    }
+
+    /// Takes `weight` delivered events off the backlog; wakes the writers waiting for it if
+    /// it is now below half its limit.
+    private func settle(_ weight: Int) {
+        let waiters = inbox.withLock { box -> [@Sendable () -> Void] in
+            let left = backlog.wrappingSubtract(weight, ordering: .relaxed).newValue
+            guard left < budget.maxBacklog / 2, !box.drainWaiters.isEmpty else { return [] }
+            var waiters: [@Sendable () -> Void] = []
+            swap(&waiters, &box.drainWaiters)
+            return waiters
+        }
+        for resume in waiters { resume() }
     }
 
     /// Routes one revision to this loop's subscribers of its repository; the number of

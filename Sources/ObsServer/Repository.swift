@@ -351,7 +351,7 @@ final class Repository: DurabilityListener, Sendable {
     /// Posts a durable revision to the loops with subscribers. Under the state lock, so each
     /// loop's inbox holds this repository's revisions in order.
     static func publish(_ revision: Revision, of repository: Repository, to loops: [(shard: LoopShard, count: Int)]) {
-        for loop in loops { loop.shard.post(.revision(revision, repository)) }
+        for loop in loops { loop.shard.post(.revision(revision, repository, weight: loop.count)) }
     }
 
     // MARK: Subscribing

@@ -180,6 +180,7 @@ extension Session {
             b.writeMember(",\"eventsOut\":", sum { $0.eventsOut.load(ordering: .relaxed) })
             b.writeMember(",\"bytesOut\":", sum { $0.bytesOut.load(ordering: .relaxed) })
             b.writeMember(",\"overflows\":", count(s.overflows))
+            b.writeMember(",\"writersHeld\":", count(s.writersHeld))
             b.writeMember(",\"errors\":", count(s.errors))
             b.writeMember(",\"denied\":", count(s.denied))
             b.writeMember(",\"uptimeSeconds\":", UInt64(max(0, uptime.components.seconds)))

@@ -71,9 +71,4 @@ extension Session {
             repository.submitShared(item)
         }
     }
-
-    /// Lets the connection hand over the requests it held while this one waited.
-    private func resumeInput() {
-        outbox.onProgress?()
-    }
 }

@@ -33,6 +33,11 @@ final class Session {
     /// A request waits for the shared store (etcd mode): the connection hands over no
     /// further request until it is answered (see Session+Shared.swift).
     var awaitingCluster = false
+    /// This session wrote while a loop's delivery backlog was at its limit: the connection
+    /// hands over no further request until the backlog is down (see LoopShard).
+    private(set) var awaitingDelivery = false
+    /// Whether the connection must hold its further requests for now.
+    var holdsInput: Bool { awaitingCluster || awaitingDelivery }
 
     init(hub: Hub, outbox: Outbox, peer: Peer, settings: SessionSettings, logger: Logger) {
         self.hub = hub
@@ -227,6 +232,26 @@ final class Session {
             if repository.isPermanent { lastWritten = repository }
         }
         answerWrite(id, repo: repo, repository, result, single: single)
+        if let backlogged = hub.backloggedShard { waitForDelivery(on: backlogged) }
+    }
+
+    /// Holds the connection's further requests until `shard`'s delivery backlog is down.
+    private func waitForDelivery(on shard: LoopShard) {
+        awaitingDelivery = true
+        hub.stats.writersHeld.add(1, ordering: .relaxed)
+        let loop = self.shard.eventLoop
+        let session = NIOLoopBound(self, eventLoop: loop)
+        shard.whenDrained {
+            loop.execute {
+                session.value.awaitingDelivery = false
+                session.value.resumeInput()
+            }
+        }
+    }
+
+    /// Lets the connection hand over the requests it held while this one waited.
+    func resumeInput() {
+        outbox.onProgress?()
     }
 
     /// Replies to a write with its outcome.

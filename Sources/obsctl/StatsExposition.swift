@@ -54,6 +54,8 @@ enum StatsExposition {
               help: "Bytes sent to clients (replies and events) since obsd started."),
         Known(field: "overflows", metric: "obsd_overflows_total", type: .counter,
               help: "Connections cut off for reading too slowly (overflow) since obsd started."),
+        Known(field: "writersHeld", metric: "obsd_writers_held_total", type: .counter,
+              help: "Times a writer was held until the fan-out caught up (delivery backlog) since obsd started."),
         Known(field: "errors", metric: "obsd_errors_total", type: .counter, help: "Error replies since obsd started."),
         Known(field: "denied", metric: "obsd_denied_total", type: .counter,
               help: "Requests refused as forbidden since obsd started."),
