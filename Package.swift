@@ -130,6 +130,7 @@ let package = Package(
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOEmbedded", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
             ]),
         .target(name: "TestSupport", path: "Tests/TestSupport"),
         // ObsEtcd against a real 3-member etcd cluster on loopback (TestSupport's EtcdCluster).

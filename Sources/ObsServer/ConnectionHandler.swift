@@ -36,6 +36,8 @@ final class ConnectionHandler: ChannelDuplexHandler {
     private let limits: Limits
     private let settings: SessionSettings
     private let logger: Logger
+    /// Reads the peer's credentials: `Peer.of` (SO_PEERCRED); replaced only by in-process tests.
+    private let peerOf: @Sendable (any Channel) -> Peer?
     private var framer: LineFramer
     private var outbox: Outbox?
     private var session: Session?
@@ -54,8 +56,12 @@ final class ConnectionHandler: ChannelDuplexHandler {
     /// Shutting down: completed once everything queued is written.
     private var drained: EventLoopPromise<Void>?
 
-    init(hub: Hub, limits: Limits, startTime: ContinuousClock.Instant, logger: Logger) {
+    init(
+        hub: Hub, limits: Limits, startTime: ContinuousClock.Instant, logger: Logger,
+        peerOf: @escaping @Sendable (any Channel) -> Peer? = Peer.of
+    ) {
         self.hub = hub
+        self.peerOf = peerOf
         self.limits = limits
         self.settings = SessionSettings(maxLine: limits.maxLine, maxDepth: limits.maxDepth, startTime: startTime)
         self.logger = logger
@@ -88,7 +94,7 @@ final class ConnectionHandler: ChannelDuplexHandler {
 
     func channelActive(context: ChannelHandlerContext) {
         defer { context.fireChannelActive() }
-        guard let outbox, let peer = Peer.of(context.channel) else {
+        guard let outbox, let peer = peerOf(context.channel) else {
             logger.error("cannot read the peer's credentials (SO_PEERCRED); closing the connection")
             return refuse(context, "the daemon could not identify this process")
         }
