@@ -1,5 +1,5 @@
 // What the ObsServer tests share to build a daemon's state in process: a `Hub` over an
-// `EmbeddedEventLoop` (one loop, one shard), with in-memory storage and the default limits,
+// `EmbeddedEventLoop` (one shard per loop), with in-memory storage and the default limits,
 // and a storage that reports durability only when a test says so.
 
 import NIOEmbedded
@@ -16,13 +16,15 @@ extension Limits {
         maxRepositories: 10_000, maxConnections: 16_384, maxConnectionsPerUID: 1024)
 }
 
-/// A hub whose one event loop is `loop`: channels on the same loop are its connections.
+/// A hub whose event loop is `loop` (and `otherLoops`, if any): channels on these loops are
+/// its connections.
 func makeHub(
-    storage: any Storage = InMemoryStorage(), limits: Limits = .testing, loop: EmbeddedEventLoop = EmbeddedEventLoop()
+    storage: any Storage = InMemoryStorage(), limits: Limits = .testing, loop: EmbeddedEventLoop = EmbeddedEventLoop(),
+    otherLoops: [EmbeddedEventLoop] = [], delivery: DeliveryBudget = DeliveryBudget()
 ) throws -> Hub {
     try Hub(
-        loops: [loop], historyLimits: HistoryLimits(count: 100, maxBytes: 64 << 20, maxAge: nil), storage: storage,
-        runtime: Runtime(limits: limits, policy: .open))
+        loops: [loop] + otherLoops, historyLimits: HistoryLimits(count: 100, maxBytes: 64 << 20, maxAge: nil), storage: storage,
+        runtime: Runtime(limits: limits, policy: .open), delivery: delivery)
 }
 
 /// Storage that keeps what it is given and reports durability only when the test says so.
