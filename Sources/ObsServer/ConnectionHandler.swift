@@ -135,6 +135,11 @@ final class ConnectionHandler: ChannelDuplexHandler {
         guard let session, !quiescing else { return }
         var buffer = input
         while buffer.readableBytes > 0 {
+            // After an overflow the connection only drains and closes: nothing more is read.
+            guard session.outbox.isOpen else {
+                held = nil
+                return
+            }
             if session.outbox.isCongested || session.holdsInput {
                 held = buffer
                 return
@@ -223,7 +228,8 @@ final class ConnectionHandler: ChannelDuplexHandler {
     }
 
     func read(context: ChannelHandlerContext) {
-        if inputClosed || quiescing { return }
+        // After an overflow nothing more is read (the connection closes once drained).
+        if inputClosed || quiescing || session?.outbox.isOpen == false { return }
         if held != nil || session?.outbox.isCongested == true || session?.holdsInput == true {
             readPending = true
         } else {

@@ -13,7 +13,9 @@
 //   Writers and other connections never wait for a slow reader.
 // - The shard writes each connection with output once per loop tick: ready bytes are handed
 //   to the channel while it is writable (NIO buffers up to its write watermark), the rest
-//   waits here and counts against the limit. Handing bytes over is what drains the queue.
+//   waits here and counts against the limit. Handing bytes over drains the queue; what the
+//   socket layer then holds past its watermark counts against the limit too, until the
+//   channel is writable again.
 
 import NIOCore
 import ObsProtocol
@@ -77,8 +79,13 @@ final class Outbox {
     private var tailEvents = 0
     /// Bytes and events queued here (not yet handed to the channel); slots count `slotBytes`.
     private(set) var queuedBytes = 0
+    /// Bytes handed over that the socket layer still held past its write watermark at the
+    /// last flush (0 while it is writable).
+    private var socketBacklog = 0
     private(set) var queuedEvents = 0
     private var phase = Phase.open
+    /// The close that ends an overflowed connection's grace period (cancelled if it closes first).
+    private var graceClose: Scheduled<Void>?
     private(set) var live: [UInt64: Subscription] = [:]
     /// Coalescing subscriptions with changes folded while the queue was full (Coalescing.swift).
     var lagging: [Subscription] = []
@@ -189,7 +196,7 @@ final class Outbox {
 
     /// Whether the queue is at its limit: a new event overflows the connection (or, for a
     /// coalescing subscription, is folded into its lag).
-    var isFull: Bool { queuedBytes >= limits.maxBytes || queuedEvents >= limits.maxEvents }
+    var isFull: Bool { heldBytes >= limits.maxBytes || queuedEvents >= limits.maxEvents }
 
     /// Queues the change event of `record` for `subscription`, folds it into the
     /// subscription's lag (coalescing), skips it (`echo: false`), or overflows.
@@ -233,7 +240,7 @@ final class Outbox {
         stats.overflows.add(1, ordering: .relaxed)
         live.removeAll()
         if let channel = context?.channel {
-            channel.eventLoop.scheduleTask(in: limits.grace) { channel.close(promise: nil) }
+            graceClose = channel.eventLoop.scheduleTask(in: limits.grace) { channel.close(promise: nil) }
         }
         return victims
     }
@@ -241,7 +248,11 @@ final class Outbox {
     // MARK: Writing
 
     /// Whether the queue holds at least its byte limit (the handler stops reading requests).
-    var isCongested: Bool { queuedBytes >= limits.maxBytes }
+    var isCongested: Bool { heldBytes >= limits.maxBytes }
+
+    /// What counts against the byte limit: the queue, and what the socket layer holds once it
+    /// holds more than its write watermark.
+    var heldBytes: Int { queuedBytes + socketBacklog }
 
     /// Whether requests should still be processed.
     var isOpen: Bool { phase == .open }
@@ -255,21 +266,30 @@ final class Outbox {
     @discardableResult
     func flush() -> Int {
         guard phase != .closed, let context else { return 0 }
-        let wasCongested = queuedBytes >= limits.maxBytes / 2
+        let wasCongested = heldBytes >= limits.maxBytes / 2
+        if socketBacklog > 0, context.channel.isWritable { socketBacklog = 0 }  // below its watermark again
         var handed = handOver(context)
-        if !lagging.isEmpty, phase == .open, queuedBytes < limits.maxBytes / 2, queuedEvents < limits.maxEvents / 2 {
+        if !lagging.isEmpty, phase == .open, heldBytes < limits.maxBytes / 2, queuedEvents < limits.maxEvents / 2 {
             releaseLag()
             handed += handOver(context)
         }
-        guard handed > 0 else { return 0 }
+        guard handed > 0 else {
+            // The socket drained what it held: a connection held for it may go on.
+            if wasCongested, heldBytes < limits.maxBytes / 2 { onProgress?() }
+            return 0
+        }
         context.flush()
+        if !context.channel.isWritable {
+            // The socket took less than it was handed: what waits there counts until it drains.
+            socketBacklog = (try? context.channel.syncOptions?.getOption(ChannelOptions.bufferedWritableBytes)) ?? 0
+        }
         if phase == .overflowed, isEmpty {
             // The overflow event is handed over: close once the socket has taken it.
             let channel = context.channel
             let promise = context.eventLoop.makePromise(of: Void.self)
             promise.futureResult.whenComplete { _ in channel.close(promise: nil) }
             context.writeAndFlush(NIOAny(allocator.buffer(capacity: 0)), promise: promise)
-        } else if (wasCongested && queuedBytes < limits.maxBytes / 2) || isEmpty {
+        } else if (wasCongested && heldBytes < limits.maxBytes / 2) || isEmpty {
             onProgress?()
         }
         return handed
@@ -315,10 +335,13 @@ final class Outbox {
     /// Closes the queue; returns the subscriptions that were still live.
     func close() -> [Subscription] {
         phase = .closed
+        graceClose?.cancel()  // it would keep the channel for the rest of the grace period
+        graceClose = nil
         lagging.removeAll()
         chunks.removeAll()
         tail.clear()
         queuedBytes = 0
+        socketBacklog = 0
         queuedEvents = 0
         return unregisterAll()
     }

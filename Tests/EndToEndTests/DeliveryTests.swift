@@ -125,6 +125,37 @@ func collect(_ subscription: Subscription, until lastRevision: UInt64) async thr
         await writer.close()
     }
 
+    @Test func aSlowReaderHoldsNoMoreThanItsQueueLimitBeyondWhatTheKernelTakes() async throws {
+        // A loop tick can queue a large batch of events and hand it to the socket at once;
+        // what the socket layer then holds past its 64 KiB watermark counts against the
+        // limit. So the reader is cut off with at most the queue limit held for it, plus what
+        // the kernel took (at most the daemon's send buffer) and the watermark — not the
+        // limit plus the whole batch. Eight subscriptions of one connection make each write
+        // eight events of about 2 KB: a burst of 50 writes is a tick of 800 KB.
+        let queueBytes = 4 << 20
+        let d = try await TestDaemon.start(["--queue-bytes", "\(queueBytes)", "--overflow-grace", "20"], inMemory: true)
+        let slow = try WireConnection(path: d.socketPath)
+        for _ in 1...8 { _ = try slow.call(["op": "subscribe", "repo": "b"]) }
+        let padding = String(repeating: "p", count: 1000)
+        let writer = try WireConnection(path: d.socketPath)
+        for burst in 0..<40 {
+            let ids = burst * 50 + 1...burst * 50 + 50
+            try writer.sendRaw(Array(ids.map { #"{"id":\#($0),"op":"set","repo":"b","key":"k\#($0 % 10)","value":"\#($0) \#(padding)"}"# + "\n" }.joined().utf8))
+            for n in ids { #expect(try writer.receive()["id"] == .number(UInt64(n))) }  // replies carry old values: read as we go
+        }
+
+        var received = 0
+        var last: [UInt8] = []
+        while let line = try slow.receiveLine() {
+            received += line.count + 1
+            last = line
+        }
+        #expect(String(decoding: last, as: UTF8.self).hasPrefix(#"{"event":"overflow""#))
+        let sendBuffer = Int(try String(contentsOfFile: "/proc/sys/net/core/wmem_default", encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines)) ?? 0
+        #expect(sendBuffer > 0)
+        #expect(received <= queueBytes + sendBuffer + 64 * 1024 + 16 * 1024, "received \(received) bytes")
+    }
+
     @Test func clientLibrarySurfacesOverflowWithTheRevisionToResumeFrom() async throws {
         let d = try await TestDaemon.start(["--queue-events", "100", "--queue-bytes", "65536"], inMemory: true)
         let lagging = try await ObsClient.connect(socketPath: d.socketPath)

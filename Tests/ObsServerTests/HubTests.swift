@@ -1,6 +1,7 @@
 // In-process tests of the daemon's shared state: which repository objects the hub hands
 // out, and that none is ever used after the hub let go of it.
 
+import NIOEmbedded
 import ObsProtocol
 import ObsStore
 import ObservableKit
@@ -38,7 +39,10 @@ let writeLimits = WriteLimits(maxKeys: 1000, maxRepositories: 1000, maxRevisionB
     @Test func concurrentConnectionsAndCreationsNeverPassTheirLimits() async throws {
         var limits = Limits.testing
         limits.maxConnections = 10
-        let hub = try makeHub(limits: limits)
+        // A thread-safe loop: the hub (and so its loop) is used and released from whatever
+        // threads the tasks below run on.
+        let loop = NIOAsyncTestingEventLoop()
+        let hub = try makeHub(limits: limits, loop: loop)
         let peer = Peer(uid: 0, gid: 0, pid: 1)
         let admitted = Locked(0)
         let owners = (0..<200).map { _ in NSObjectLike() }
@@ -67,6 +71,7 @@ let writeLimits = WriteLimits(maxKeys: 1000, maxRepositories: 1000, maxRevisionB
         }
         #expect(created.withLock { $0 } == 7)
         #expect(hub.repositoryCount == 7 && hub.listed().count == 7)
+        await loop.shutdownGracefully()
     }
 
     @Test func placeholdersOfRepositoriesNobodyWroteAreDroppedWhenUnused() throws {

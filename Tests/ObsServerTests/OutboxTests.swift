@@ -108,6 +108,13 @@ private func subscriberAndWriter(_ limits: Limits) throws -> (Hub, EmbeddedEvent
 
         #expect(hub.stats.overflows.load(ordering: .relaxed) == 1)
         #expect(hub.stats.subscriptions.load(ordering: .relaxed) == 0, "the overflow ended the subscription")
+        // Nothing more is read: no read is asked of the socket, and what arrives is not handled.
+        let reads = subscriber.reads.count
+        subscriber.requestRead()
+        #expect(subscriber.reads.count == reads)
+        let requests = hub.shards[0].counters.requests.load(ordering: .relaxed)
+        try subscriber.send(lines(#"{"id":9,"op":"ping"}"#))
+        #expect(hub.shards[0].counters.requests.load(ordering: .relaxed) == requests)
         loop.advanceTime(by: .seconds(4))
         #expect(subscriber.isActive, "within the grace period")
         loop.advanceTime(by: .seconds(1))

@@ -2,6 +2,7 @@
 // `EmbeddedEventLoop` (one shard per loop), with in-memory storage and the default limits,
 // and a storage that reports durability only when a test says so.
 
+import NIOCore
 import NIOEmbedded
 import ObsStore
 import Synchronization
@@ -19,8 +20,8 @@ extension Limits {
 /// A hub whose event loop is `loop` (and `otherLoops`, if any): channels on these loops are
 /// its connections.
 func makeHub(
-    storage: any Storage = InMemoryStorage(), limits: Limits = .testing, loop: EmbeddedEventLoop = EmbeddedEventLoop(),
-    otherLoops: [EmbeddedEventLoop] = [], delivery: DeliveryBudget = DeliveryBudget()
+    storage: any Storage = InMemoryStorage(), limits: Limits = .testing, loop: any EventLoop = EmbeddedEventLoop(),
+    otherLoops: [any EventLoop] = [], delivery: DeliveryBudget = DeliveryBudget()
 ) throws -> Hub {
     try Hub(
         loops: [loop] + otherLoops, historyLimits: HistoryLimits(count: 100, maxBytes: 64 << 20, maxAge: nil), storage: storage,
