@@ -76,9 +76,10 @@ final class ConnectionHandler: ChannelDuplexHandler {
             stats: hub.stats, allocator: context.channel.allocator)
         outbox.context = context
         outbox.onProgress = { [weak self] in
-            self?.resumeReading()
-            self?.finishInput()
-            self?.checkDrained()
+            guard let self else { return }
+            self.resumeReading()
+            self.finishInput()
+            self.checkDrained()
         }
         self.outbox = outbox
     }

@@ -301,7 +301,7 @@ final class Outbox {
         let channel = context.channel
         var handed = 0
         var events = 0
-        while channel.isWritable, let first = chunks.first, case .ready(let buffer, let n) = first {
+        while let first = chunks.first, case .ready(let buffer, let n) = first, channel.isWritable {
             chunks.removeFirst()
             removedChunks += 1
             handed += buffer.readableBytes
