@@ -52,11 +52,11 @@ struct DeliveryBudget: Sendable {
 }
 
 final class LoopShard: @unchecked Sendable {
-    // @unchecked Sendable: `inbox` is behind a lock and `counters` are atomics; `hub` is set
-    // once by the hub's initializer, before the shard is published to any other thread;
-    // every other stored property is read and written only on `eventLoop` — by the loop's
-    // connection handlers and sessions, and by `tick`, which the loop runs — so no two
-    // threads ever touch them. Entry points assert it in debug builds.
+    // @unchecked Sendable: `inbox` is behind a lock, `backlog` and `counters` are atomics,
+    // `budget` is immutable, and `hub` is set once by the hub's initializer, before the shard
+    // is published to any other thread; every other stored property is read and written only
+    // on `eventLoop` — by the loop's connection handlers and sessions, and by `tick`, which
+    // the loop runs — so no two threads ever touch them. Entry points assert it in debug builds.
 
     /// News for this loop, posted from any thread.
     enum Item: Sendable {
