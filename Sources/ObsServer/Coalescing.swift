@@ -14,7 +14,8 @@ import NIOCore
 import ObsProtocol
 import ObservableKit
 
-/// The changes a coalescing subscription has not been sent yet.
+/// The changes a coalescing subscription has not been sent yet: one entry per key whose
+/// value differs from the one the subscription last received.
 struct Lag {
     /// The first revision folded in.
     let from: UInt64
@@ -56,7 +57,15 @@ extension Outbox {
             } else if lag.received[change.key] == nil {
                 lag.received[change.key] = .some(change.old)
             }
-            lag.current[change.key] = .some(change.new)
+            // Back at what the subscriber last received (created and deleted again, changed
+            // and changed back): nothing to send for it, so nothing is kept — the lag holds
+            // only keys it owes a change of, never one entry per key ever written.
+            if let received = lag.received[change.key], received == change.new {
+                lag.received[change.key] = nil
+                lag.current[change.key] = nil
+            } else {
+                lag.current[change.key] = .some(change.new)
+            }
         }
         switch selected {
         case .all: for change in changes { fold(change) }

@@ -152,18 +152,23 @@ final class Hub: Sendable {
         if let repo = existing(name), repo.isPermanent {
             return try body(repo)
         }
-        let repo = repositories.withLock { map -> Repository in
-            if map[name] == nil {
-                map[name] = Slot(repository: makeRepository(name))
-            }
-            map[name]!.users += 1
-            return map[name]!.repository
-        }
+        let repo = hold(name)
         defer { release(name) }
         return try body(repo)
     }
 
-    private func release(_ name: String) {
+    /// The repository `name` (created, unlisted and empty, if needed), kept until `release`:
+    /// for an operation that outlives one call (a write waiting for the shared store).
+    func hold(_ name: String) -> Repository {
+        repositories.withLock { map -> Repository in
+            if map[name] == nil { map[name] = Slot(repository: makeRepository(name)) }
+            map[name]!.users += 1
+            return map[name]!.repository
+        }
+    }
+
+    /// Ends a `hold` (or a `using`): drops the repository if it is a placeholder nobody uses.
+    func release(_ name: String) {
         repositories.withLock { map in
             guard var slot = map[name] else { return }
             slot.users -= 1
@@ -199,6 +204,10 @@ final class Hub: Sendable {
 
     /// The number of repositories that exist.
     var repositoryCount: Int { stats.repositories.load(ordering: .relaxed) }
+
+    /// The repository objects held in memory: those that exist, and placeholders for
+    /// subscriptions and writes under way (privileged `stats`: `repositoriesHeld`).
+    var heldCount: Int { repositories.withLock { $0.count } }
 
     // MARK: Connections
 

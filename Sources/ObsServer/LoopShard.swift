@@ -64,8 +64,8 @@ final class LoopShard: @unchecked Sendable {
         case revision(Revision, Repository, weight: Int)
         /// Every state of the repository up to this sequence is durable.
         case durable(Repository, through: StateSequence)
-        /// States of the repository after this sequence were undone.
-        case failed(Repository, after: StateSequence, StorageError)
+        /// These states of the repository were undone.
+        case failed(Repository, undone: ClosedRange<StateSequence>, StorageError)
         /// Storage's news for a repository whose home this shard is (see `Repository.durable`).
         case confirm(Repository, through: UInt64)
         case undo(Repository, after: UInt64, StorageError)
@@ -191,6 +191,17 @@ final class LoopShard: @unchecked Sendable {
         routes[ObjectIdentifier(repository)]?.revision ?? 0
     }
 
+    /// The lags of this loop's lagging coalescing subscriptions to repository `name`: what
+    /// each still owes its client (in-process tests check their bound).
+    func lags(ofRepository name: String) -> [Lag] {
+        eventLoop.assertInEventLoop()
+        var lags: [Lag] = []
+        for entry in routes.values where entry.repository.name == name {
+            entry.routes.forEachRegistration { subscription in if let lag = subscription.lag { lags.append(lag) } }
+        }
+        return lags
+    }
+
     // MARK: Durability waits (on the loop)
 
     /// Holds a reply in its outbox slot until its state is durable; `Repository.awaitDurable`
@@ -246,7 +257,7 @@ final class LoopShard: @unchecked Sendable {
                     delivered += deliver(record, of: repository)
                     weighed += weight
                 case .durable(let repository, let sequence): release(repository, through: sequence)
-                case .failed(let repository, let sequence, let error): fail(repository, after: sequence, error)
+                case .failed(let repository, let undone, let error): fail(repository, undone: undone, error)
                 case .confirm(let repository, let revision): repository.confirm(through: revision)
                 case .undo(let repository, let revision, let error): repository.undo(after: revision, error: error)
                 }
@@ -321,12 +332,12 @@ final class LoopShard: @unchecked Sendable {
 
     /// Replaces the waiting replies whose states were undone by the error; a subscription
     /// that began on undone state ends with it (it saw values that are gone).
-    private func fail(_ repository: Repository, after sequence: StateSequence, _ error: StorageError) {
+    private func fail(_ repository: Repository, undone: ClosedRange<StateSequence>, _ error: StorageError) {
         let id = ObjectIdentifier(repository)
         guard var queue = waiters.removeValue(forKey: id) else { return }
         var kept = CircularBuffer<Waiter>()
         while let waiter = queue.popFirst() {
-            guard waiter.sequence > sequence else {
+            guard undone.contains(waiter.sequence) else {
                 kept.append(waiter)
                 continue
             }

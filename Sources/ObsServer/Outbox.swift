@@ -57,6 +57,8 @@ final class Outbox {
     static let slotBytes = 64
 
     let shard: LoopShard
+    /// The connection this queue belongs to (the origin of its writes, for `echo: false`).
+    let connection = ConnectionID.next()
     let limits: OutboxLimits
     private let stats: ServerStats
     /// This connection's live subscriptions, for `stats`.

@@ -31,7 +31,7 @@ struct SharedItem: Sendable {
     let limits: WriteLimits
     let writer: Writer?
     /// The writing connection (its outbox), for `echo: false`.
-    let origin: ObjectIdentifier?
+    let origin: ConnectionID?
     /// Past it, the write is answered with an error instead of being planned again.
     let deadline: ContinuousClock.Instant
     /// Called once, from any thread, with the write's outcome.
@@ -44,7 +44,20 @@ struct SharedQueue: Sendable {
     /// A group is being planned or committed.
     var busy = false
     /// The group being committed: its write id and the connection of each of its revisions.
-    var inflight: (writeID: String, origins: [UInt64: ObjectIdentifier])? = nil
+    var inflight: (writeID: String, origins: [UInt64: ConnectionID])? = nil
+    /// Groups whose outcome the store could not report, newest last: the store may still
+    /// apply one, and its revisions must then count as their writers' (`echo: false`).
+    var unsettled: [(writeID: String, origins: [UInt64: ConnectionID])] = []
+
+    /// How many unsettled groups are remembered (the store settles a group within seconds).
+    static let unsettledLimit = 64
+
+    /// The connection that wrote `revision` of group `writeID`, if this daemon wrote it.
+    func origin(of writeID: String?, revision: UInt64) -> ConnectionID? {
+        guard let writeID else { return nil }
+        if let inflight, inflight.writeID == writeID { return inflight.origins[revision] }
+        return unsettled.last { $0.writeID == writeID }?.origins[revision]
+    }
 }
 
 /// A planned group: what to commit, and each write's answer should it commit.
@@ -75,8 +88,7 @@ extension Repository {
             for shared in revisions {
                 let record = shared.record
                 guard record.revision == s.data.revision + 1 else { continue }
-                var origin: ObjectIdentifier? = nil
-                if let inflight = s.shared.inflight, inflight.writeID == shared.writeID { origin = inflight.origins[record.revision] }
+                let origin = s.shared.origin(of: shared.writeID, revision: record.revision)
                 let revision = Revision(record, encode: !s.subscriberLoops.isEmpty, origin: origin)
                 s.data.install(ChangeSet(revision: record.revision, changes: record.changes))
                 s.lastTime = max(s.lastTime, record.time)
@@ -112,6 +124,10 @@ extension Repository {
     private func finish(_ group: SharedGroup, _ outcome: SharedCommitOutcome) {
         var answers: [(SharedItem, Result<WriteOutcome, WriteRefusal>)] = []
         state.withLock { s in
+            if case .failed(let failure) = outcome, failure.kind == .outcomeUnknown, let inflight = s.shared.inflight {
+                s.shared.unsettled.append(inflight)
+                if s.shared.unsettled.count > SharedQueue.unsettledLimit { s.shared.unsettled.removeFirst() }
+            }
             s.shared.inflight = nil
             switch outcome {
             case .committed, .current:
@@ -138,7 +154,7 @@ extension Repository {
         var answers: [(item: SharedItem, answer: Result<WriteOutcome, WriteRefusal>)] = []
         var records: [RevisionRecord] = []
         var installed: [(ChangeSet<CanonicalJSON>, [Entry<CanonicalJSON>?])] = []
-        var origins: [UInt64: ObjectIdentifier] = [:]
+        var origins: [UInt64: ConnectionID] = [:]
         var time = max(now, s.lastTime)
         while let item = s.shared.waiting.first {
             if clock >= item.deadline {

@@ -211,7 +211,7 @@ final class Repository: DurabilityListener, Sendable {
     /// that answer whatever the limits. Then the limits, before anything is applied.
     func write(
         _ ops: [WriteOp<CanonicalJSON>], now: Int64, limits: WriteLimits, from shard: LoopShard? = nil, writer: Writer? = nil,
-        origin: ObjectIdentifier? = nil
+        origin: ConnectionID? = nil
     ) throws(WriteRefusal) -> WriteOutcome {
         if let shard, home.load(ordering: .relaxed) != shard.index { home.store(shard.index, ordering: .relaxed) }
         return try state.withLock { (s) throws(WriteRefusal) -> WriteOutcome in
@@ -317,17 +317,19 @@ final class Repository: DurabilityListener, Sendable {
             // Every state after the durable one is gone, including those reported by no-op
             // writes and reads; what remains is the durable state itself.
             let durable = durableSequence.load(ordering: .relaxed)
-            if s.applied > durable {
-                if let last = s.undone.last, last.lowerBound == durable + 1 {
-                    s.undone[s.undone.count - 1] = last.lowerBound...s.applied
-                } else {
-                    s.undone.append((durable + 1)...s.applied)
-                }
-                undoneCeiling.store(s.applied, ordering: .releasing)
+            guard s.applied > durable else { return }
+            let gone = (durable + 1)...s.applied
+            if let last = s.undone.last, last.lowerBound == gone.lowerBound {
+                s.undone[s.undone.count - 1] = gone
+            } else {
+                s.undone.append(gone)
             }
+            undoneCeiling.store(s.applied, ordering: .releasing)
             s.current = durable
             s.lastFailure = error
-            for shard in s.waitingLoops { shard.post(.failed(self, after: durable, error)) }
+            // Exactly these states are gone: a loop may already hold replies of later ones
+            // (written after this undo, before the loop hears of it), which stand.
+            for shard in s.waitingLoops { shard.post(.failed(self, undone: gone, error)) }
         }
     }
 

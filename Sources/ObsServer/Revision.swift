@@ -11,7 +11,7 @@ final class Revision: Sendable {
     let record: RevisionRecord
     /// The connection whose write made it (its outbox), for `echo: false`; nil for revisions
     /// loaded from storage.
-    let origin: ObjectIdentifier?
+    let origin: ConnectionID?
     /// The encoded event, when made with the revision (immutable after that: read by any loop).
     private let encoded: Encoded?
 
@@ -26,7 +26,7 @@ final class Revision: Sendable {
     /// - Parameters:
     ///   - encode: whether to encode its event now (someone subscribes).
     ///   - origin: the connection that wrote it.
-    init(_ record: RevisionRecord, encode: Bool, origin: ObjectIdentifier? = nil) {
+    init(_ record: RevisionRecord, encode: Bool, origin: ConnectionID? = nil) {
         self.record = record
         self.origin = origin
         self.encoded = encode ? Self.encode(record) : nil

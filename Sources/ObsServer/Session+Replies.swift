@@ -181,6 +181,7 @@ extension Session {
             b.writeMember(",\"bytesOut\":", sum { $0.bytesOut.load(ordering: .relaxed) })
             b.writeMember(",\"overflows\":", count(s.overflows))
             b.writeMember(",\"writersHeld\":", count(s.writersHeld))
+            b.writeMember(",\"repositoriesHeld\":", UInt64(hub.heldCount))
             b.writeMember(",\"errors\":", count(s.errors))
             b.writeMember(",\"denied\":", count(s.denied))
             b.writeMember(",\"uptimeSeconds\":", UInt64(max(0, uptime.components.seconds)))

@@ -51,24 +51,26 @@ extension Session {
     /// Queues a write for the shared store; its reply is sent once the store answered.
     func writeShared(
         _ id: JSONValue, repo: String, _ ops: [WriteOp<CanonicalJSON>], single: Bool, limits: WriteLimits, writer: Writer,
-        origin: ObjectIdentifier
+        origin: ConnectionID
     ) {
         awaitingCluster = true
         let loop = shard.eventLoop
         let session = NIOLoopBound(self, eventLoop: loop)
         let deadline = ContinuousClock.now + Self.sharedWriteTimeout
-        hub.using(repo) { repository in
-            repository.keep()
-            let item = SharedItem(ops: ops, limits: limits, writer: writer, origin: origin, deadline: deadline) { result in
-                loop.execute {
-                    let s = session.value
-                    s.awaitingCluster = false
-                    if case .success(let outcome) = result, outcome.changed { s.shard.counters.countWrite() }
-                    s.answerWrite(id, repo: repo, repository, result, single: single)
-                    s.resumeInput()
-                }
+        // Held (not kept for good) while the write is under way: a write that changes
+        // nothing, conflicts or is refused leaves no repository behind; one that commits makes
+        // it permanent when its revision is installed.
+        let hub = self.hub
+        let repository = hub.hold(repo)
+        let item = SharedItem(ops: ops, limits: limits, writer: writer, origin: origin, deadline: deadline) { result in
+            loop.execute {
+                let s = session.value
+                s.awaitingCluster = false
+                s.answerWrite(id, repo: repo, repository, result, single: single)
+                hub.release(repo)
+                if !s.holdForDelivery() { s.resumeInput() }
             }
-            repository.submitShared(item)
         }
+        repository.submitShared(item)
     }
 }

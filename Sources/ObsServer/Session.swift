@@ -217,7 +217,7 @@ final class Session {
         let limits = WriteLimits(
             maxKeys: self.limits.maxKeysPerRepository, maxRepositories: self.limits.maxRepositories,
             maxRevisionBytes: self.limits.maxRevisionBytes)
-        let (writer, origin) = (self.writer, ObjectIdentifier(outbox))
+        let (writer, origin) = (self.writer, outbox.connection)
         if hub.shared != nil {
             return writeShared(id, repo: repo, ops, single: single, limits: limits, writer: writer, origin: origin)
         }
@@ -232,11 +232,14 @@ final class Session {
             if repository.isPermanent { lastWritten = repository }
         }
         answerWrite(id, repo: repo, repository, result, single: single)
-        if let backlogged = hub.backloggedShard { waitForDelivery(on: backlogged) }
+        holdForDelivery()
     }
 
-    /// Holds the connection's further requests until `shard`'s delivery backlog is down.
-    private func waitForDelivery(on shard: LoopShard) {
+    /// After a write: holds the connection's further requests while a loop's delivery
+    /// backlog is at its limit, until it is down; whether it did.
+    @discardableResult
+    func holdForDelivery() -> Bool {
+        guard let shard = hub.backloggedShard else { return false }
         awaitingDelivery = true
         hub.stats.writersHeld.add(1, ordering: .relaxed)
         let loop = self.shard.eventLoop
@@ -247,6 +250,7 @@ final class Session {
                 session.value.resumeInput()
             }
         }
+        return true
     }
 
     /// Lets the connection hand over the requests it held while this one waited.

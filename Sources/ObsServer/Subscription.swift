@@ -2,6 +2,19 @@
 
 import ObsProtocol
 import ObservableKit
+import Synchronization
+
+/// Names one connection for as long as the daemon runs: never reused, unlike the address of
+/// a connection's objects — a revision's writer outlives its connection in the history, and a
+/// new connection at a reused address must not take those revisions for its own (`echo`).
+struct ConnectionID: Hashable, Sendable {
+    let value: UInt64
+
+    private static let counter = Atomic<UInt64>(0)
+
+    /// A number no other connection of this process has had.
+    static func next() -> ConnectionID { ConnectionID(value: counter.add(1, ordering: .relaxed).newValue) }
+}
 
 /// One subscription of one connection. Lives on its connection's event loop: created by the
 /// session, routed by the loop's shard, delivered to by its outbox.
@@ -48,7 +61,7 @@ final class Subscription {
 
     /// Whether it gets an event for `revision` at all (`echo: false` skips its own connection's).
     func wants(_ revision: Revision) -> Bool {
-        echo || revision.origin != ObjectIdentifier(outbox)
+        echo || revision.origin != outbox.connection
     }
 }
 

@@ -131,6 +131,14 @@ public struct KeyedRoutes<Element> {
         }
     }
 
+    /// Calls `body` for each registration's observer: once per selected key for exact keys,
+    /// once for a prefix or every key (diagnostics; routing uses `route`).
+    public func forEachRegistration(_ body: (Element) -> Void) {
+        for slot in all.slots { body(slot.element) }
+        for list in prefixes.values { for slot in list.slots { body(slot.element) } }
+        for list in exact.values { for slot in list.slots { body(slot.element) } }
+    }
+
     @inlinable
     func forEachMatch(of key: Key, _ body: (SlotList<Element>.Slot) -> Void) {
         if let list = exact[key] { list.slots.forEach(body) }

@@ -56,6 +56,8 @@ enum StatsExposition {
               help: "Connections cut off for reading too slowly (overflow) since obsd started."),
         Known(field: "writersHeld", metric: "obsd_writers_held_total", type: .counter,
               help: "Times a writer was held until the fan-out caught up (delivery backlog) since obsd started."),
+        Known(field: "repositoriesHeld", metric: "obsd_repositories_held", type: .gauge,
+              help: "Repository objects in memory: those that exist, and placeholders for subscriptions and writes under way."),
         Known(field: "errors", metric: "obsd_errors_total", type: .counter, help: "Error replies since obsd started."),
         Known(field: "denied", metric: "obsd_denied_total", type: .counter,
               help: "Requests refused as forbidden since obsd started."),

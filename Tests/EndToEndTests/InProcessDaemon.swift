@@ -23,7 +23,7 @@ final class InProcessDaemon: Sendable {
 
     /// Starts serving `storage` with the daemon's default settings; returns once it accepts
     /// connections.
-    static func start(storage: any Storage) async throws -> InProcessDaemon {
+    static func start(storage: any Storage, threads: Int = 2) async throws -> InProcessDaemon {
         let socketPath = TestDaemon.makeTemporaryDirectory() + "/obsd.sock"
         let s = DaemonSettings()
         let limits = Limits(
@@ -34,7 +34,7 @@ final class InProcessDaemon: Sendable {
         let configuration = ServerConfiguration(
             listener: .path(socketPath), socketMode: 0o600, socketOwner: nil, socketGroup: nil, limits: limits, policy: .open,
             storage: .custom(storage), historyLimit: s.historyLimit, historyMaxBytes: s.historyMaxBytes, historyMaxAge: nil,
-            threads: 2, heartbeatInterval: nil)
+            threads: threads, heartbeatInterval: nil)
         let (started, continuation) = AsyncStream<Void>.makeStream()
         let server = ObsServer(configuration: configuration, logger: Logger(label: "obsd-in-process"), observer: Started(continuation: continuation))
         let task = Task { try await server.run() }

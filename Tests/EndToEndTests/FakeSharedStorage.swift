@@ -1,0 +1,86 @@
+// End-to-end test support: a shared store in memory, for the daemon's etcd mode without etcd.
+// It decides revisions the way ObsCluster does — a group commits only if its basis is the
+// repository's current revision, and every committed revision reaches the daemon through its
+// sink, in order — and can, on demand, apply a group but report its outcome as unknown, then
+// deliver it later (as etcd may after a timed-out request).
+
+import ObsStore
+import Synchronization
+
+final class FakeSharedStorage: SharedStorage {
+    let epoch = "fake-shared-store"
+
+    private struct State {
+        var revisions: [String: UInt64] = [:]
+        var sink: (any SharedStorageSink)?
+        /// The next group that commits is applied but reported `outcomeUnknown`, and its
+        /// revisions wait in `parked` until `deliverParked`.
+        var reportNextAsUnknown = false
+        var parked: [(repo: String, revisions: [SharedRevision])] = []
+    }
+
+    private let state = Mutex(State())
+
+    /// The next group that commits is applied, but its writer is told the outcome is
+    /// unknown; its revisions reach the daemon only at `deliverParked` (or before the next
+    /// commit to the same repository, as a stale basis would bring them).
+    func reportNextCommitAsUnknown() { state.withLock { $0.reportNextAsUnknown = true } }
+
+    /// Delivers the revisions of groups reported as unknown.
+    func deliverParked() {
+        let (sink, parked) = state.withLock { s -> ((any SharedStorageSink)?, [(repo: String, revisions: [SharedRevision])]) in
+            defer { s.parked = [] }
+            return (s.sink, s.parked)
+        }
+        for group in parked { sink?.deliver(repo: group.repo, revisions: group.revisions) }
+    }
+
+    // MARK: SharedStorage
+
+    func connect() async throws {}
+
+    func start(delivering sink: any SharedStorageSink) { state.withLock { $0.sink = sink } }
+
+    func limitExceeded(by records: [RevisionRecord]) -> String? { nil }
+
+    func commit(_ group: SharedCommit) async -> SharedCommitOutcome {
+        enum Decision { case stale, current, committed([SharedRevision]), unknown }
+        let (decision, sink) = state.withLock { s -> (Decision, (any SharedStorageSink)?) in
+            guard s.revisions[group.repo, default: 0] == group.basisRevision else { return (.stale, s.sink) }
+            guard let last = group.records.last else { return (.current, s.sink) }
+            s.revisions[group.repo] = last.revision
+            let revisions = group.records.map { SharedRevision(record: $0, writeID: group.writeID) }
+            if s.reportNextAsUnknown {
+                s.reportNextAsUnknown = false
+                s.parked.append((group.repo, revisions))
+                return (.unknown, s.sink)
+            }
+            return (.committed(revisions), s.sink)
+        }
+        switch decision {
+        case .stale:
+            deliverParked()
+            return .stale
+        case .current:
+            return .current
+        case .committed(let revisions):
+            sink?.deliver(repo: group.repo, revisions: revisions)
+            return .committed
+        case .unknown:
+            return .failed(SharedFailure(.outcomeUnknown, "the fake store reports this commit's outcome as unknown"))
+        }
+    }
+
+    func linearize(_ scope: SharedScope) async -> Bool { true }
+
+    // MARK: Storage
+
+    var isImmediate: Bool { false }
+    var summary: String { "fake shared store (test)" }
+    var counters: StorageCounters? { nil }
+    var notices: [String] { [] }
+    func load() throws(StorageError) -> [LoadedRepository] { [] }
+    func append(_ record: RevisionRecord, listener: any DurabilityListener) -> Bool { false }
+    func discard(_ listener: any DurabilityListener, after revision: UInt64) {}
+    func close() {}
+}
