@@ -22,15 +22,18 @@ let package = Package(
     targets: [
         // Core observation types: keys, changes, keyed state, observer sets, repository. No I/O.
         .target(name: "ObservableKit"),
-        // The wire protocol: JSON, framing, requests, replies, events. No networking.
-        .target(name: "ObsProtocol", dependencies: ["ObservableKit"]),
+        // The values every layer shares: JSON values, the parser and writer, their canonical
+        // encoding, a writer's credentials. No I/O.
+        .target(name: "ObsValues", dependencies: ["ObservableKit"]),
+        // The wire protocol: framing, requests, replies, events, error codes. No networking.
+        .target(name: "ObsProtocol", dependencies: ["ObservableKit", "ObsValues"]),
         // The system SQLite (libsqlite3-dev).
         .systemLibrary(name: "CSQLite", pkgConfig: "sqlite3", providers: [.apt(["libsqlite3-dev"])]),
         // What the daemon persists and how: revision records, the storage boundary, the
         // write-ahead log with group commit, and the compacted state in SQLite.
         .target(
             name: "ObsStore",
-            dependencies: ["ObservableKit", "ObsProtocol", "CSQLite", "CLinux", .product(name: "Logging", package: "swift-log")]),
+            dependencies: ["ObservableKit", "ObsValues", "CSQLite", "CLinux", .product(name: "Logging", package: "swift-log")]),
         // Linux facts Swift's Glibc module hides: which file a descriptor is (statx, for the
         // store's provenance checks), how many CPUs the process may use (sched_getaffinity).
         .target(name: "CLinux"),

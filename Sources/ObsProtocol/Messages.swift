@@ -43,20 +43,6 @@ public enum ReplyEncoder {
     }
 }
 
-/// Who wrote a revision: the peer credentials of the connection whose write made it (as
-/// the daemon read them with SO_PEERCRED when it connected).
-public struct Writer: Sendable, Hashable {
-    public let uid: UInt32
-    public let gid: UInt32
-    public let pid: Int32
-
-    public init(uid: UInt32, gid: UInt32, pid: Int32) {
-        self.uid = uid
-        self.gid = gid
-        self.pid = pid
-    }
-}
-
 /// Writes events.
 public enum EventEncoder {
     /// Writes one change object: `{"key":…[,"old":…][,"new":…]}`.
@@ -376,10 +362,7 @@ extension ServerMessage {
     }
 }
 
-extension Writer: CustomStringConvertible {
-    /// `uid U gid G pid P`.
-    public var description: String { "uid \(uid) gid \(gid) pid \(pid)" }
-
+extension Writer {
     /// Decodes `{"uid": U, "gid": G, "pid": P}` (other members are ignored).
     public init(decoding value: JSONValue) throws(ProtocolViolation) {
         guard let o = value.objectValue, let uid = o["uid"]?.int64Value.flatMap(UInt32.init(exactly:)),
@@ -387,12 +370,5 @@ extension Writer: CustomStringConvertible {
             let pid = o["pid"]?.int64Value.flatMap(Int32.init(exactly:))
         else { throw ProtocolViolation("\"by\" is not {\"uid\",\"gid\",\"pid\"} with 32-bit integers: \(value.jsonText)") }
         self.init(uid: uid, gid: gid, pid: pid)
-    }
-
-    /// The JSON form on the wire: `{"uid": U, "gid": G, "pid": P}`.
-    public var jsonValue: JSONValue {
-        .object(JSONObject(uniqueMembers: [
-            (name: "uid", value: .int(Int64(uid))), (name: "gid", value: .int(Int64(gid))), (name: "pid", value: .int(Int64(pid))),
-        ]))
     }
 }

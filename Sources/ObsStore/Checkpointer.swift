@@ -14,7 +14,7 @@
 
 import CSQLite
 import Logging
-import ObsProtocol
+import ObsValues
 import ObservableKit
 
 /// A durable revision on its way to the compacted state: the record, its repository's

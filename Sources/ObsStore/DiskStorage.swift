@@ -18,7 +18,7 @@
 
 import CSQLite
 import Logging
-import ObsProtocol
+import ObsValues
 import ObservableKit
 import Synchronization
 

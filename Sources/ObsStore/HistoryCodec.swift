@@ -4,7 +4,7 @@
 // `[{"key":…,"old":…,"new":…},…]`, still read); and its writer: 12 bytes, uid · gid · pid,
 // little-endian (NULL: not recorded).
 
-import ObsProtocol
+import ObsValues
 import ObservableKit
 
 enum HistoryCodec {

@@ -12,7 +12,7 @@
 // Values are written canonical and read back as they were written: the log's checksum,
 // not a second validation, vouches for them.
 
-import ObsProtocol
+import ObsValues
 import ObservableKit
 
 enum LogRecord {

@@ -1,6 +1,6 @@
 // ObsStore — one committed revision, as the daemon stores it: what changed, in domain terms.
 
-import ObsProtocol
+import ObsValues
 import ObservableKit
 
 /// One committed revision of a repository: its changes with their old and new values, and

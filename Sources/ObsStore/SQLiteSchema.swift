@@ -4,7 +4,7 @@
 
 import CLinux
 import CSQLite
-import ObsProtocol
+import ObsValues
 import ObservableKit
 
 #if canImport(Glibc)

@@ -7,7 +7,7 @@
 // `InMemoryStorage` is durable at once (and forgets everything at exit); `DiskStorage`
 // persists to a write-ahead log with group commit and keeps a compacted state in SQLite.
 
-import ObsProtocol
+import ObsValues
 import ObservableKit
 
 /// A repository as found in storage at start-up.

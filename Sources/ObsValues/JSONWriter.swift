@@ -1,4 +1,4 @@
-// ObsProtocol — JSON encoding into any byte sink.
+// ObsValues — JSON encoding into any byte sink.
 //
 // `JSONSink` abstracts the output (a `[UInt8]` here; the server conforms NIO's
 // `ByteBuffer`), so messages are encoded once, straight into the buffer that is written

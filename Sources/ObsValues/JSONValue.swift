@@ -1,5 +1,6 @@
-// ObsProtocol — the wire protocol of obsd: JSON values, the line framer, requests,
-// replies and events, and error codes. No networking.
+// ObsValues — the values every layer of obsd shares, below the wire protocol and the store:
+// JSON values (this file), the parser and writer, their canonical encoding, and a writer's
+// credentials. No I/O.
 //
 // This file owns `JSONValue`: any JSON value, with the contract's rules — integers in
 // the int64 range are kept exactly, other numbers as doubles; two values are equal when
@@ -198,7 +199,7 @@ extension JSONValue: CustomStringConvertible {
 /// canonical equivalence). Compares contiguous storage directly; element by element
 /// through `UTF8View` (many times slower) only for strings without it. On the request
 /// path for every member lookup.
-func sameUTF8(_ a: String, _ b: String) -> Bool {
+package func sameUTF8(_ a: String, _ b: String) -> Bool {
     let fast = a.utf8.withContiguousStorageIfAvailable { pa in
         b.utf8.withContiguousStorageIfAvailable { pb in
             pa.count == pb.count && (pa.isEmpty || memcmp(pa.baseAddress!, pb.baseAddress!, pa.count) == 0)

@@ -1,4 +1,4 @@
-// ObsProtocol — values as the daemon keeps, compares and forwards them: their canonical
+// ObsValues — values as the daemon keeps, compares and forwards them: their canonical
 // compact encoding, made once when a value arrives, never a tree of nodes.
 //
 // Canonical means what the JSON writer would produce for the parsed value: no whitespace,
@@ -85,7 +85,7 @@ extension Parser {
     /// Validates the value at `pos` exactly as `parseValue` does and appends its canonical
     /// encoding to `out`, without building it as a tree; returns whether it is plain.
     /// `depthBelow`: how deep the value sits in the document (for the nesting limit).
-    mutating func canonicalValue(depthBelow: Int = 0, into out: inout [UInt8]) throws(JSONParseError) -> Bool {
+    package mutating func canonicalValue(depthBelow: Int = 0, into out: inout [UInt8]) throws(JSONParseError) -> Bool {
         let start = pos
         let written = out.count
         var duplicate = false
@@ -250,86 +250,5 @@ extension CanonicalJSON: ExpressibleByBooleanLiteral, ExpressibleByIntegerLitera
     public init(arrayLiteral elements: JSONValue...) { self.init(JSONValue.array(elements)) }
     public init(dictionaryLiteral elements: (String, JSONValue)...) {
         self.init(JSONValue.object(JSONObject(uniqueMembers: elements.map { (name: $0.0, value: $0.1) })))
-    }
-}
-
-// MARK: - Requests without trees for their values
-
-/// A request line as the decoder sees it: every member parsed as a tree except the values
-/// it would only store and forward — `value`, and `value` in each element of `ops` — which
-/// are kept canonical (a placeholder `null` stands in the tree where they were).
-struct RequestDocument {
-    /// The top-level value when it is not an object (the request is refused).
-    var notObject: JSONValue? = nil
-    var object = JSONObject()
-    var value: CanonicalJSON? = nil
-    /// For each element of `ops`, its `value`.
-    var opValues: [CanonicalJSON?] = []
-}
-
-extension Parser {
-    mutating func parseRequestDocument() throws(JSONParseError) -> RequestDocument {
-        skipWhitespace()
-        guard pos < end, base[pos] == UInt8(ascii: "{") else { return RequestDocument(notObject: try parseDocument()) }
-        var value: CanonicalJSON? = nil
-        var ops: [CanonicalJSON?]? = nil
-        let object = try parseObject(depth: 1) { name, parser throws(JSONParseError) in
-            if sameUTF8(name, "value") {
-                var out: [UInt8] = []
-                let plain = try parser.canonicalValue(depthBelow: 1, into: &out)
-                value = CanonicalJSON(canonical: out, isPlain: plain)
-                return .null
-            }
-            if sameUTF8(name, "ops") {
-                parser.skipWhitespace()
-                guard parser.pos < parser.end, parser.base[parser.pos] == UInt8(ascii: "[") else { return nil }
-                var captured: [CanonicalJSON?] = []
-                let value = try parser.parseOps(into: &captured)
-                ops = captured
-                return value
-            }
-            return nil
-        }
-        skipWhitespace()
-        if pos != end { throw fail("unexpected data after the JSON value") }
-        return RequestDocument(object: object, value: value, opValues: ops ?? [])
-    }
-
-    /// `ops`: an array whose object elements have their `value` kept canonical.
-    private mutating func parseOps(into captured: inout [CanonicalJSON?]) throws(JSONParseError) -> JSONValue {
-        if 2 > maxDepth { throw fail("nesting deeper than \(maxDepth) levels") }
-        pos += 1  // [
-        var elements: [JSONValue] = []
-        skipWhitespace()
-        if pos < end, base[pos] == UInt8(ascii: "]") {
-            pos += 1
-            return .array(elements)
-        }
-        while true {
-            skipWhitespace()
-            var value: CanonicalJSON? = nil
-            if pos < end, base[pos] == UInt8(ascii: "{") {
-                let element = try parseObject(depth: 3) { name, parser throws(JSONParseError) in
-                    guard sameUTF8(name, "value") else { return nil }
-                    var out: [UInt8] = []
-                    let plain = try parser.canonicalValue(depthBelow: 3, into: &out)
-                    value = CanonicalJSON(canonical: out, isPlain: plain)
-                    return .null
-                }
-                elements.append(.object(element))
-            } else {
-                elements.append(try parseValue(depth: 2))
-            }
-            captured.append(value)
-            skipWhitespace()
-            guard pos < end else { throw fail("unexpected end of input in an array") }
-            switch base[pos] {
-            case UInt8(ascii: ","): pos += 1
-            case UInt8(ascii: "]"):
-                pos += 1
-                return .array(elements)
-            default: throw fail("expected ',' or ']' in an array, found \(describe(base[pos]))")
-            }
-        }
     }
 }

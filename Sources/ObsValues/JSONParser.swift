@@ -1,4 +1,4 @@
-// ObsProtocol — the JSON parser (RFC 8259), strict and bounded.
+// ObsValues — the JSON parser (RFC 8259), strict and bounded.
 //
 // Rejects, with a message naming the byte offset: invalid UTF-8, raw control characters
 // in strings, lone UTF-16 surrogates in `\u` escapes (they have no Unicode scalar, and
@@ -16,6 +16,11 @@ public struct JSONParseError: Error, Sendable, Equatable, CustomStringConvertibl
     public let offset: Int
 
     public var description: String { "\(reason) (at byte \(offset))" }
+
+    package init(reason: String, offset: Int) {
+        self.reason = reason
+        self.offset = offset
+    }
 }
 
 /// Parses JSON text.
@@ -46,19 +51,19 @@ public enum JSONParser {
     }
 }
 
-struct Parser {
-    let base: UnsafePointer<UInt8>
-    let end: Int
-    let maxDepth: Int
-    var pos = 0
+package struct Parser {
+    package let base: UnsafePointer<UInt8>
+    package let end: Int
+    package let maxDepth: Int
+    package var pos = 0
 
-    init(base: UnsafePointer<UInt8>, end: Int, maxDepth: Int) {
+    package init(base: UnsafePointer<UInt8>, end: Int, maxDepth: Int) {
         self.base = base
         self.end = end
         self.maxDepth = maxDepth
     }
 
-    mutating func parseDocument() throws(JSONParseError) -> JSONValue {
+    package mutating func parseDocument() throws(JSONParseError) -> JSONValue {
         let value = try parseValue(depth: 0)
         skipWhitespace()
         if pos != end { throw fail("unexpected data after the JSON value") }
@@ -67,7 +72,7 @@ struct Parser {
 
     // MARK: Values
 
-    mutating func parseValue(depth: Int) throws(JSONParseError) -> JSONValue {
+    package mutating func parseValue(depth: Int) throws(JSONParseError) -> JSONValue {
         skipWhitespace()
         guard pos < end else { throw fail("unexpected end of input") }
         switch base[pos] {
@@ -86,9 +91,9 @@ struct Parser {
 
     /// A member the caller parses itself: given the member's name and the parser at its
     /// value, returns the value to keep in the tree, or nil to have it parsed as usual.
-    typealias MemberHook = (String, inout Parser) throws(JSONParseError) -> JSONValue?
+    package typealias MemberHook = (String, inout Parser) throws(JSONParseError) -> JSONValue?
 
-    mutating func parseObject(depth: Int, hook: MemberHook? = nil) throws(JSONParseError) -> JSONObject {
+    package mutating func parseObject(depth: Int, hook: MemberHook? = nil) throws(JSONParseError) -> JSONObject {
         if depth > maxDepth { throw fail("nesting deeper than \(maxDepth) levels") }
         pos += 1  // {
         var members: [(name: String, value: JSONValue)] = []
@@ -129,7 +134,7 @@ struct Parser {
     }
 
     /// Finds a member by name: a scan while the object is small, a hash index after.
-    static func position(
+    package static func position(
         of name: String, in members: [(name: String, value: JSONValue)], index: inout [Key: Int]?
     ) -> Int? {
         if index == nil {
@@ -143,7 +148,7 @@ struct Parser {
         return index![Key(name)]
     }
 
-    mutating func parseArray(depth: Int) throws(JSONParseError) -> [JSONValue] {
+    package mutating func parseArray(depth: Int) throws(JSONParseError) -> [JSONValue] {
         if depth > maxDepth { throw fail("nesting deeper than \(maxDepth) levels") }
         pos += 1  // [
         var elements: [JSONValue] = []
@@ -169,7 +174,7 @@ struct Parser {
     // MARK: Strings
 
     /// Parses a string body; `pos` is just after the opening quote.
-    mutating func parseString() throws(JSONParseError) -> String {
+    package mutating func parseString() throws(JSONParseError) -> String {
         let start = pos
         var ascii = true
         while pos < end {
@@ -192,7 +197,7 @@ struct Parser {
     }
 
     /// Slow path: the string contains escapes. `pos` is at the first backslash.
-    mutating func parseEscapedString(from start: Int) throws(JSONParseError) -> String {
+    package mutating func parseEscapedString(from start: Int) throws(JSONParseError) -> String {
         var out: [UInt8] = []
         out.reserveCapacity(pos - start + 16)
         out.append(contentsOf: UnsafeBufferPointer(start: base + start, count: pos - start))
@@ -234,7 +239,7 @@ struct Parser {
     }
 
     /// `pos` is just after `\u`.
-    mutating func appendUnicodeEscape(to out: inout [UInt8]) throws(JSONParseError) {
+    package mutating func appendUnicodeEscape(to out: inout [UInt8]) throws(JSONParseError) {
         let escapeStart = pos - 2
         let unit = try hex4()
         var scalarValue = UInt32(unit)
@@ -258,7 +263,7 @@ struct Parser {
         out.append(contentsOf: UTF8.encode(scalar)!)
     }
 
-    mutating func hex4() throws(JSONParseError) -> UInt16 {
+    package mutating func hex4() throws(JSONParseError) -> UInt16 {
         guard pos + 4 <= end else { throw fail("truncated \\u escape") }
         var v: UInt16 = 0
         for _ in 0..<4 {
@@ -278,7 +283,7 @@ struct Parser {
 
     // MARK: Numbers
 
-    mutating func parseNumber() throws(JSONParseError) -> JSONValue {
+    package mutating func parseNumber() throws(JSONParseError) -> JSONValue {
         let start = pos
         var isInteger = true
         if base[pos] == UInt8(ascii: "-") { pos += 1 }
@@ -316,7 +321,7 @@ struct Parser {
     }
 
     /// The integer value of a validated integer literal, or `nil` outside the int64 range.
-    static func int64(_ bytes: UnsafeBufferPointer<UInt8>) -> Int64? {
+    package static func int64(_ bytes: UnsafeBufferPointer<UInt8>) -> Int64? {
         var i = 0
         let negative = bytes[0] == UInt8(ascii: "-")
         if negative { i = 1 }
@@ -336,7 +341,7 @@ struct Parser {
 
     // MARK: Helpers
 
-    mutating func expectLiteral(_ literal: StaticString) throws(JSONParseError) {
+    package mutating func expectLiteral(_ literal: StaticString) throws(JSONParseError) {
         let n = literal.utf8CodeUnitCount
         guard pos + n <= end, memcmp(base + pos, literal.utf8Start, n) == 0 else {
             throw fail("invalid literal (expected \(literal))")
@@ -345,7 +350,7 @@ struct Parser {
     }
 
     @inline(__always)
-    mutating func skipWhitespace() {
+    package mutating func skipWhitespace() {
         while pos < end {
             switch base[pos] {
             case 0x20, 0x09, 0x0A, 0x0D: pos += 1
@@ -355,16 +360,16 @@ struct Parser {
     }
 
     @inline(__always)
-    func isDigit(_ b: UInt8) -> Bool { b >= UInt8(ascii: "0") && b <= UInt8(ascii: "9") }
+    package func isDigit(_ b: UInt8) -> Bool { b >= UInt8(ascii: "0") && b <= UInt8(ascii: "9") }
 
-    func fail(_ reason: String) -> JSONParseError { JSONParseError(reason: reason, offset: pos) }
+    package func fail(_ reason: String) -> JSONParseError { JSONParseError(reason: reason, offset: pos) }
 
-    func describe(_ b: UInt8) -> String {
+    package func describe(_ b: UInt8) -> String {
         if b >= 0x20 && b < 0x7F { return "'\(Character(Unicode.Scalar(b)))'" }
         return "byte 0x\(hex(UInt16(b)))"
     }
 
-    func hex(_ v: UInt16) -> String {
+    package func hex(_ v: UInt16) -> String {
         let s = String(v, radix: 16, uppercase: true)
         return String(repeating: "0", count: max(0, (v > 0xFF ? 4 : 2) - s.count)) + s
     }
