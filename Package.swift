@@ -34,6 +34,10 @@ let package = Package(
         .target(
             name: "ObsStore",
             dependencies: ["ObservableKit", "ObsValues", "CSQLite", "CLinux", .product(name: "Logging", package: "swift-log")]),
+        // A repository's values, revisions and history as the daemon keeps them: the write rules
+        // and limits, undo, revisions recorded once as flat records, what a subscription starts
+        // with. No connection, loop, socket or lock.
+        .target(name: "ObsCore", dependencies: ["ObservableKit", "ObsValues", "ObsProtocol", "ObsStore"]),
         // Linux facts Swift's Glibc module hides: which file a descriptor is (statx, for the
         // store's provenance checks), how many CPUs the process may use (sched_getaffinity).
         .target(name: "CLinux"),

@@ -190,6 +190,14 @@ public struct KeyedState<Value: Equatable & Sendable>: Sendable {
         return true
     }
 
+    /// Undoes the newest revision: each key back to its entry before it (`nil`: absent),
+    /// newest first, and the revision down by one.
+    public mutating func undoLast(restoring previous: [(key: Key, entry: Entry<Value>?)]) {
+        guard _revision > 0 else { return }
+        for (key, entry) in previous.reversed() { _entries[key] = entry }
+        _revision -= 1
+    }
+
     /// Undoes the last applied change set, restoring each changed key's previous entry
     /// (`previous[i]` for `changeSet.changes[i]`; `nil` where the key did not exist).
     ///

@@ -1,0 +1,168 @@
+// ObsCore — a repository's recent revisions, kept for `since` replay: records in flat chunks.
+//
+// The newest revisions, contiguous (every revision is recorded), bounded three ways: by
+// count (`history.limit`), by weight (`history.max-bytes`, counted as `RevisionInfo.weight`;
+// the newest revision stays whatever its size) and optionally by age. Records live in chunks
+// of about `chunkSize` bytes, one allocation per chunk, not per revision: appending writes at
+// the end of the last chunk, dropping the oldest revisions frees a chunk once none of its
+// records is left. A subscriber resuming after revision N is served from here if the
+// history still reaches back to N + 1; otherwise the answer is `compacted`.
+
+import ObsValues
+import ObservableKit
+
+/// How much history a repository keeps.
+public struct HistoryLimits: Sendable, Equatable {
+    /// Revisions (0: none).
+    public var count: Int
+    /// Weight of revisions (`RevisionInfo.weight`).
+    public var maxBytes: Int
+    /// Seconds (nil: no age limit).
+    public var maxAge: Int64?
+
+    public init(count: Int, maxBytes: Int, maxAge: Int64?) {
+        self.count = count
+        self.maxBytes = maxBytes
+        self.maxAge = maxAge
+    }
+}
+
+/// The most recent revisions of one repository, oldest first.
+public struct History: Sendable {
+    public let limits: HistoryLimits
+    /// Records are written into a chunk until it holds this many bytes.
+    static let chunkSize = 256 << 10
+
+    struct Entry: Sendable {
+        var info: RevisionInfo
+        /// The chunk's number (counted from the first chunk ever) and the record's place in it.
+        var chunk: Int
+        var place: RecordPlace
+    }
+
+    private var chunks: [[UInt8]] = []
+    /// The number of the first chunk in `chunks`.
+    private var firstChunk = 0
+    /// The records, oldest first, from `head` on (the slots before it are dropped ones,
+    /// compacted away now and then).
+    private var entries: [Entry] = []
+    private var head = 0
+    private var weight = 0
+
+    public init(limits: HistoryLimits) {
+        self.limits = limits
+    }
+
+    /// The number of revisions held.
+    public var count: Int { entries.count - head }
+
+    /// The newest revision held, if any.
+    public var newest: UInt64? { entries.last.map(\.info.revision) }
+
+    /// Appends the next revision (`changes`, made at `info.revision`), dropping the oldest
+    /// beyond the limits.
+    public mutating func append(repo: String, info: RevisionInfo, changes: [Change<CanonicalJSON>]) {
+        guard limits.count > 0 else { return }
+        if chunks.isEmpty || chunks[chunks.count - 1].count >= Self.chunkSize {
+            var chunk: [UInt8] = []
+            chunk.reserveCapacity(Self.chunkSize)
+            chunks.append(chunk)
+        }
+        let last = chunks.count - 1
+        let place = RevisionRecordLayout.append(repo: repo, revision: info.revision, changes: changes, into: &chunks[last])
+        entries.append(Entry(info: info, chunk: firstChunk + last, place: place))
+        weight += info.weight
+        while count > limits.count || (weight > limits.maxBytes && count > 1) { dropOldest() }
+    }
+
+    /// Appends a record read elsewhere (a revision loaded from storage, already encoded).
+    public mutating func append(_ view: RevisionView) {
+        guard limits.count > 0 else { return }
+        if chunks.isEmpty || chunks[chunks.count - 1].count >= Self.chunkSize {
+            var chunk: [UInt8] = []
+            chunk.reserveCapacity(max(Self.chunkSize, view.place.length))
+            chunks.append(chunk)
+        }
+        let last = chunks.count - 1
+        let offset = chunks[last].count
+        chunks[last].append(contentsOf: view.record)
+        entries.append(Entry(info: view.info, chunk: firstChunk + last, place: view.place.moved(to: offset)))
+        weight += view.info.weight
+        while count > limits.count || (weight > limits.maxBytes && count > 1) { dropOldest() }
+    }
+
+    private mutating func dropOldest() {
+        let dropped = entries[head]
+        weight -= dropped.info.weight
+        head += 1
+        // Chunks wholly before the oldest record left are freed.
+        let oldestChunk = head < entries.count ? entries[head].chunk : firstChunk + chunks.count
+        if oldestChunk > firstChunk {
+            chunks.removeFirst(oldestChunk - firstChunk)
+            firstChunk = oldestChunk
+        }
+        if head >= 1024 && head * 2 >= entries.count {
+            entries.removeFirst(head)
+            head = 0
+        }
+    }
+
+    /// Removes the `n` newest records (revisions undone after a storage failure).
+    public mutating func removeLast(_ n: Int) {
+        for _ in 0..<min(n, count) {
+            let last = entries.removeLast()
+            weight -= last.info.weight
+            let index = last.chunk - firstChunk
+            chunks[index].removeSubrange(last.place.start...)
+        }
+        while let last = chunks.last, last.isEmpty { chunks.removeLast() }
+        if count == 0 {
+            entries.removeAll()
+            head = 0
+            chunks.removeAll()
+        }
+    }
+
+    /// The oldest revision held and not expired at `now`, if any.
+    public func oldestRevision(now: Int64) -> UInt64? {
+        firstLive(now: now).map { entries[$0].info.revision }
+    }
+
+    /// The index of the oldest record not expired at `now`.
+    private func firstLive(now: Int64) -> Int? {
+        guard count > 0 else { return nil }
+        guard let maxAge = limits.maxAge else { return head }
+        // Times never go back within a repository: binary search.
+        var low = head
+        var high = entries.count
+        while low < high {
+            let mid = (low + high) / 2
+            if entries[mid].info.time < now - maxAge { low = mid + 1 } else { high = mid }
+        }
+        return low < entries.count ? low : nil
+    }
+
+    /// The range of records with revisions above `revision` — or `nil` when the history (as
+    /// of `now`) no longer reaches back to `revision + 1` while `current` is above it.
+    public func records(after revision: UInt64, current: UInt64, now: Int64) -> Range<Int>? {
+        if revision >= current { return entries.count..<entries.count }
+        guard let first = firstLive(now: now) else { return nil }
+        let oldest = entries[first].info.revision
+        guard oldest <= revision + 1 else { return nil }
+        return (first + Int(revision + 1 - oldest))..<entries.count
+    }
+
+    /// Calls `body` with each record of `range` (from `records(after:…)`), oldest first.
+    public func forEach(in range: Range<Int>, _ body: (RevisionView) -> Void) {
+        for i in range {
+            let entry = entries[i]
+            chunks[entry.chunk - firstChunk].withUnsafeBytes { body(RevisionView(info: entry.info, place: entry.place, bytes: $0)) }
+        }
+    }
+
+    /// Calls `body` with the newest record.
+    public func withNewest<R>(_ body: (RevisionView) -> R) -> R? {
+        guard let entry = entries.last, count > 0 else { return nil }
+        return chunks[entry.chunk - firstChunk].withUnsafeBytes { body(RevisionView(info: entry.info, place: entry.place, bytes: $0)) }
+    }
+}

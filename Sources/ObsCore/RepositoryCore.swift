@@ -1,0 +1,264 @@
+// ObsCore — one repository's values, revisions and history, as the daemon keeps them. A value:
+// it knows no connection, loop, socket or lock (the server keeps each repository's core under
+// a lock) and answers in domain terms.
+//
+// A write is planned (the write rules, then the limits: nothing is applied when either
+// refuses) and committed as the next revision: installed in the keyed state, encoded once as
+// a record (RevisionRecordLayout) that the history keeps and the server delivers. A revision
+// not yet durable keeps what each key held before it, so a storage failure can undo it; its
+// record waits in `pending` until storage confirms it, and only then is it shown.
+
+import ObsProtocol
+import ObsStore
+import ObsValues
+import ObservableKit
+
+/// The limits a write is checked against, after the write rules.
+public struct WriteLimits: Sendable {
+    public var maxKeys: Int
+    public var maxRevisionBytes: Int
+
+    public init(maxKeys: Int, maxRevisionBytes: Int) {
+        self.maxKeys = maxKeys
+        self.maxRevisionBytes = maxRevisionBytes
+    }
+}
+
+/// Why a write was refused; nothing was applied.
+public enum WriteRefusal: Error, Sendable, Equatable {
+    /// The contract's rules: a failed condition, a key written twice in a batch.
+    case rules(WriteError)
+    /// The write would create keys beyond the repository's limit.
+    case tooManyKeys(limit: Int)
+    /// The revision would carry more bytes of keys and old and new values than allowed.
+    case revisionTooLarge(bytes: Int, limit: Int)
+}
+
+/// A planned write: what it would change, checked against the rules and limits.
+public struct WritePlan: Sendable {
+    /// The changes, in application order (empty: the write changes nothing).
+    public let changes: [Change<CanonicalJSON>]
+    /// A single write's reply carries the value it replaced (the change's old value, or the
+    /// equal value it left in place).
+    public let previous: CanonicalJSON?
+    /// What the revision weighs (`RevisionInfo.weight`).
+    public let weight: Int
+    /// The write brings the repository into existence (its first revision).
+    public let creates: Bool
+}
+
+public struct RepositoryCore: Sendable {
+    public let name: String
+    /// The history this repository's revisions belong to (see `Epoch`).
+    public let epoch: String
+    public private(set) var data: KeyedState<CanonicalJSON>
+    public private(set) var history: History
+    /// The time of the newest revision: revisions are stamped no earlier, so their times
+    /// never go back whatever the clock does.
+    private var lastTime: Int64
+    /// Revisions committed and not yet durable, oldest first: their records, and what each
+    /// changed key held before (to undo them).
+    public private(set) var pending = RecordBatch<Void>()
+    private var undo: [[(key: Key, entry: Entry<CanonicalJSON>?)]] = []
+    /// The record of the revision committed last (reused: a write allocates no buffer for it).
+    private var scratch: [UInt8] = []
+    private var scratchPlace: RecordPlace?
+    private var scratchInfo: RevisionInfo?
+
+    /// A repository with what storage loaded (or empty, at revision 0).
+    public init(name: String, epoch: String, historyLimits: HistoryLimits, loaded: LoadedRepository? = nil) {
+        self.name = name
+        self.epoch = epoch
+        self.data = loaded?.state ?? KeyedState()
+        var history = History(limits: historyLimits)
+        for record in loaded?.history ?? [] {
+            history.append(
+                repo: name,
+                info: RevisionInfo(revision: record.revision, time: record.time, writer: record.writer, origin: 0, weight: record.byteSize),
+                changes: record.changes)
+        }
+        self.history = history
+        self.lastTime = loaded?.history.last?.time ?? .min
+    }
+
+    // MARK: Reading
+
+    public var revision: UInt64 { data.revision }
+    public var count: Int { data.count }
+    public subscript(key: Key) -> Entry<CanonicalJSON>? { data[key] }
+
+    /// The selected entries, unsorted.
+    public func entries(_ selection: Selection) -> [(key: Key, value: CanonicalJSON)] {
+        switch selection {
+        case .keys(let keys):
+            return keys.compactMap { key in data[key].map { (key, $0.value) } }
+        case .prefix(let prefix) where !prefix.isEmpty:
+            return data.entries.compactMap { $0.key.hasBytePrefix(prefix) ? ($0.key, $0.value.value) : nil }
+        case .all, .prefix:
+            return data.entries.map { ($0.key, $0.value.value) }
+        }
+    }
+
+    // MARK: Writing
+
+    /// What `ops` would change — by the write rules first (a write that fails them, or
+    /// changes nothing, gets that answer whatever the limits), then the limits. Nothing is
+    /// applied.
+    public func plan(_ ops: [WriteOp<CanonicalJSON>], limits: WriteLimits) throws(WriteRefusal) -> WritePlan {
+        let changes: [Change<CanonicalJSON>]
+        do throws(WriteError) { changes = try data.plan(ops) } catch { throw .rules(error) }
+        let previous: CanonicalJSON? =
+            if ops.count != 1 { nil } else if let change = changes.first { change.old } else { data[ops[0].key]?.value }
+        guard !changes.isEmpty else { return WritePlan(changes: [], previous: previous, weight: 0, creates: false) }
+        var created = 0
+        var removed = 0
+        var weight = 0
+        for change in changes {
+            if change.old == nil { created += 1 }
+            if change.new == nil { removed += 1 }
+            weight += RevisionInfo.weight(of: change)
+        }
+        if created > 0, data.count + created - removed > limits.maxKeys { throw .tooManyKeys(limit: limits.maxKeys) }
+        if weight > limits.maxRevisionBytes { throw .revisionTooLarge(bytes: weight, limit: limits.maxRevisionBytes) }
+        return WritePlan(changes: changes, previous: previous, weight: weight, creates: data.revision == 0)
+    }
+
+    /// Commits a plan that changes something as the next revision: installs it, records it
+    /// in the history, and — `durable: false` — keeps it pending with what it replaced until
+    /// `confirm` or `undo`. Returns its info; `withLastRecord` reads its record.
+    @discardableResult
+    public mutating func commit(_ plan: WritePlan, time now: Int64, writer: Writer?, origin: UInt64, durable: Bool) -> RevisionInfo {
+        let revision = data.revision + 1
+        let time = max(now, lastTime)
+        let info = RevisionInfo(revision: revision, time: time, writer: writer, origin: origin, weight: plan.weight)
+        if !durable { undo.append(plan.changes.map { ($0.key, data[$0.key]) }) }
+        data.install(ChangeSet(revision: revision, changes: plan.changes))
+        lastTime = time
+        record(info, plan.changes, durable: durable)
+        return info
+    }
+
+    /// Installs a revision decided elsewhere (another daemon's, through a shared store; or this
+    /// daemon's, once the store committed it). Ignored unless it is the next revision.
+    @discardableResult
+    public mutating func install(_ changes: [Change<CanonicalJSON>], info: RevisionInfo) -> Bool {
+        guard info.revision == data.revision + 1 else { return false }
+        data.install(ChangeSet(revision: info.revision, changes: changes))
+        lastTime = max(lastTime, info.time)
+        record(info, changes, durable: true)
+        return true
+    }
+
+    private mutating func record(_ info: RevisionInfo, _ changes: [Change<CanonicalJSON>], durable: Bool) {
+        scratch.removeAll(keepingCapacity: scratch.capacity <= 1 << 20)
+        let place = RevisionRecordLayout.append(repo: name, revision: info.revision, changes: changes, into: &scratch)
+        scratchPlace = place
+        scratchInfo = info
+        scratch.withUnsafeBytes { raw in
+            let view = RevisionView(info: info, place: place, bytes: raw)
+            history.append(view)
+            if !durable { pending.append(view, tag: ()) }
+        }
+    }
+
+    /// Reads the record of the revision committed or installed last.
+    public func withLastRecord<R>(_ body: (RevisionView) -> R) -> R? {
+        guard let place = scratchPlace, let info = scratchInfo else { return nil }
+        return scratch.withUnsafeBytes { body(RevisionView(info: info, place: place, bytes: $0)) }
+    }
+
+    // MARK: Durability
+
+    /// The pending revisions up to `revision` are durable: calls `body` with each record,
+    /// oldest first, and forgets how to undo them. Returns how many there were.
+    @discardableResult
+    public mutating func confirm(through revision: UInt64, _ body: (RevisionView) -> Void) -> Int {
+        var confirmed = 0
+        while confirmed < pending.count, pending.entry(confirmed).info.revision <= revision {
+            pending.withEntry(confirmed) { _, view in body(view) }
+            confirmed += 1
+        }
+        if confirmed > 0 {
+            pending.removeFirst(confirmed)
+            undo.removeFirst(confirmed)
+        }
+        return confirmed
+    }
+
+    /// Storage never will keep the pending revisions above `revision`: undoes them, newest
+    /// first, and drops them from the history. Returns whether revision 1 was among them (the
+    /// repository no longer exists).
+    @discardableResult
+    public mutating func undo(after revision: UInt64) -> (undone: Int, removedFirst: Bool) {
+        var undone = 0
+        var removedFirst = false
+        while let last = pending.count > 0 ? pending.entry(pending.count - 1).info : nil, last.revision > revision {
+            let previous = undo.removeLast()
+            data.undoLast(restoring: previous)
+            pending.removeLast(1)
+            if last.revision == 1 { removedFirst = true }
+            undone += 1
+        }
+        history.removeLast(undone)
+        return (undone, removedFirst)
+    }
+
+    // MARK: Subscribing
+
+    /// Why a subscription cannot start where it asked to.
+    public enum StartRefusal: Error, Sendable {
+        /// `since` cannot be served from the history (another epoch, a revision this daemon
+        /// does not have, or one no longer retained).
+        case compacted(String)
+        /// The replay would take more than `maxReplayBytes`.
+        case tooLarge(String)
+    }
+
+    /// What a subscription starts with: the revision it starts at, its snapshot (unsorted),
+    /// and its replay written as events.
+    public struct Start: Sendable {
+        public let revision: UInt64
+        public let snapshot: [(key: Key, value: CanonicalJSON)]?
+        /// Replayed `change` events, in order.
+        public var replay: [UInt8]
+        public var replayed: Int
+    }
+
+    /// Starts subscription `sub` for `request` at the current revision: its snapshot (with
+    /// `initial`), and its replay since `request.since` written as events (at most one for
+    /// `once`; none of `skipOrigin`'s revisions — `echo: false`), at most `maxReplayBytes`.
+    public func start(
+        _ request: SubscribeRequest, sub: UInt64, skipOrigin: UInt64?, now: Int64, maxReplayBytes: Int = 1 << 30
+    ) throws(StartRefusal) -> Start {
+        let revision = data.revision
+        var replay: [UInt8] = []
+        var replayed = 0
+        if let since = request.since {
+            if let seen = request.epoch, seen != epoch {
+                throw .compacted(
+                    "epoch \(JSONValue.string(String(seen.prefix(80))).jsonText) is not repository \(name)'s history (its epoch is \(epoch)): revision \(since) of that history means nothing here; subscribe with initial: true")
+            }
+            guard since <= revision else {
+                throw .compacted("since \(since) is ahead of repository \(name)'s revision \(revision): this daemon does not have that history; subscribe with initial: true")
+            }
+            guard let range = history.records(after: since, current: revision, now: now) else {
+                let oldest = history.oldestRevision(now: now).map { "starts at revision \($0)" } ?? "is empty"
+                throw .compacted("history of repository \(name) \(oldest); since \(since) is older: subscribe with initial: true")
+            }
+            var tooLarge = false
+            history.forEach(in: range) { view in
+                guard !tooLarge, !(request.once && replayed > 0), view.touches(request.selection) else { return }
+                if let skipOrigin, view.info.origin == skipOrigin { return }
+                view.writeEvent(&replay, sub: sub, writers: request.writers, selected: view.selected(by: request.selection))
+                replayed += 1
+                if replay.count > maxReplayBytes { tooLarge = true }
+            }
+            if tooLarge {
+                throw .tooLarge(
+                    "the replay since \(since) would take more than \(maxReplayBytes >> 20) MiB, the most one message holds: resume from a later revision, or subscribe with initial: true")
+            }
+        }
+        let snapshot = request.initial ? entries(request.selection) : nil
+        return Start(revision: revision, snapshot: snapshot, replay: replay, replayed: replayed)
+    }
+}

@@ -1,0 +1,245 @@
+// ObsCore — one revision as flat bytes: how the history keeps it and how it travels to the
+// event loops that deliver it. No object per revision: a record is a run of bytes in a
+// buffer the history or a loop's inbox owns, read through `RevisionView`.
+//
+// A record is `[table | body | keys]`:
+// - the body is the revision's `change` event minus the head each subscriber writes itself
+//   (`{"event":"change","sub":N` and its `by`): `,"repo":…,"rev":…,"changes":[…]` then the
+//   event's tail (`]`, the lease member of a lease's end, `}\n`), encoded once when the
+//   revision is made;
+// - the table gives, per change, the range of its object in the body and of its key's raw
+//   bytes in the keys area — so routing reads keys without decoding JSON, and a subscriber
+//   that selects some of a revision's changes gets exactly those objects, not re-encoded.
+
+import ObsProtocol
+import ObsValues
+import ObservableKit
+
+/// What a revision carries besides its changes, kept beside its bytes.
+public struct RevisionInfo: Sendable, Equatable {
+    public var revision: UInt64
+    /// When it was made, in seconds since 1970 (never earlier than the revision before it).
+    public var time: Int64
+    /// Who wrote it (nil: not recorded).
+    public var writer: Writer?
+    /// The connection of this process that wrote it (0: none — loaded, another daemon's, a lease's end).
+    public var origin: UInt64
+    /// What it weighs against the history's and a revision's byte limits (see `weight(of:)`).
+    public var weight: Int
+
+    public init(revision: UInt64, time: Int64, writer: Writer?, origin: UInt64, weight: Int) {
+        self.revision = revision
+        self.time = time
+        self.writer = writer
+        self.origin = origin
+        self.weight = weight
+    }
+
+    /// What one change weighs: its key, old and new value, and 32 bytes for what goes with them.
+    @inlinable
+    public static func weight(of change: Change<CanonicalJSON>) -> Int {
+        change.key.utf8Count + (change.old?.bytes.count ?? 0) + (change.new?.bytes.count ?? 0) + 32
+    }
+}
+
+/// Where a record's parts lie in the buffer that holds it.
+public struct RecordPlace: Sendable {
+    /// The record's first byte (its table).
+    public var start: Int
+    public var changeCount: Int
+    /// The body: `prefixEnd` ends `"changes":[`, `suffixStart` begins the tail `]…}\n`.
+    public var bodyStart: Int
+    public var prefixEnd: Int
+    public var suffixStart: Int
+    public var bodyEnd: Int
+    /// The end of the keys area (the record's end).
+    public var end: Int
+
+    @inlinable public var length: Int { end - start }
+
+    @inlinable
+    public init(start: Int, changeCount: Int, bodyStart: Int, prefixEnd: Int, suffixStart: Int, bodyEnd: Int, end: Int) {
+        self.start = start
+        self.changeCount = changeCount
+        self.bodyStart = bodyStart
+        self.prefixEnd = prefixEnd
+        self.suffixStart = suffixStart
+        self.bodyEnd = bodyEnd
+        self.end = end
+    }
+
+    /// The same record moved to `offset`.
+    @inlinable
+    public func moved(to offset: Int) -> RecordPlace {
+        let d = offset - start
+        return RecordPlace(
+            start: offset, changeCount: changeCount, bodyStart: bodyStart + d, prefixEnd: prefixEnd + d, suffixStart: suffixStart + d,
+            bodyEnd: bodyEnd + d, end: end + d)
+    }
+}
+
+/// Encodes revisions as records.
+public enum RevisionRecordLayout {
+    /// Bytes of one table entry: change start, change end (in the body), key start (in the
+    /// keys area), key length — four little-endian `UInt32`, relative to the record's start.
+    public static let tableEntry = 16
+
+    /// Appends the record of a revision of `repo` with `changes` (and, for a lease's end,
+    /// `tail` written before the closing brace) to `bytes`; returns where its parts lie.
+    @inlinable
+    public static func append(
+        repo: String, revision: UInt64, changes: [Change<CanonicalJSON>], into bytes: inout [UInt8],
+        tail: ((inout [UInt8]) -> Void)? = nil
+    ) -> RecordPlace {
+        let start = bytes.count
+        let count = changes.count
+        bytes.append(contentsOf: repeatElement(0, count: count * tableEntry))
+        let bodyStart = bytes.count
+        bytes.writeMember(",\"repo\":", repo)
+        bytes.writeMember(",\"rev\":", revision)
+        bytes.writeRaw(",\"changes\":[")
+        let prefixEnd = bytes.count
+        for i in 0..<count {
+            if i > 0 { bytes.writeByte(UInt8(ascii: ",")) }
+            let changeStart = bytes.count
+            EventEncoder.writeChange(&bytes, changes[i]) { sink, value in sink.writeCanonical(value) }
+            setTable(&bytes, start, i, 0, changeStart - start)
+            setTable(&bytes, start, i, 1, bytes.count - start)
+        }
+        let suffixStart = bytes.count
+        bytes.writeByte(UInt8(ascii: "]"))
+        tail?(&bytes)
+        bytes.writeRaw("}\n")
+        let bodyEnd = bytes.count
+        for i in 0..<count {
+            let keyStart = bytes.count
+            changes[i].key.withUTF8 { bytes.append(contentsOf: $0) }
+            setTable(&bytes, start, i, 2, keyStart - start)
+            setTable(&bytes, start, i, 3, bytes.count - keyStart)
+        }
+        return RecordPlace(
+            start: start, changeCount: count, bodyStart: bodyStart, prefixEnd: prefixEnd, suffixStart: suffixStart, bodyEnd: bodyEnd,
+            end: bytes.count)
+    }
+
+    @inlinable
+    static func setTable(_ bytes: inout [UInt8], _ start: Int, _ entry: Int, _ field: Int, _ value: Int) {
+        let at = start + entry * tableEntry + field * 4
+        let v = UInt32(truncatingIfNeeded: value)
+        bytes[at] = UInt8(truncatingIfNeeded: v)
+        bytes[at + 1] = UInt8(truncatingIfNeeded: v >> 8)
+        bytes[at + 2] = UInt8(truncatingIfNeeded: v >> 16)
+        bytes[at + 3] = UInt8(truncatingIfNeeded: v >> 24)
+    }
+}
+
+/// A record read in place: valid only while the buffer that holds it is not mutated.
+public struct RevisionView {
+    public let info: RevisionInfo
+    public let place: RecordPlace
+    /// The buffer's bytes (the record lies at `place`).
+    public let bytes: UnsafeRawBufferPointer
+
+    @inlinable
+    public init(info: RevisionInfo, place: RecordPlace, bytes: UnsafeRawBufferPointer) {
+        self.info = info
+        self.place = place
+        self.bytes = bytes
+    }
+
+    @inlinable public var revision: UInt64 { info.revision }
+    @inlinable public var changeCount: Int { place.changeCount }
+
+    @inlinable
+    func table(_ entry: Int, _ field: Int) -> Int {
+        Int(UInt32(littleEndian: bytes.loadUnaligned(fromByteOffset: place.start + entry * RevisionRecordLayout.tableEntry + field * 4, as: UInt32.self)))
+    }
+
+    /// The raw bytes of change `i`'s key.
+    @inlinable
+    public func keyBytes(_ i: Int) -> UnsafeRawBufferPointer {
+        let start = place.start + table(i, 2)
+        return UnsafeRawBufferPointer(rebasing: bytes[start..<(start + table(i, 3))])
+    }
+
+    /// Change `i`'s key.
+    @inlinable
+    public func key(_ i: Int) -> Key {
+        Key(String(decoding: keyBytes(i), as: UTF8.self))
+    }
+
+    /// Change `i`'s object in the body (`{"key":…,"old":…,"new":…}`).
+    @inlinable
+    public func changeObject(_ i: Int) -> UnsafeRawBufferPointer {
+        UnsafeRawBufferPointer(rebasing: bytes[(place.start + table(i, 0))..<(place.start + table(i, 1))])
+    }
+
+    /// The whole body.
+    @inlinable
+    public var body: UnsafeRawBufferPointer { UnsafeRawBufferPointer(rebasing: bytes[place.bodyStart..<place.bodyEnd]) }
+
+    /// The whole record (to copy it elsewhere).
+    @inlinable
+    public var record: UnsafeRawBufferPointer { UnsafeRawBufferPointer(rebasing: bytes[place.start..<place.end]) }
+
+    /// Whether `selection` picks any of its changes.
+    @inlinable
+    public func touches(_ selection: Selection) -> Bool {
+        if case .all = selection { return true }
+        for i in 0..<changeCount where selection.matches(key(i)) { return true }
+        return false
+    }
+
+    /// The changes `selection` picks.
+    @inlinable
+    public func selected(by selection: Selection) -> SelectedChanges {
+        if case .all = selection { return .all }
+        var positions: [Int] = []
+        for i in 0..<changeCount where selection.matches(key(i)) { positions.append(i) }
+        return positions.count == changeCount ? .all : .some(positions)
+    }
+
+    /// Writes the body with the changes `selected` picks (all: the body as it is).
+    @inlinable
+    public func writeBody<S: JSONSink>(_ sink: inout S, selected: SelectedChanges) {
+        switch selected {
+        case .all:
+            sink.writeBytes(body)
+        case .some(let positions):
+            sink.writeBytes(UnsafeRawBufferPointer(rebasing: bytes[place.bodyStart..<place.prefixEnd]))
+            for (n, i) in positions.enumerated() {
+                if n > 0 { sink.writeByte(UInt8(ascii: ",")) }
+                sink.writeBytes(changeObject(i))
+            }
+            sink.writeBytes(UnsafeRawBufferPointer(rebasing: bytes[place.suffixStart..<place.bodyEnd]))
+        }
+    }
+
+    /// Writes the whole `change` event for subscription `sub` (with `by` when `writers`).
+    @inlinable
+    public func writeEvent<S: JSONSink>(_ sink: inout S, sub: UInt64, writers: Bool, selected: SelectedChanges) {
+        EventEncoder.writeChangeHead(&sink, sub: sub)
+        if writers, let writer = info.writer { EventEncoder.writeBy(&sink, writer) }
+        writeBody(&sink, selected: selected)
+    }
+
+    /// The changes, decoded (coalescing folds them; rare).
+    public func changes(_ selected: SelectedChanges) -> [Change<CanonicalJSON>] {
+        let positions: [Int] = switch selected {
+        case .all: Array(0..<changeCount)
+        case .some(let p): p
+        }
+        return positions.compactMap { i in
+            ChangeObject.decode(changeObject(i), key: key(i))
+        }
+    }
+}
+
+/// Reads a change object back (`{"key":…,"old":…,"new":…}`, as `EventEncoder.writeChange`
+/// wrote it from canonical values).
+enum ChangeObject {
+    static func decode(_ bytes: UnsafeRawBufferPointer, key: Key) -> Change<CanonicalJSON>? {
+        guard case .object(let o)? = try? JSONParser.parse(bytes, maxDepth: Int.max) else { return nil }
+        return Change(key: key, old: o["old"].map(CanonicalJSON.init), new: o["new"].map(CanonicalJSON.init))
+    }
+}
