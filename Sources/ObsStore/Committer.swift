@@ -121,47 +121,53 @@ struct Committer {
             fail(batch, broken, queue: queue)
             return false
         }
-        let start = log.position
         var group: [UInt8] = []
         var payload: [UInt8] = []
-        var ends: [UInt64] = []
+        /// Where each frame ends in the group; the log says where the group begins.
+        var ends: [Int] = []
         ends.reserveCapacity(batch.count)
         for item in batch {
             payload.removeAll(keepingCapacity: true)
             LogRecord.encode(item.record, epoch: item.listener.epoch, into: &payload)
             payload.withUnsafeBytes { WriteAheadLog.frame($0, into: &group) }
-            ends.append(start + UInt64(group.count))
+            ends.append(group.count)
         }
+        let start: UInt64
         do throws(StorageError) {
-            _ = try log.append(group)
+            start = try log.append(group)
             if sync == .always {
                 try log.sync()
                 counters.fsyncs.add(1, ordering: .relaxed)
             }
         } catch {
             counters.failures.add(1, ordering: .relaxed)
-            do throws(StorageError) {
-                try log.truncate(to: start)
-            } catch let undo {
-                let fatal = StorageError(
-                    error.kind,
-                    "\(error.description); and the write-ahead log could not be cut back (\(undo.description)): obsd takes no more writes until it restarts")
-                broken = fatal
-                logger.critical("write-ahead log unusable: every write fails until obsd restarts", metadata: ["error": "\(fatal.description)"])
-                fail(batch, fatal, queue: queue)
-                return false
-            }
-            logger.error(
-                "a group commit failed; its writes were undone and their clients told",
-                metadata: ["error": "\(error.description)", "writes": "\(batch.count)"])
-            fail(batch, error, queue: queue)
+            undo(batch, after: error, queue: queue)
             return false
         }
         counters.commits.add(1, ordering: .relaxed)
         counters.records.add(batch.count, ordering: .relaxed)
         for (listener, revision) in Self.lastRevisions(batch) { listener.durable(through: revision) }
-        checkpoints.append(zip(batch, ends).map { Checkpointed(record: $0.0.record, epoch: $0.0.listener.epoch, position: $0.1) })
+        checkpoints.append(zip(batch, ends).map { Checkpointed(record: $0.0.record, epoch: $0.0.listener.epoch, position: start + UInt64($0.1)) })
         return true
+    }
+
+    /// Cuts a group that failed with `error` off the log, then tells its repositories.
+    private mutating func undo(_ batch: [DiskStorage.Queued], after error: StorageError, queue: CommitQueue) {
+        do throws(StorageError) {
+            try log.undoFailedGroup()
+        } catch let undo {
+            let fatal = StorageError(
+                error.kind,
+                "\(error.description); and the write-ahead log could not be cut back (\(undo.description)): obsd takes no more writes until it restarts")
+            broken = fatal
+            logger.critical("write-ahead log unusable: every write fails until obsd restarts", metadata: ["error": "\(fatal.description)"])
+            fail(batch, fatal, queue: queue)
+            return
+        }
+        logger.error(
+            "a group commit failed; its writes were undone and their clients told",
+            metadata: ["error": "\(error.description)", "writes": "\(batch.count)"])
+        fail(batch, error, queue: queue)
     }
 
     /// Reports a group's revisions failed, each repository from its first one in the group.
