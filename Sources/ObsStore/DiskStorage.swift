@@ -10,8 +10,9 @@
 //   in batches, records how far the log is applied, trims and expires history, and deletes
 //   the log segments the compacted state now holds.
 // - Start-up (SQLiteSchema.swift, WriteAheadLog.swift): SQLite's state and history, then
-//   the log after its checkpoint replayed on top. A torn tail is cut off and reported; a
-//   damaged record in the middle refuses start-up with the file and offset.
+//   the log after its checkpoint replayed on top. A torn tail, or what lies after the end
+//   of the last segment, is cut off and reported; a damaged record in the middle refuses
+//   start-up with the file and offset.
 //
 // Durability callbacks come from the committer thread and must not block (the daemon
 // hands them to its event loop); `append` never calls back.
@@ -133,7 +134,10 @@ public final class DiskStorage: Storage {
         if let at = report.tornAt {
             notices.append("cut \(report.tornBytes) bytes of a torn write off the end of the write-ahead log (\(at)): a write a crash interrupted, never acknowledged")
         }
-
+        if let at = report.leftoverAt {
+            notices.append(
+                "cut \(report.leftoverBytes) bytes after the end of the write-ahead log (\(at)): a failed write voided there, or a write whose start a crash lost; never acknowledged")
+        }
         if report.records > 0 { notices.append("replayed \(report.records) revisions from the write-ahead log") }
         self.notices = notices
         loaded = Locked(recovery.repositories)

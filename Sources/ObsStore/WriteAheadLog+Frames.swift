@@ -4,7 +4,7 @@
 // A frame is `u32 length · u32 CRC-32C of the payload · payload · zero padding to 8 bytes`,
 // little-endian, starting on an 8-byte boundary. An all-zero frame header (length 0, CRC 0)
 // is the end of the log in its segment: what the preallocated, unwritten part of a segment
-// holds.
+// holds, and what a failed group is voided with when it cannot be cut off (WriteAheadLog).
 
 #if canImport(Glibc)
 import Glibc
@@ -60,7 +60,8 @@ extension WriteAheadLog {
         return false
     }
 
-    /// The bytes from `at` to the last non-zero byte: what a torn write left.
+    /// The bytes from `at` to the last non-zero byte: what a torn write, or a voided group
+    /// behind its zeroed header, left.
     static func usedBytes(in bytes: [UInt8], from at: Int) -> Int {
         var last = bytes.count
         while last > at, bytes[last - 1] == 0 { last -= 1 }

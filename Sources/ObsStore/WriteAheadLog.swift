@@ -8,15 +8,22 @@
 // `pwrite` at the end of the log and, under `sync = always`, made durable with one
 // `fdatasync` — group commit.
 //
-// A group that fails (its write or its sync) is cut off again: `ftruncate` to where it
-// began — after the segment's header, also when the group had just opened the segment —
-// then `fdatasync`.
+// A group that fails (its write or its sync) is undone so that no replay can find it: cut
+// off (`ftruncate` to where it began — after the segment's header, also when the group had
+// just opened the segment — then `fdatasync`) or, if the cut fails, voided: its first frame
+// header overwritten with zeros and synced, which ends the log in that segment. A voided
+// segment is sealed: the next group starts a new segment, so nothing is ever written behind
+// a zeroed header, where replay would not look. If even the void fails, the group may be
+// replayed, and the caller must say so (Committer.swift).
 //
 // Replay reads every frame after a position. In each segment the log ends at an all-zero
 // frame header or at the end of the file. A frame that fails its length or checksum check
 // at the end of the last segment, with no valid frame after it, is the torn tail of a write
 // a crash interrupted: it is cut off and reported. Anywhere else it is damage, and replay
-// refuses with the file and offset. Segments wholly before the checkpoint of the compacted
+// refuses with the file and offset. Whatever lies after the end of the last segment — the
+// remains of a voided group, or of a group whose first page a crash lost — was never
+// acknowledged, since nothing is appended behind a zeroed header; as appends go on there,
+// it is cut off and reported too. Segments wholly before the checkpoint of the compacted
 // state are deleted.
 
 #if canImport(Glibc)
@@ -76,6 +83,8 @@ final class WriteAheadLog {
     /// Where the group of the last `append` begins in the current segment, until it is
     /// undone (nil: nothing of it was written).
     private var lastGroup: Int? = nil
+    /// The current segment holds a voided group: the next group starts a new segment.
+    private var sealed = false
     /// Segments whose directory entry is not yet durable (fsync of the directory pending).
     private var newSegment = false
 
@@ -84,6 +93,10 @@ final class WriteAheadLog {
         /// Bytes of a torn write cut off the end, and where.
         var tornBytes = 0
         var tornAt: String? = nil
+        /// Bytes cut off after the end of the log (a voided group, or a group whose first
+        /// page a crash lost), and where.
+        var leftoverBytes = 0
+        var leftoverAt: String? = nil
         var records = 0
     }
 
@@ -149,15 +162,20 @@ final class WriteAheadLog {
                     break scan
                 }
             }
-            guard last else { continue }
+            guard last else { continue }  // behind its end, an earlier segment may hold a voided group: never read
             fd = files.open(path, O_RDWR | O_CLOEXEC, 0)
             guard fd >= 0 else { throw StorageError.from(errno, "cannot open \(path)") }
             base = segment
             offset = end
-            if replay.tornBytes > 0 {
-                // Cut the torn write off, so a later append never sits before garbage.
+            if replay.tornBytes == 0 {
+                replay.leftoverBytes = Self.usedBytes(in: bytes, from: end)
+                if replay.leftoverBytes > 0 { replay.leftoverAt = "\(path) at offset \(end)" }
+            }
+            if replay.tornBytes > 0 || replay.leftoverBytes > 0 {
+                // Appends go on at the end: cut what lies there, so that no later frame
+                // sits before garbage, or before the valid-looking frames of a voided group.
                 guard files.ftruncate(fd, off_t(end)) == 0, files.fdatasync(fd) == 0 else {
-                    throw StorageError.from(errno, "cannot cut the torn tail off \(path)")
+                    throw StorageError.from(errno, "cannot cut what follows the end of the write-ahead log off \(path) at offset \(end)")
                 }
                 preallocate()
             }
@@ -176,13 +194,13 @@ final class WriteAheadLog {
     var position: UInt64 { base + UInt64(offset) }
 
     /// Appends one group of encoded frames (see `frame(_:into:)`) with one write — in a new
-    /// segment when it does not fit in the current one — and returns
+    /// segment when it does not fit in the current one or that one is sealed — and returns
     /// the position where the group begins: its frames end there plus where they end in
     /// `group`. Nothing is durable until `sync`. A group that fails here, or whose sync
     /// fails, must be undone (`undoFailedGroup`) before the next append.
     func append(_ group: [UInt8]) throws(StorageError) -> UInt64 {
         lastGroup = nil
-        if offset > Self.headerSize, offset + group.count > segmentSize { try startSegment(at: position) }
+        if sealed || (offset > Self.headerSize && offset + group.count > segmentSize) { try startSegment(at: position) }
         let start = offset
         lastGroup = start
         if let failure = group.withUnsafeBytes({ files.writeAll(fd, $0, at: start) }) {
@@ -201,16 +219,41 @@ final class WriteAheadLog {
         }
     }
 
-    /// Undoes the group of the last `append`, which failed or whose sync failed: cuts it off,
-    /// durably. Throws when it cannot: the group may still be in the log.
-    func undoFailedGroup() throws(StorageError) {
-        guard let start = lastGroup else { return }  // nothing of it was written
+    /// How a failed group was undone.
+    enum Undo {
+        /// Nothing of it was written (it failed opening a new segment).
+        case nothingWritten
+        /// Cut off: the segment ends where the group began, durably.
+        case cut
+        /// The cut failed (`cutFailure`); the group's first frame header is zeros, durably,
+        /// so replay ends the log before it; the next group starts a new segment.
+        case voided(cutFailure: StorageError)
+    }
+
+    /// Undoes the group of the last `append`, which failed or whose sync failed, so that no
+    /// replay can find it (see the header). Throws when it cannot make sure of that: the
+    /// group may still be in the log, whole or in part, and a restart may replay it.
+    func undoFailedGroup() throws(StorageError) -> Undo {
+        guard let start = lastGroup else { return .nothingWritten }
         lastGroup = nil
         offset = start  // the log ends where the group began, after the segment's header
-        guard files.ftruncate(fd, off_t(start)) == 0, files.fdatasync(fd) == 0 else {
-            throw StorageError.from(errno, "cannot cut a failed write off \(directory.file(base)) at offset \(start)")
+        let path = directory.file(base)
+        if files.ftruncate(fd, off_t(start)) == 0, files.fdatasync(fd) == 0 {
+            preallocate()
+            return .cut
         }
-        preallocate()
+        let cutFailure = StorageError.from(errno, "cannot cut a failed write off \(path) at offset \(start)")
+        sealed = true  // nothing more goes behind this group, voided or not
+        let zeros = [UInt8](repeating: 0, count: Self.frameHeaderSize)
+        if let failure = zeros.withUnsafeBytes({ files.writeAll(fd, $0, at: start) }) {
+            let cause = StorageError.from(failure.errno, "nor void it (zero its first frame header)")
+            throw StorageError(cause.kind, "\(cutFailure.description); \(cause.description)")
+        }
+        guard files.fdatasync(fd) == 0 else {
+            let cause = StorageError.from(errno, "nor void it (sync its zeroed frame header)")
+            throw StorageError(cause.kind, "\(cutFailure.description); \(cause.description)")
+        }
+        return .voided(cutFailure: cutFailure)
     }
 
     // MARK: Segments
@@ -242,6 +285,7 @@ final class WriteAheadLog {
         fd = new
         base = position
         offset = Self.headerSize
+        sealed = false
         newSegment = true
         preallocate()
     }

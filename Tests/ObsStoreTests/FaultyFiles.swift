@@ -1,7 +1,9 @@
 // A write-ahead log's file operations for tests: the system's own calls, except those a test
 // told to fail — with the errno a sick disk would give — so a full disk at a segment
-// roll-over, or a cut that fails with EIO, happens at exactly the call the test means.
+// roll-over, or a cut that fails with EIO, happens at exactly the call the test means; and
+// one call a test told to wait, so that what is queued meanwhile makes one group.
 
+import Dispatch
 @testable import ObsStore
 import Synchronization
 
@@ -26,6 +28,9 @@ final class FaultyFiles: FileOperations {
 
     private let faults = Mutex<[Fault]>([])
     private let failed = Mutex<[Call]>([])
+    /// The call to hold once it is made, and whether one is held now.
+    private let gate = Mutex<(matches: (@Sendable (Call) -> Bool)?, holding: Bool)>((nil, false))
+    private let released = DispatchSemaphore(value: 0)
     private let system = SystemFileOperations()
 
     /// Makes the next `times` calls that `matches` fail with `errno` (`Int.max`: until `heal`).
@@ -39,6 +44,31 @@ final class FaultyFiles: FileOperations {
 
     /// The calls failed on cue so far, in order.
     var failedCalls: [Call] { failed.withLock { $0 } }
+
+    /// Makes the next call that `matches` (and does not fail) wait until `release`.
+    func hold(when matches: @escaping @Sendable (Call) -> Bool) { gate.withLock { $0 = (matches, false) } }
+
+    /// Whether a call is waiting for `release`.
+    var holding: Bool { gate.withLock { $0.holding } }
+
+    /// Lets the held call go on (the system call, with faults added meanwhile not applied).
+    func release() { released.signal() }
+
+    /// Whether `call` fails (then `errno` is set as the system call would set it); if it does
+    /// not and a test holds it, returns once the test releases it.
+    private func intercept(_ call: Call) -> Bool {
+        if fails(call) { return true }
+        let held = gate.withLock { gate -> Bool in
+            guard let matches = gate.matches, matches(call) else { return false }
+            gate = (nil, true)
+            return true
+        }
+        if held {
+            released.wait()
+            gate.withLock { $0.holding = false }
+        }
+        return false
+    }
 
     /// Whether `call` fails; if it does, `errno` is set as the system call would set it.
     private func fails(_ call: Call) -> Bool {
@@ -54,16 +84,16 @@ final class FaultyFiles: FileOperations {
     }
 
     func open(_ path: String, _ flags: Int32, _ mode: mode_t) -> Int32 {
-        fails(.open(path: path, creating: flags & O_CREAT != 0)) ? -1 : system.open(path, flags, mode)
+        intercept(.open(path: path, creating: flags & O_CREAT != 0)) ? -1 : system.open(path, flags, mode)
     }
 
     func pwrite(_ fd: Int32, _ buffer: UnsafeRawPointer, _ count: Int, _ offset: off_t) -> Int {
-        fails(.pwrite(offset: Int(offset), count: count)) ? -1 : system.pwrite(fd, buffer, count, offset)
+        intercept(.pwrite(offset: Int(offset), count: count)) ? -1 : system.pwrite(fd, buffer, count, offset)
     }
 
-    func fdatasync(_ fd: Int32) -> Int32 { fails(.fdatasync) ? -1 : system.fdatasync(fd) }
+    func fdatasync(_ fd: Int32) -> Int32 { intercept(.fdatasync) ? -1 : system.fdatasync(fd) }
 
     func ftruncate(_ fd: Int32, _ length: off_t) -> Int32 {
-        fails(.ftruncate(length: Int(length))) ? -1 : system.ftruncate(fd, length)
+        intercept(.ftruncate(length: Int(length))) ? -1 : system.ftruncate(fd, length)
     }
 }

@@ -1,6 +1,8 @@
 // Tests of a write-ahead log whose disk fails at the worst moments: a full disk at a segment
-// roll-over (on a real tmpfs, and on cue through FaultyFiles). Each checks what a restart —
-// a reopened store — finds.
+// roll-over (on a real tmpfs, and on cue through FaultyFiles), a failed group whose cut
+// fails (voided instead), one that can be neither cut nor voided (outcome unknown), and what
+// a zeroed frame header leaves behind at the end of the log. Each checks what a restart —
+// a reopened store, or a copy of the live directory as a crash would leave it — finds.
 
 import Foundation
 import Logging
@@ -28,6 +30,20 @@ private func appendUntilAFailure(_ storage: DiskStorage, _ a: ListenerStub, from
         if a.failures > 0 || rev == first + limit { return rev }
         rev += 1
     }
+}
+
+/// Where each frame of a segment starts (after its 16-byte header).
+private func frameStarts(_ path: String) throws -> [Int] {
+    let bytes = [UInt8](try Data(contentsOf: URL(fileURLWithPath: path)))
+    var starts: [Int] = []
+    var at = 16
+    while at + 8 <= bytes.count {
+        let length = Int(bytes[at]) | Int(bytes[at + 1]) << 8 | Int(bytes[at + 2]) << 16 | Int(bytes[at + 3]) << 24
+        if length == 0 { break }
+        starts.append(at)
+        at = (at + 8 + length + 7) & ~7
+    }
+    return starts
 }
 
 @Suite struct LogFailureTests {
@@ -90,6 +106,113 @@ private func appendUntilAFailure(_ storage: DiskStorage, _ a: ListenerStub, from
         #expect(try reopened.load().first?.state.revision == rev)
         #expect(!reopened.notices.contains { $0.contains("replayed") }, "a clean stop replays nothing: \(reopened.notices)")
         reopened.close()
+    }
+
+    @Test func aFailedGroupWhoseCutFailsIsVoidedAndNeverReplayed() throws {
+        let dir = temporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        var o = options(dir)
+        o.checkpointInterval = .seconds(3600)
+        let files = FaultyFiles()
+        let storage = try open(o, files: files)
+        let a = ListenerStub()
+        #expect(storage.append(record("a", 1, "k1", "kept"), listener: a))
+        #expect(waitFor { a.durable == 1 })
+        // Revisions 3 to 5 queue while revision 2's sync is held: they make one group of three frames.
+        files.hold { $0 == .fdatasync }
+        #expect(storage.append(record("a", 2, "k2", "kept"), listener: a))
+        #expect(waitFor { files.holding })
+        for rev in 3...5 as ClosedRange<UInt64> { #expect(storage.append(record("a", rev, "k\(rev)", "undone"), listener: a)) }
+        // That group's sync fails with EIO, and so does its cut: its frames stay in the file.
+        files.fail(errno: EIO) { $0 == .fdatasync }
+        files.fail(errno: EIO) { if case .ftruncate = $0 { true } else { false } }
+        files.release()
+        #expect(waitFor { a.failures == 1 })
+        #expect(files.failedCalls.count == 2)
+        #expect(a.durable == 2 && a.failedAfter == 2 && a.lastError?.kind == .io, "reported undone: \(String(describing: a.lastError))")
+
+        // Told undone, they must never come back: not after a crash now…
+        let crashed = try snapshot(dir)
+        defer { try? FileManager.default.removeItem(atPath: crashed) }
+        let recovered = try DiskStorage(options: options(crashed), logger: testLogger)
+        let state = try #require(try recovered.load().first).state
+        #expect(state.revision == 2 && state[Key("k3")] == nil, "revision \(state.revision)")
+        #expect(recovered.notices.contains { $0.contains("after the end of the write-ahead log") }, "\(recovered.notices)")
+        recovered.close()
+
+        // …nor once writes went on: in a new segment, never behind the zeroed header (a
+        // shorter group there would leave the voided frames after it, valid or cut in two).
+        storage.discard(a, after: 2)
+        #expect(storage.append(record("a", 3, "k3", "again"), listener: a))
+        #expect(waitFor { a.durable == 3 })
+        #expect(segments(dir).count == 2, "\(segments(dir))")
+        storage.close()
+        let reopened = try DiskStorage(options: options(dir), logger: testLogger)
+        let again = try #require(try reopened.load().first).state
+        reopened.close()
+        #expect(again.revision == 3 && again[Key("k3")]?.value == CanonicalJSON(.string("again")) && again[Key("k4")] == nil)
+    }
+
+    @Test func aGroupThatCanBeNeitherCutNorVoidedIsAnsweredOutcomeUnknown() throws {
+        let dir = temporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let files = FaultyFiles()
+        let storage = try open(options(dir), files: files)
+        let a = ListenerStub()
+        #expect(storage.append(record("a", 1, "k", "kept"), listener: a))
+        #expect(waitFor { a.durable == 1 })
+        // The group's sync fails, then its cut, then the write that would void it (the only
+        // write of 8 bytes: a frame is at least 16).
+        files.fail(errno: EIO) { $0 == .fdatasync }
+        files.fail(errno: EIO) { if case .ftruncate = $0 { true } else { false } }
+        files.fail(errno: EIO) { if case .pwrite(_, 8) = $0 { true } else { false } }
+        #expect(storage.append(record("a", 2, "k", "unknown"), listener: a))
+        #expect(waitFor { a.failures == 1 })
+        #expect(files.failedCalls.count == 3)
+        let error = try #require(a.lastError)
+        #expect(error.kind == .outcomeUnknown, "\(error)")
+        #expect(error.description.contains("may be applied after a restart") && !error.description.contains("undone"), "\(error)")
+
+        // No write is taken until a restart, even once the disk is well again.
+        files.heal()
+        storage.discard(a, after: 1)
+        #expect(storage.append(record("a", 2, "k", "refused"), listener: a))
+        #expect(waitFor { a.failures == 2 })
+        #expect(a.lastError?.description.contains("this write was not stored") == true, "\(String(describing: a.lastError))")
+        storage.close()
+
+        // Here the frame did reach the file: a restart applies the write told "unknown".
+        let reopened = try DiskStorage(options: options(dir), logger: testLogger)
+        let state = try #require(try reopened.load().first).state
+        reopened.close()
+        #expect(state.revision == 2 && state[Key("k")]?.value == CanonicalJSON(.string("unknown")))
+    }
+
+    @Test func whatFollowsAZeroedFrameHeaderAtTheEndOfTheLogIsCutBeforeAppendsGoOn() throws {
+        let crashed = try crashedAfterTenRevisions()
+        defer { try? FileManager.default.removeItem(atPath: crashed) }
+        // Revisions 8 to 10 behind a zeroed frame header: a voided group, or one whose first
+        // page a crash lost. Their frames are valid, and were never acknowledged.
+        let segment = crashed + "/wal/" + (try #require(segments(crashed).last))
+        let starts = try frameStarts(segment)
+        try #require(starts.count == 10)
+        let file = try FileHandle(forUpdating: URL(fileURLWithPath: segment))
+        try file.seek(toOffset: UInt64(starts[7]))
+        try file.write(contentsOf: Data(count: 8))
+        try file.close()
+
+        let recovered = try DiskStorage(options: options(crashed), logger: testLogger)
+        #expect(try recovered.load().first?.state.revision == 7)
+        #expect(recovered.notices.contains { $0.contains("after the end of the write-ahead log") && $0.contains("offset \(starts[7])") }, "\(recovered.notices)")
+        // Appends go on where the log ends; what was behind the zeroed header is gone.
+        let b = ListenerStub()
+        #expect(recovered.append(record("a", 8, "k", "new"), listener: b))
+        recovered.close()
+        #expect(b.durable == 8)
+        let again = try DiskStorage(options: options(crashed), logger: testLogger)
+        let state = try #require(try again.load().first).state
+        again.close()
+        #expect(state.revision == 8 && state[Key("k")]?.value == CanonicalJSON(.string("new")), "revision \(state.revision)")
     }
 
     @Test(.enabled(if: Tmpfs.available, "needs root and permission to mount tmpfs"))
