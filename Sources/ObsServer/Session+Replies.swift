@@ -68,10 +68,14 @@ extension Session {
         shard.markDirty(outbox)
     }
 
-    /// The reply to a request whose outcome storage could not keep.
+    /// The reply to a request whose outcome storage could not keep — or, for
+    /// `.outcomeUnknown`, could not say whether it kept (a restart may apply it).
     static func storageFailure(id: JSONValue, _ error: StorageError, repo: String) -> ByteBuffer {
         var buffer = ByteBuffer()
-        let message = "storage failure in repository \(repo): the change this reply depends on could not be stored and was undone (\(error.description)); retry once the cause is fixed"
+        let message =
+            error.kind == .outcomeUnknown
+            ? "storage failure in repository \(repo): the change this reply depends on may or may not have been stored: its outcome is unknown (\(error.description)); read after obsd restarts before retrying"
+            : "storage failure in repository \(repo): the change this reply depends on could not be stored and was undone (\(error.description)); retry once the cause is fixed"
         ReplyEncoder.error(&buffer, id: id, ProtocolError(.internal, message))
         return buffer
     }

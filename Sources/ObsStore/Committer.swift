@@ -5,11 +5,14 @@
 // each repository how far it is durable and hands the revisions to the checkpointer.
 // Under `sync = relaxed` it tells them after the write and syncs at most every interval.
 //
-// A group that fails (a full disk, an I/O error) is cut off the log again and each of its
-// repositories is told its revisions failed. Until a repository has undone them — it says
-// so with `discard` — its later revisions, built on the failed ones, are dropped here
-// unwritten. If the log cannot even be cut back, the committer stops taking writes: every
-// later one fails, naming the cause, until obsd restarts.
+// A group that fails (a full disk, an I/O error) is undone in the log — cut off, or voided
+// when the cut fails (WriteAheadLog.swift) — so that no replay can find it, and only then
+// is each of its repositories told its revisions failed. Until a repository has undone
+// them — it says so with `discard` — its later revisions, built on the failed ones, are
+// dropped here unwritten. If the log can be neither cut nor voided, the group may still be
+// replayed by a restart: its writes are answered "outcome unknown" (`.outcomeUnknown`),
+// never "undone", and the committer stops taking writes — every later one fails, unwritten,
+// naming the cause — until obsd restarts and replays the log.
 
 import Logging
 import ObservableKit
@@ -87,7 +90,7 @@ struct Committer {
     let sync: SyncPolicy
     let counters: StorageCounters
     let logger: Logger
-    /// Set when a failed group could not be cut off the log: no write is taken after it.
+    /// Set when a failed group could not be undone in the log: no write is taken after it.
     private var broken: StorageError? = nil
 
     init(log: WriteAheadLog, sync: SyncPolicy, counters: StorageCounters, logger: Logger) {
@@ -121,47 +124,62 @@ struct Committer {
             fail(batch, broken, queue: queue)
             return false
         }
-        let start = log.position
         var group: [UInt8] = []
         var payload: [UInt8] = []
-        var ends: [UInt64] = []
+        /// Where each frame ends in the group; the log says where the group begins.
+        var ends: [Int] = []
         ends.reserveCapacity(batch.count)
         for item in batch {
             payload.removeAll(keepingCapacity: true)
             LogRecord.encode(item.record, epoch: item.listener.epoch, into: &payload)
             payload.withUnsafeBytes { WriteAheadLog.frame($0, into: &group) }
-            ends.append(start + UInt64(group.count))
+            ends.append(group.count)
         }
+        let start: UInt64
         do throws(StorageError) {
-            _ = try log.append(group)
+            start = try log.append(group)
             if sync == .always {
                 try log.sync()
                 counters.fsyncs.add(1, ordering: .relaxed)
             }
         } catch {
             counters.failures.add(1, ordering: .relaxed)
-            do throws(StorageError) {
-                try log.truncate(to: start)
-            } catch let undo {
-                let fatal = StorageError(
-                    error.kind,
-                    "\(error.description); and the write-ahead log could not be cut back (\(undo.description)): obsd takes no more writes until it restarts")
-                broken = fatal
-                logger.critical("write-ahead log unusable: every write fails until obsd restarts", metadata: ["error": "\(fatal.description)"])
-                fail(batch, fatal, queue: queue)
-                return false
-            }
-            logger.error(
-                "a group commit failed; its writes were undone and their clients told",
-                metadata: ["error": "\(error.description)", "writes": "\(batch.count)"])
-            fail(batch, error, queue: queue)
+            undo(batch, after: error, queue: queue)
             return false
         }
         counters.commits.add(1, ordering: .relaxed)
         counters.records.add(batch.count, ordering: .relaxed)
         for (listener, revision) in Self.lastRevisions(batch) { listener.durable(through: revision) }
-        checkpoints.append(zip(batch, ends).map { Checkpointed(record: $0.0.record, epoch: $0.0.listener.epoch, position: $0.1) })
+        checkpoints.append(zip(batch, ends).map { Checkpointed(record: $0.0.record, epoch: $0.0.listener.epoch, position: start + UInt64($0.1)) })
         return true
+    }
+
+    /// Undoes a group that failed with `error` in the log, then tells its repositories:
+    /// undone — or, when the log could not be made to forget it, that its outcome is unknown.
+    private mutating func undo(_ batch: [DiskStorage.Queued], after error: StorageError, queue: CommitQueue) {
+        let how: WriteAheadLog.Undo
+        do throws(StorageError) {
+            how = try log.undoFailedGroup()
+        } catch let undo {
+            let unknown = StorageError(
+                .outcomeUnknown,
+                "\(error.description); and the write-ahead log could neither cut this write off nor void it (\(undo.description)): its outcome is unknown — it is not applied now, and may be applied after a restart; obsd takes no more writes until it restarts"
+            )
+            broken = StorageError(
+                error.kind,
+                "obsd takes no more writes until it restarts: an earlier failed write could not be undone in the write-ahead log (\(error.description); \(undo.description)); this write was not stored")
+            logger.critical(
+                "write-ahead log unusable: a failed group could be neither cut off nor voided, so a restart may replay it; its writes are answered outcome unknown and every later write fails until obsd restarts",
+                metadata: ["error": "\(unknown.description)", "writes": "\(batch.count)"])
+            fail(batch, unknown, queue: queue)
+            return
+        }
+        var metadata: Logger.Metadata = ["error": "\(error.description)", "writes": "\(batch.count)"]
+        if case .voided(let cutFailure) = how {
+            metadata["undo"] = "voided (its first frame header zeroed; the log goes on in a new segment) because the cut failed: \(cutFailure.description)"
+        }
+        logger.error("a group commit failed; its writes were undone and their clients told", metadata: metadata)
+        fail(batch, error, queue: queue)
     }
 
     /// Reports a group's revisions failed, each repository from its first one in the group.

@@ -10,8 +10,9 @@
 //   in batches, records how far the log is applied, trims and expires history, and deletes
 //   the log segments the compacted state now holds.
 // - Start-up (SQLiteSchema.swift, WriteAheadLog.swift): SQLite's state and history, then
-//   the log after its checkpoint replayed on top. A torn tail is cut off and reported; a
-//   damaged record in the middle refuses start-up with the file and offset.
+//   the log after its checkpoint replayed on top. A torn tail, or what lies after the end
+//   of the last segment, is cut off and reported; a damaged record in the middle refuses
+//   start-up with the file and offset.
 //
 // Durability callbacks come from the committer thread and must not block (the daemon
 // hands them to its event loop); `append` never calls back.
@@ -109,7 +110,12 @@ public final class DiskStorage: Storage {
 
     /// Opens (or creates) the store, loads it and replays its log; ready to `append` on
     /// return. Failed writes and checkpoints are logged to `logger`.
-    public init(options: Options, logger: Logger) throws(StorageError) {
+    public convenience init(options: Options, logger: Logger) throws(StorageError) {
+        try self.init(options: options, logger: logger, files: SystemFileOperations())
+    }
+
+    /// The store whose log makes its system calls with `files` (a test's, to fail on cue).
+    init(options: Options, logger: Logger, files: any FileOperations) throws(StorageError) {
         self.options = options
         try DataDirectory.create(options.directory)
         lock = try DirectoryLock(directory: options.directory)
@@ -118,7 +124,7 @@ public final class DiskStorage: Storage {
         let (connection, migrated) = try Schema.open(path: path, options: options)
         let renewed = try Provenance.claim(connection, sync: options.sync, migrated: migrated)
         let stored = try Loader.load(connection, options: options)
-        let log = WriteAheadLog(directory: options.directory + "/" + Self.logDirectory, segmentSize: options.segmentSize)
+        let log = WriteAheadLog(directory: options.directory + "/" + Self.logDirectory, segmentSize: options.segmentSize, files: files)
         var recovery = Recovery(repositories: stored.repositories, renewEpochs: renewed != nil, options: options)
         let report = try log.open(after: stored.checkpoint) { (payload, position) throws(StorageError) in
             try recovery.apply(payload, at: position, log: log.directory.path)
@@ -127,6 +133,10 @@ public final class DiskStorage: Storage {
         if let renewed { notices.append("every repository starts a new epoch (clients resync instead of resuming): \(renewed)") }
         if let at = report.tornAt {
             notices.append("cut \(report.tornBytes) bytes of a torn write off the end of the write-ahead log (\(at)): a write a crash interrupted, never acknowledged")
+        }
+        if let at = report.leftoverAt {
+            notices.append(
+                "cut \(report.leftoverBytes) bytes after the end of the write-ahead log (\(at)): a failed write voided there, or a write whose start a crash lost; never acknowledged")
         }
         if report.records > 0 { notices.append("replayed \(report.records) revisions from the write-ahead log") }
         self.notices = notices

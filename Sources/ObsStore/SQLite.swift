@@ -16,6 +16,10 @@ public struct StorageError: Error, Sendable, CustomStringConvertible {
         case corrupt
         /// Another process holds the data directory.
         case locked
+        /// A write failed and could not be undone in the store: whether it is stored is not
+        /// known, and a restart may apply it (as an ordinary revision). The store takes no
+        /// more writes until then.
+        case outcomeUnknown
         case other
     }
 

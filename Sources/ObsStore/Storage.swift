@@ -35,7 +35,10 @@ public protocol DurabilityListener: AnyObject, Sendable {
     var epoch: String { get }
     /// Every revision up to `revision` is durable.
     func durable(through revision: UInt64)
-    /// Revisions above `revision` were not stored and never will be; `error` says why.
+    /// Revisions above `revision` were not stored and never will be; `error` says why —
+    /// unless its kind is `.outcomeUnknown`: then storage could not undo them, a restart may
+    /// find them (any prefix of them), and storage takes no more revisions until then.
+    /// Either way they are not stored now, and the repository undoes them in memory.
     func failed(after revision: UInt64, error: StorageError)
 }
 

@@ -1,17 +1,30 @@
 // ObsStore — the write-ahead log: where a write becomes durable before it is acknowledged.
 //
 // Append-only segment files `wal/<base position, 16 hex digits>.wal`, preallocated, each a
-// 16-byte header (`OBSDWAL1` + its base position) and then frames: `u32 length · u32
-// CRC-32C of the payload · payload · zero padding to 8 bytes`. A position (log sequence
-// number) is a byte offset in the log as if its segments were one file; a frame's
-// position is where it ends. A group of frames is written with one `pwrite` at the end of
-// the log and, under `sync = always`, made durable with one `fdatasync` — group commit.
+// 16-byte header (`OBSDWAL1` + its base position) and then frames (WriteAheadLog+Frames.swift).
+// A position (log sequence number) is a byte offset in the log as if its segments were one
+// file, each cut where its log ends: a segment's base is where the previous one's last frame
+// ends, and a frame's position is where it ends. A group of frames is written with one
+// `pwrite` at the end of the log and, under `sync = always`, made durable with one
+// `fdatasync` — group commit.
 //
-// Replay reads every frame after a position. A frame that fails its length or checksum
-// check at the end of the last segment, with no valid frame after it, is the torn tail of
-// a write a crash interrupted: it is cut off and reported. Anywhere else it is damage, and
-// replay refuses with the file and offset. Segments wholly before the checkpoint of the
-// compacted state are deleted.
+// A group that fails (its write or its sync) is undone so that no replay can find it: cut
+// off (`ftruncate` to where it began — after the segment's header, also when the group had
+// just opened the segment — then `fdatasync`) or, if the cut fails, voided: its first frame
+// header overwritten with zeros and synced, which ends the log in that segment. A voided
+// segment is sealed: the next group starts a new segment, so nothing is ever written behind
+// a zeroed header, where replay would not look. If even the void fails, the group may be
+// replayed, and the caller must say so (Committer.swift).
+//
+// Replay reads every frame after a position. In each segment the log ends at an all-zero
+// frame header or at the end of the file. A frame that fails its length or checksum check
+// at the end of the last segment, with no valid frame after it, is the torn tail of a write
+// a crash interrupted: it is cut off and reported. Anywhere else it is damage, and replay
+// refuses with the file and offset. Whatever lies after the end of the last segment — the
+// remains of a voided group, or of a group whose first page a crash lost — was never
+// acknowledged, since nothing is appended behind a zeroed header; as appends go on there,
+// it is cut off and reported too. Segments wholly before the checkpoint of the compacted
+// state are deleted.
 
 #if canImport(Glibc)
 import Glibc
@@ -61,11 +74,17 @@ final class WriteAheadLog {
 
     let directory: Directory
     let segmentSize: Int
+    private let files: any FileOperations
     /// The current (last) segment.
     private var fd: Int32 = -1
     private var base: UInt64 = 0
-    /// Where the next frame goes, within the current segment.
+    /// Where the next frame goes, within the current segment: never before its header.
     private var offset = 0
+    /// Where the group of the last `append` begins in the current segment, until it is
+    /// undone (nil: nothing of it was written).
+    private var lastGroup: Int? = nil
+    /// The current segment holds a voided group: the next group starts a new segment.
+    private var sealed = false
     /// Segments whose directory entry is not yet durable (fsync of the directory pending).
     private var newSegment = false
 
@@ -74,12 +93,18 @@ final class WriteAheadLog {
         /// Bytes of a torn write cut off the end, and where.
         var tornBytes = 0
         var tornAt: String? = nil
+        /// Bytes cut off after the end of the log (a voided group, or a group whose first
+        /// page a crash lost), and where.
+        var leftoverBytes = 0
+        var leftoverAt: String? = nil
         var records = 0
     }
 
-    init(directory: String, segmentSize: Int = 64 << 20) {
+    /// A log in `directory` (not yet opened); `files` makes its system calls.
+    init(directory: String, segmentSize: Int = 64 << 20, files: any FileOperations = SystemFileOperations()) {
         self.directory = Directory(path: directory)
         self.segmentSize = segmentSize
+        self.files = files
     }
 
     deinit { if fd >= 0 { close(fd) } }
@@ -99,7 +124,7 @@ final class WriteAheadLog {
         for (i, segment) in segments.enumerated() {
             let last = i == segments.count - 1
             let path = directory.file(segment)
-            let bytes = try read(path)
+            let bytes = try Self.read(path)
             guard bytes.count >= Self.headerSize, Array(bytes[0..<8]) == Self.magic,
                 bytes.withUnsafeBytes({ UInt64(littleEndian: $0.loadUnaligned(fromByteOffset: 8, as: UInt64.self)) }) == segment
             else {
@@ -109,10 +134,9 @@ final class WriteAheadLog {
                 }
                 throw StorageError(.corrupt, "\(path) is not an obsd write-ahead log segment (bad header); refusing to start")
             }
-            var at = Self.headerSize
-            var end = at
+            var end = Self.headerSize
             scan: while true {
-                switch Self.frame(in: bytes, at: at) {
+                switch Self.frame(in: bytes, at: end) {
                 case .end:
                     break scan
                 case .frame(let payload, let next):
@@ -124,34 +148,36 @@ final class WriteAheadLog {
                         try result.get()
                         replay.records += 1
                     }
-                    at = next
                     end = next
                     logEnd = position
-                    continue
                 case .bad:
-                    guard last, !Self.anyValidFrame(in: bytes, after: at) else {
+                    guard last, !Self.anyValidFrame(in: bytes, after: end) else {
                         throw StorageError(
                             .corrupt,
-                            "\(path): damaged record at offset \(at) (length or checksum wrong, with valid records after it); refusing to start rather than skip acknowledged writes"
+                            "\(path): damaged record at offset \(end) (length or checksum wrong, with valid records after it); refusing to start rather than skip acknowledged writes"
                         )
                     }
-                    replay.tornBytes = Self.usedBytes(in: bytes, from: at)
-                    replay.tornAt = "\(path) at offset \(at)"
+                    replay.tornBytes = Self.usedBytes(in: bytes, from: end)
+                    replay.tornAt = "\(path) at offset \(end)"
                     break scan
                 }
             }
-            if last {
-                fd = Glibc.open(path, O_RDWR | O_CLOEXEC)
-                guard fd >= 0 else { throw StorageError.from(errno, "cannot open \(path)") }
-                base = segment
-                offset = end
-                if replay.tornBytes > 0 {
-                    // Cut the torn write off, so a later append never sits before garbage.
-                    guard ftruncate(fd, off_t(end)) == 0, fdatasync(fd) == 0 else {
-                        throw StorageError.from(errno, "cannot cut the torn tail off \(path)")
-                    }
-                    preallocate()
+            guard last else { continue }  // behind its end, an earlier segment may hold a voided group: never read
+            fd = files.open(path, O_RDWR | O_CLOEXEC, 0)
+            guard fd >= 0 else { throw StorageError.from(errno, "cannot open \(path)") }
+            base = segment
+            offset = end
+            if replay.tornBytes == 0 {
+                replay.leftoverBytes = Self.usedBytes(in: bytes, from: end)
+                if replay.leftoverBytes > 0 { replay.leftoverAt = "\(path) at offset \(end)" }
+            }
+            if replay.tornBytes > 0 || replay.leftoverBytes > 0 {
+                // Appends go on at the end: cut what lies there, so that no later frame
+                // sits before garbage, or before the valid-looking frames of a voided group.
+                guard files.ftruncate(fd, off_t(end)) == 0, files.fdatasync(fd) == 0 else {
+                    throw StorageError.from(errno, "cannot cut what follows the end of the write-ahead log off \(path) at offset \(end)")
                 }
+                preallocate()
             }
         }
         // Appends go after the checkpoint even where the log ends before it (its unsynced
@@ -162,121 +188,93 @@ final class WriteAheadLog {
         return replay
     }
 
-    private enum Frame {
-        case end
-        case frame(payload: Range<Int>, next: Int)
-        case bad
-    }
-
-    /// The frame at `at`: a valid one, the end of the data (zeros or the end of the file), or
-    /// one that fails its checks.
-    private static func frame(in bytes: [UInt8], at: Int) -> Frame {
-        guard at + 8 <= bytes.count else { return at == bytes.count || bytes[at...].allSatisfy { $0 == 0 } ? .end : .bad }
-        let (length, crc) = bytes.withUnsafeBytes { raw in
-            (Int(UInt32(littleEndian: raw.loadUnaligned(fromByteOffset: at, as: UInt32.self))),
-             UInt32(littleEndian: raw.loadUnaligned(fromByteOffset: at + 4, as: UInt32.self)))
-        }
-        if length == 0 { return crc == 0 ? .end : .bad }
-        let payload = (at + 8)..<(at + 8 + length)
-        guard payload.upperBound <= bytes.count else { return .bad }
-        let actual = bytes.withUnsafeBytes { CRC32C.checksum(UnsafeRawBufferPointer(rebasing: $0[payload])) }
-        guard actual == crc else { return .bad }
-        return .frame(payload: payload, next: (payload.upperBound + 7) & ~7)
-    }
-
-    /// Whether a valid frame starts anywhere after a bad one (frames start on 8-byte boundaries).
-    private static func anyValidFrame(in bytes: [UInt8], after at: Int) -> Bool {
-        var candidate = (at + 8) & ~7
-        while candidate + 8 <= bytes.count {
-            if case .frame = frame(in: bytes, at: candidate) { return true }
-            candidate += 8
-        }
-        return false
-    }
-
-    /// The bytes from `at` to the last non-zero byte: what a torn write left.
-    private static func usedBytes(in bytes: [UInt8], from at: Int) -> Int {
-        var last = bytes.count
-        while last > at, bytes[last - 1] == 0 { last -= 1 }
-        return last - at
-    }
-
     // MARK: Appending
 
     /// The position after the last frame.
     var position: UInt64 { base + UInt64(offset) }
 
-    /// Appends one group of encoded frames (see `frame(_:into:)`) with one write; returns
-    /// the position after it. Nothing is durable until `sync`.
+    /// Appends one group of encoded frames (see `frame(_:into:)`) with one write — in a new
+    /// segment when it does not fit in the current one or that one is sealed — and returns
+    /// the position where the group begins: its frames end there plus where they end in
+    /// `group`. Nothing is durable until `sync`. A group that fails here, or whose sync
+    /// fails, must be undone (`undoFailedGroup`) before the next append.
     func append(_ group: [UInt8]) throws(StorageError) -> UInt64 {
-        if offset > Self.headerSize, offset + group.count > segmentSize { try startSegment(at: position) }
-        var written = 0
-        while written < group.count {
-            let n = group.withUnsafeBytes { pwrite(fd, $0.baseAddress! + written, group.count - written, off_t(offset + written)) }
-            if n < 0 {
-                if errno == EINTR { continue }
-                throw StorageError.from(errno, "cannot write to the write-ahead log in \(directory.path)")
-            }
-            written += n
+        lastGroup = nil
+        if sealed || (offset > Self.headerSize && offset + group.count > segmentSize) { try startSegment(at: position) }
+        let start = offset
+        lastGroup = start
+        if let failure = group.withUnsafeBytes({ files.writeAll(fd, $0, at: start) }) {
+            throw StorageError.from(failure.errno, "cannot write to the write-ahead log \(directory.file(base)) at offset \(start + failure.written)")
         }
         offset += group.count
-        return position
+        return base + UInt64(start)
     }
 
     /// Makes everything appended durable.
     func sync() throws(StorageError) {
-        if fdatasync(fd) != 0 { throw StorageError.from(errno, "cannot sync the write-ahead log in \(directory.path)") }
+        if files.fdatasync(fd) != 0 { throw StorageError.from(errno, "cannot sync the write-ahead log \(directory.file(base))") }
         if newSegment {
             try syncDirectory()
             newSegment = false
         }
     }
 
-    /// Undoes appends after `position` (a group that failed), durably. `position` is where
-    /// the failed group began: never before the current segment (a group that opens a new
-    /// segment begins at its base).
-    func truncate(to position: UInt64) throws(StorageError) {
-        guard position >= base else {
-            throw StorageError(.other, "cannot undo a failed write: position \(position) is before the current segment \(base)")
-        }
-        offset = Int(position - base)
-        guard ftruncate(fd, off_t(offset)) == 0, fdatasync(fd) == 0 else {
-            throw StorageError.from(errno, "cannot undo a failed write in the write-ahead log in \(directory.path)")
-        }
-        preallocate()
+    /// How a failed group was undone.
+    enum Undo {
+        /// Nothing of it was written (it failed opening a new segment).
+        case nothingWritten
+        /// Cut off: the segment ends where the group began, durably.
+        case cut
+        /// The cut failed (`cutFailure`); the group's first frame header is zeros, durably,
+        /// so replay ends the log before it; the next group starts a new segment.
+        case voided(cutFailure: StorageError)
     }
 
-    /// Encodes one frame around `payload` (see the header).
-    static func frame(_ payload: UnsafeRawBufferPointer, into group: inout [UInt8]) {
-        let crc = CRC32C.checksum(payload)
-        withUnsafeBytes(of: UInt32(payload.count).littleEndian) { group.append(contentsOf: $0) }
-        withUnsafeBytes(of: crc.littleEndian) { group.append(contentsOf: $0) }
-        group.append(contentsOf: payload)
-        let padding = (8 - payload.count % 8) % 8
-        if padding > 0 { group.append(contentsOf: repeatElement(0, count: padding)) }
+    /// Undoes the group of the last `append`, which failed or whose sync failed, so that no
+    /// replay can find it (see the header). Throws when it cannot make sure of that: the
+    /// group may still be in the log, whole or in part, and a restart may replay it.
+    func undoFailedGroup() throws(StorageError) -> Undo {
+        guard let start = lastGroup else { return .nothingWritten }
+        lastGroup = nil
+        offset = start  // the log ends where the group began, after the segment's header
+        let path = directory.file(base)
+        if files.ftruncate(fd, off_t(start)) == 0, files.fdatasync(fd) == 0 {
+            preallocate()
+            return .cut
+        }
+        let cutFailure = StorageError.from(errno, "cannot cut a failed write off \(path) at offset \(start)")
+        sealed = true  // nothing more goes behind this group, voided or not
+        let zeros = [UInt8](repeating: 0, count: Self.frameHeaderSize)
+        if let failure = zeros.withUnsafeBytes({ files.writeAll(fd, $0, at: start) }) {
+            let cause = StorageError.from(failure.errno, "nor void it (zero its first frame header)")
+            throw StorageError(cause.kind, "\(cutFailure.description); \(cause.description)")
+        }
+        guard files.fdatasync(fd) == 0 else {
+            let cause = StorageError.from(errno, "nor void it (sync its zeroed frame header)")
+            throw StorageError(cause.kind, "\(cutFailure.description); \(cause.description)")
+        }
+        return .voided(cutFailure: cutFailure)
     }
 
     // MARK: Segments
 
     /// Starts a new segment at `position`. On failure the current segment stays the one
-    /// appended to (a group that cannot roll over fails, and is cut off the current one).
+    /// appended to (a group that cannot roll over fails with nothing written).
     private func startSegment(at position: UInt64) throws(StorageError) {
         let path = directory.file(position)
-        let new = Glibc.open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
+        let new = files.open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
         guard new >= 0 else { throw StorageError.from(errno, "cannot create \(path)") }
         var header = Self.magic
         withUnsafeBytes(of: position.littleEndian) { header.append(contentsOf: $0) }
-        let n = header.withUnsafeBytes { pwrite(new, $0.baseAddress!, $0.count, 0) }
-        guard n == header.count else {
-            let failure = n < 0 ? StorageError.from(errno, "cannot write \(path)") : StorageError(.full, "cannot write \(path): short write")
+        if let failure = header.withUnsafeBytes({ files.writeAll(new, $0, at: 0) }) {
             close(new)
             unlink(path)
-            throw failure
+            throw StorageError.from(failure.errno, "cannot write the header of \(path)")
         }
         if fd >= 0 {
             // Everything in the old segment is synced before appends move on (under
             // `sync = relaxed` it may not have been yet).
-            guard fdatasync(fd) == 0 else {
+            guard files.fdatasync(fd) == 0 else {
                 let failure = StorageError.from(errno, "cannot sync \(directory.file(base))")
                 close(new)
                 unlink(path)
@@ -287,6 +285,7 @@ final class WriteAheadLog {
         fd = new
         base = position
         offset = Self.headerSize
+        sealed = false
         newSegment = true
         preallocate()
     }
@@ -298,27 +297,10 @@ final class WriteAheadLog {
     }
 
     private func syncDirectory() throws(StorageError) {
-        let dir = Glibc.open(directory.path, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        let dir = Glibc.open(directory.path, O_RDONLY | O_CLOEXEC | O_DIRECTORY)
         guard dir >= 0 else { throw StorageError.from(errno, "cannot open \(directory.path)") }
         defer { close(dir) }
         if fsync(dir) != 0 { throw StorageError.from(errno, "cannot sync \(directory.path)") }
-    }
-
-    private func read(_ path: String) throws(StorageError) -> [UInt8] {
-        let file = Glibc.open(path, O_RDONLY | O_CLOEXEC)
-        guard file >= 0 else { throw StorageError.from(errno, "cannot open \(path)") }
-        defer { close(file) }
-        var st = stat()
-        guard fstat(file, &st) == 0 else { throw StorageError.from(errno, "cannot stat \(path)") }
-        var bytes = [UInt8](repeating: 0, count: Int(st.st_size))
-        var done = 0
-        while done < bytes.count {
-            let n = bytes.withUnsafeMutableBytes { pread(file, $0.baseAddress! + done, $0.count - done, off_t(done)) }
-            if n < 0, errno == EINTR { continue }
-            guard n > 0 else { throw StorageError.from(errno, "cannot read \(path)") }
-            done += n
-        }
-        return bytes
     }
 }
 
@@ -336,4 +318,3 @@ extension StorageError {
         return StorageError(kind, "\(what): \(String(cString: strerror(code)))\(hint)")
     }
 }
-

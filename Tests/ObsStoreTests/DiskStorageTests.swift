@@ -14,19 +14,22 @@ import Testing
 /// A repository as the store sees it: records what storage reports.
 final class ListenerStub: DurabilityListener {
     let epoch = Epoch.random()
-    private let reports = Mutex<(durable: UInt64, failedAfter: UInt64?, failures: Int)>((0, nil, 0))
+    private let reports = Mutex<(durable: UInt64, failedAfter: UInt64?, failures: Int, error: StorageError?)>((0, nil, 0, nil))
 
     func durable(through revision: UInt64) { reports.withLock { $0.durable = max($0.durable, revision) } }
     func failed(after revision: UInt64, error: StorageError) {
         reports.withLock {
             $0.failedAfter = revision
             $0.failures += 1
+            $0.error = error
         }
     }
 
     var durable: UInt64 { reports.withLock { $0.durable } }
     var failedAfter: UInt64? { reports.withLock { $0.failedAfter } }
     var failures: Int { reports.withLock { $0.failures } }
+    /// The error of the last failure reported.
+    var lastError: StorageError? { reports.withLock { $0.error } }
 }
 
 func record(_ repo: String, _ revision: UInt64, _ key: String = "k", _ value: JSONValue = 1, time: Int64 = 1_700_000_000) -> RevisionRecord {
