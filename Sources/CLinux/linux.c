@@ -34,3 +34,23 @@ int obs_cpus_allowed(void) {
     if (sched_getaffinity(0, sizeof set, &set) != 0) return -1;
     return CPU_COUNT(&set);
 }
+
+#include <sys/socket.h>
+
+int obs_accept(int listener) {
+    return accept4(listener, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+}
+
+long obs_send(int fd, const void *bytes, unsigned long count) {
+    return send(fd, bytes, count, MSG_NOSIGNAL);
+}
+
+int obs_peer_credentials(int fd, uint32_t *uid, uint32_t *gid, int32_t *pid) {
+    struct ucred cred;
+    socklen_t length = sizeof cred;
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &length) != 0) return -1;
+    *uid = cred.uid;
+    *gid = cred.gid;
+    *pid = cred.pid;
+    return 0;
+}

@@ -19,3 +19,18 @@ int obs_file_identity_of(int fd, obs_file_identity *out);
 
 /// How many CPUs this process may run on (sched_getaffinity: taskset, CPUAffinity=), or -1.
 int obs_cpus_allowed(void);
+
+// The daemon's event loop (ObsServer's IOLoop): epoll and eventfd, which Swift's Glibc module
+// leaves out, and the socket calls it makes with flags that need _GNU_SOURCE.
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/uio.h>
+
+/// accept4 with SOCK_NONBLOCK | SOCK_CLOEXEC: the new descriptor, or -1 with errno set.
+int obs_accept(int listener);
+
+/// send with MSG_NOSIGNAL (a closed peer is EPIPE, never SIGPIPE): bytes sent, or -1.
+long obs_send(int fd, const void *bytes, unsigned long count);
+
+/// The peer credentials of a Unix socket (SO_PEERCRED); 0 on success, else -1 with errno set.
+int obs_peer_credentials(int fd, uint32_t *uid, uint32_t *gid, int32_t *pid);
