@@ -46,13 +46,15 @@ let package = Package(
         .target(name: "Systemd", dependencies: ["CSystemd", .product(name: "Logging", package: "swift-log")]),
         // The daemon's settings: defaults, configuration file (TOML), environment, flags.
         .target(name: "ObsConfig", dependencies: [.product(name: "TOMLKit", package: "TOMLKit")]),
-        // The daemon: SwiftNIO server, subscriptions, fan-out, history.
+        // The daemon: its event loops and connections, sessions, the sequencers that decide
+        // writes, delivery to subscribers, and the server as a Service.
         .target(
             name: "ObsServer",
             dependencies: [
-                "ObservableKit", "ObsProtocol", "ObsStore", "CLinux",
+                "ObservableKit", "ObsProtocol", "ObsStore", "ObsCore", "CLinux",
+                // Only for `System.coreCount` (cgroup quotas and cpusets honoured): the daemon's
+                // connections run on its own event loops (README "Architecture").
                 .product(name: "NIOCore", package: "swift-nio"),
-                .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ],

@@ -138,6 +138,23 @@ public struct RepositoryCore: Sendable {
         return info
     }
 
+    /// What a tentative install replaced, to take it back.
+    public typealias Tentative = [(key: Key, entry: Entry<CanonicalJSON>?)]
+
+    /// Installs `plan`'s changes as the next revision, recording nothing, so the next write of
+    /// a group can be planned on top of it (a shared store commits the group, or not);
+    /// `revert` takes such installs back, newest first.
+    public mutating func installTentatively(_ plan: WritePlan) -> Tentative {
+        let previous = plan.changes.map { ($0.key, data[$0.key]) }
+        data.install(ChangeSet(revision: data.revision + 1, changes: plan.changes))
+        return previous
+    }
+
+    /// Takes back tentative installs (in the order they were made).
+    public mutating func revert(_ tentatives: [Tentative]) {
+        for previous in tentatives.reversed() { data.undoLast(restoring: previous) }
+    }
+
     /// Installs a revision decided elsewhere (another daemon's, through a shared store; or this
     /// daemon's, once the store committed it). Ignored unless it is the next revision.
     @discardableResult

@@ -9,7 +9,6 @@
 // everyone else gets the policy's default (none, unless configured).
 
 import Logging
-import NIOCore
 import ObsProtocol
 import ObservableKit
 import Synchronization
@@ -44,28 +43,8 @@ public struct Peer: Sendable, Equatable, CustomStringConvertible {
     var metadata: Logger.Metadata {
         ["peer.uid": "\(uid)", "peer.gid": "\(gid)", "peer.pid": "\(pid)"]
     }
-
-    /// The credentials of the process at the other end of a Unix socket channel (`SO_PEERCRED`).
-    /// Must run on the channel's event loop.
-    static func of(_ channel: any Channel) -> Peer? {
-        guard let provider = channel as? any SocketOptionProvider else { return nil }
-        let future: EventLoopFuture<Credentials> = provider.unsafeGetSocketOption(
-            level: SocketOptionLevel(SOL_SOCKET), name: SocketOptionName(SO_PEERCRED))
-        let credentials = Locked<Credentials?>(nil)
-        future.whenSuccess { c in credentials.withLock { $0 = c } }  // completes at once on the channel's loop
-        guard let c = credentials.withLock({ $0 }) else { return nil }
-        return Peer(uid: c.uid, gid: c.gid, pid: c.pid)
-    }
-
-    /// `struct ucred` (pid_t, uid_t, gid_t), which Glibc's Swift module hides behind _GNU_SOURCE.
-    struct Credentials: Sendable {
-        var pid: Int32 = 0
-        var uid: UInt32 = 0
-        var gid: UInt32 = 0
-    }
 }
 
-/// An access rule that cannot be used (an unknown user or group).
 public struct AccessPolicyError: Error, Sendable, CustomStringConvertible {
     public let description: String
 }

@@ -6,7 +6,6 @@
 // pings stop until it runs again, so the service manager can restart a daemon that still
 // accepts connections but no longer serves them.
 
-import NIOCore
 import Synchronization
 
 struct Heartbeat: Sendable {
@@ -19,7 +18,7 @@ struct Heartbeat: Sendable {
         case resumed
     }
 
-    let loops: [any EventLoop]
+    let loops: [IOLoop]
     let interval: Duration
 
     /// Reports events until the task is cancelled.
@@ -45,7 +44,7 @@ struct Heartbeat: Sendable {
         private let answered = Counter()
         private let expected: Int
 
-        init(loops: [any EventLoop]) {
+        init(loops: [IOLoop]) {
             expected = loops.count
             for loop in loops {
                 loop.execute { [answered] in answered.increment() }

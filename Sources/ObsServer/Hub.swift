@@ -1,15 +1,14 @@
-// ObsServer — the daemon's shared state: repositories by name, connected peers, counters,
-// and the current limits and access policy.
+// ObsServer — the daemon's shared state: repositories by name, the sequencer that decides
+// writes, connected peers, counters, and the current limits and access policy.
 //
-// A repository exists (is listed by `repos`) once a write changed it (revision > 0).
-// Reading a repository that does not exist creates nothing. Subscribing to one creates an
-// empty, unlisted placeholder so the subscription sees the first write; placeholders are
-// dropped again when nobody uses them. A repository that was ever written in this process
-// (`isPermanent`, even if storage later undid its first revision) is never dropped, so the
-// common path — a write or subscribe to such a repository — takes the hub lock once, for a
-// dictionary lookup, and nobody can hold a repository object the hub no longer has.
+// A repository exists (is listed by `repos`) once a write changed it (revision > 0). Reading
+// a repository that does not exist creates nothing. Subscribing to one — or writing to it
+// while the write waits for a shared store — holds an empty, unlisted placeholder, dropped
+// again when nobody uses it. A repository that was ever written in this process is never
+// dropped, so the common path — a write or subscribe to such a repository — takes the hub
+// lock once, for a dictionary lookup, and nobody can hold a repository the hub no longer has.
 
-import NIOCore
+import ObsCore
 import ObsProtocol
 import ObsStore
 import ObservableKit
@@ -35,8 +34,8 @@ final class ServerStats: Sendable {
     /// Counts one more connection if that stays within `limit`; whether it did.
     func reserveConnection(limit: Int) -> Bool { Self.reserve(connections, limit: limit) }
 
-    /// Adds one to `counter` unless it has reached `limit` — in one step, so concurrent
-    /// callers cannot pass the limit together.
+    /// Adds one to `counter` unless it has reached `limit` — in one step, so concurrent callers
+    /// cannot pass the limit together.
     private static func reserve(_ counter: borrowing Atomic<Int>, limit: Int) -> Bool {
         var current = counter.load(ordering: .relaxed)
         while current < limit {
@@ -67,18 +66,18 @@ struct ConnectedPeer: Sendable {
 
 final class Hub: Sendable {
     let stats = ServerStats()
-    /// The epoch of every repository this daemon has not stored yet — at revision 0 there
-    /// is no history to tell apart — and that repositories created by this process keep.
-    /// New at every start, so no other daemon or run hands it out — except with a shared
-    /// store, whose epoch every daemon sharing it uses.
+    /// When the daemon started serving (`uptimeSeconds`).
+    let startTime = ContinuousClock.now
+    /// The epoch of every repository this daemon has not stored yet — at revision 0 there is
+    /// no history to tell apart — and that repositories created by this process keep. New at
+    /// every start, except with a shared store, whose epoch every daemon sharing it uses.
     let freshEpoch: String
     let historyLimits: HistoryLimits
     let storage: any Storage
-    /// The storage, when other daemons share it (etcd mode): revisions are decided there,
-    /// and reads first make sure the state here is current.
+    /// Decides writes (`LocalSequencer`, or `SharedSequencer` when other daemons share the store).
+    let sequencer: any Sequencer
+    /// The shared store, when there is one: reads first make sure the state here is current.
     let shared: (any SharedStorage)?
-    /// Names this daemon's commit groups (etcd mode).
-    let writeIDs = WriteIDs()
     /// Told when a shared store's history no longer matches this daemon's.
     private let onHistoryLost: @Sendable (String) -> Void
     let runtime: Runtime
@@ -90,37 +89,43 @@ final class Hub: Sendable {
         var users = 0
     }
 
-    private let repositories = Locked<[String: Slot]>([:])
+    private let repositories = Mutex<[String: Slot]>([:])
     /// Every event loop's share, by index.
     let shards: [LoopShard]
-    private let peers = Locked<[ObjectIdentifier: ConnectedPeer]>([:])
-    private let perUID = Locked<[UInt32: Int]>([:])
+    private let peers = Mutex<[ConnectionID: ConnectedPeer]>([:])
+    private let perUID = Mutex<[UInt32: Int]>([:])
 
-    /// A hub serving on `loops` (at least one), with what `storage` holds.
+    /// A hub serving on `shards` (at least one), with what `storage` holds.
     init(
-        loops: [any EventLoop], historyLimits: HistoryLimits, storage: any Storage, runtime: Runtime,
-        delivery: DeliveryBudget = DeliveryBudget(), onHistoryLost: @escaping @Sendable (String) -> Void = { _ in }
+        shards: [LoopShard], historyLimits: HistoryLimits, storage: any Storage, runtime: Runtime,
+        onHistoryLost: @escaping @Sendable (String) -> Void = { _ in }
     ) throws(StorageError) {
+        precondition(!shards.isEmpty, "a hub needs an event loop")
         self.historyLimits = historyLimits
         self.storage = storage
-        self.shared = storage as? any SharedStorage
-        self.freshEpoch = shared?.epoch ?? Epoch.random()
-        self.onHistoryLost = onHistoryLost
+        self.shards = shards
         self.runtime = runtime
-        precondition(!loops.isEmpty, "a hub needs an event loop")
-        shards = loops.enumerated().map { LoopShard(eventLoop: $1, index: $0, budget: delivery) }
+        self.onHistoryLost = onHistoryLost
+        if let shared = storage as? any SharedStorage {
+            self.shared = shared
+            self.sequencer = SharedSequencer(store: shared, stats: stats)
+            self.freshEpoch = shared.epoch
+        } else {
+            self.shared = nil
+            self.sequencer = LocalSequencer(storage: storage, stats: stats)
+            self.freshEpoch = Epoch.random()
+        }
         let loaded = try storage.load()
+        let made = loaded.map { ($0.name, Repository(name: $0.name, epoch: freshEpoch, historyLimits: historyLimits, loaded: $0, storage: storage, stats: stats)) }
         repositories.withLock { map in
-            for repo in loaded {
-                map[repo.name] = Slot(repository: makeRepository(repo.name, loaded: repo))
-            }
+            for (name, repository) in made { map[name] = Slot(repository: repository) }
         }
         stats.repositories.store(loaded.filter { $0.state.revision > 0 }.count, ordering: .relaxed)
-        for shard in shards { shard.hub = self }
+        for shard in shards { shard.attach(to: self) }
     }
 
-    private func makeRepository(_ name: String, loaded: LoadedRepository? = nil) -> Repository {
-        Repository(name: name, loaded: loaded, storage: storage, hub: self)
+    private func makeRepository(_ name: String) -> Repository {
+        Repository(name: name, epoch: freshEpoch, historyLimits: historyLimits, storage: storage, stats: stats)
     }
 
     // MARK: Event loops
@@ -131,34 +136,17 @@ final class Hub: Sendable {
         return nil
     }
 
-    /// The shard of `loop` (every connection's loop is one of the hub's).
-    func shard(for loop: any EventLoop) -> LoopShard {
-        shards.first { $0.eventLoop === loop }!
-    }
-
     /// Every loop's counters.
     var loopCounters: [LoopCounters] { shards.map(\.counters) }
 
     // MARK: Repositories
 
-    /// The repository if it exists or has subscribers; never creates one.
+    /// The repository if it exists or is held; never creates one.
     func existing(_ name: String) -> Repository? {
         repositories.withLock { $0[name]?.repository }
     }
 
-    /// Runs `body` with the repository `name`, created (unlisted, empty) if needed and kept
-    /// alive for the duration of `body`.
-    func using<R, E: Error>(_ name: String, _ body: (Repository) throws(E) -> R) throws(E) -> R {
-        if let repo = existing(name), repo.isPermanent {
-            return try body(repo)
-        }
-        let repo = hold(name)
-        defer { release(name) }
-        return try body(repo)
-    }
-
-    /// The repository `name` (created, unlisted and empty, if needed), kept until `release`:
-    /// for an operation that outlives one call (a write waiting for the shared store).
+    /// The repository `name` (created, unlisted and empty, if needed), kept until `release`.
     func hold(_ name: String) -> Repository {
         repositories.withLock { map -> Repository in
             if map[name] == nil { map[name] = Slot(repository: makeRepository(name)) }
@@ -167,28 +155,21 @@ final class Hub: Sendable {
         }
     }
 
-    /// Ends a `hold` (or a `using`): drops the repository if it is a placeholder nobody uses.
+    /// Ends a `hold`: drops the repository if it is a placeholder nobody uses.
     func release(_ name: String) {
         repositories.withLock { map in
             guard var slot = map[name] else { return }
             slot.users -= 1
-            if Self.isDisposable(slot) {
-                map[name] = nil
-            } else {
-                map[name] = slot
-            }
+            map[name] = Self.isDisposable(slot) ? nil : slot
         }
     }
 
-    /// Called after a subscription to `repo` ended, whatever ended it: drops the repository
-    /// if it was a placeholder nobody uses any more.
-    func subscriptionEnded(_ repo: Repository) {
-        if !repo.isPermanent {
-            repositories.withLock { map in
-                if let slot = map[repo.name], slot.repository === repo, Self.isDisposable(slot) {
-                    map[repo.name] = nil
-                }
-            }
+    /// Called after a subscription to `repository` ended, whatever ended it: drops the
+    /// repository if it was a placeholder nobody uses any more.
+    func subscriptionEnded(_ repository: Repository) {
+        guard !repository.isPermanent else { return }
+        repositories.withLock { map in
+            if let slot = map[repository.name], slot.repository === repository, Self.isDisposable(slot) { map[repository.name] = nil }
         }
     }
 
@@ -212,7 +193,7 @@ final class Hub: Sendable {
     // MARK: Connections
 
     /// Admits a connection, or says why not (too many connections, in all or for its uid).
-    func admit(_ connection: ObjectIdentifier, _ entry: ConnectedPeer) -> String? {
+    func admit(_ connection: ConnectionID, _ entry: ConnectedPeer) -> String? {
         let limits = runtime.snapshot.limits
         guard stats.reserveConnection(limit: limits.maxConnections) else {
             return "too many connections (limit \(limits.maxConnections))"
@@ -233,7 +214,7 @@ final class Hub: Sendable {
     }
 
     /// Forgets an admitted connection.
-    func leave(_ connection: ObjectIdentifier) {
+    func leave(_ connection: ConnectionID) {
         guard let entry = peers.withLock({ $0.removeValue(forKey: connection) }) else { return }
         perUID.withLock { counts in
             let left = counts[entry.peer.uid, default: 1] - 1
@@ -264,10 +245,11 @@ extension Hub: SharedStorageSink {
         let repository = repositories.withLock { map -> Repository in
             let repository = map[name]?.repository ?? makeRepository(name)
             if map[name] == nil { map[name] = Slot(repository: repository) }
-            repository.keep()
+            repository.makePermanent()
             return repository
         }
-        repository.install(shared: revisions)
+        let sequencer = self.sequencer as? SharedSequencer
+        repository.install(revisions.map { ($0.record, sequencer?.origin(of: $0.writeID, revision: $0.record.revision, in: repository) ?? 0) })
     }
 
     func historyLost(_ reason: String) {

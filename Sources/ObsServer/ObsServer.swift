@@ -1,110 +1,24 @@
-// ObsServer — the daemon as a `Service`: configuration, listening (binding a path or
-// adopting sockets passed by socket activation), serving connections on SwiftNIO event
-// loops, a heartbeat that proves every event loop still runs, and graceful shutdown.
+// ObsServer — the daemon as a `Service`: opening storage, starting the event loops, listening
+// (binding a path, or adopting sockets passed by socket activation), a heartbeat that proves
+// every loop still runs, and graceful shutdown.
 //
-// Module map: `Hub` (repositories, counters) → `Repository` (state, index, delivery,
-// history, durability) → `Outbox` (per-connection ordered output) ← `Session` (request
-// execution) ← `ConnectionHandler` (framing, backpressure) ← `ObsServer` (this file).
+// The path of a write, from socket bytes to a subscriber's socket (README "Architecture"):
+// Connection (read, frame) → Session (decode, check access) → Sequencer (plan and commit on
+// the Repository's core, under its lock) → Repository.publish (the revision's record into the
+// inbox of each loop with subscribers) → LoopShard.tick (route, append events to outboxes) →
+// Connection.flush (one send per connection per tick).
 
 import Logging
-import NIOCore
-import NIOPosix
+import ObsCore
 import ObsProtocol
 import ObsStore
 import ObservableKit
 import ServiceLifecycle
 import Synchronization
 
-/// Where the daemon accepts connections.
-public enum Listener: Sendable, Equatable {
-    /// Bind this path (creating its directory, replacing a stale socket).
-    case path(String)
-    /// Serve these already-bound, listening sockets (passed by systemd socket activation).
-    case inherited([Int32])
-}
-
-/// Where the daemon keeps repositories.
-public enum StorageConfiguration: Sendable {
-    /// Nothing persists (tests, ephemeral buses).
-    case inMemory
-    /// A write-ahead log and a compacted state in `directory`, with the given sync policy.
-    case disk(directory: String, sync: SyncPolicy)
-    /// A storage the embedder made (e.g. one that fails on demand, in tests).
-    case custom(any Storage)
-}
-
-/// Everything the daemon is configured with. The defaults are the daemon's settings'
-/// (ObsConfig); this type has none of its own.
-public struct ServerConfiguration: Sendable {
-    public var listener: Listener
-    /// Permission bits of a socket file the daemon binds itself.
-    public var socketMode: UInt32
-    /// Owner and group of a socket file the daemon binds itself (nil: left as created).
-    public var socketOwner: UInt32?
-    public var socketGroup: UInt32?
-    /// Every limit (reloadable, see `ObsServer.reload`).
-    public var limits: Limits
-    /// Who may read or write which repositories (reloadable).
-    public var policy: AccessPolicy
-    /// Where repositories are kept.
-    public var storage: StorageConfiguration
-    /// Revisions kept per repository for `since` replay.
-    public var historyLimit: Int
-    /// Bytes of revisions kept per repository (`RevisionRecord.byteSize`).
-    public var historyMaxBytes: Int
-    /// History older than this is dropped (nil: kept until pushed out by `historyLimit`).
-    public var historyMaxAge: Duration?
-    /// Event-loop threads; nil: one per CPU the process may run on.
-    public var threads: Int?
-    /// How often to prove the event loops alive (for a watchdog); nil: never.
-    public var heartbeatInterval: Duration?
-
-    public init(
-        listener: Listener, socketMode: UInt32, socketOwner: UInt32?, socketGroup: UInt32?, limits: Limits, policy: AccessPolicy,
-        storage: StorageConfiguration, historyLimit: Int, historyMaxBytes: Int, historyMaxAge: Duration?, threads: Int?,
-        heartbeatInterval: Duration?
-    ) {
-        self.listener = listener
-        self.socketMode = socketMode
-        self.socketOwner = socketOwner
-        self.socketGroup = socketGroup
-        self.limits = limits
-        self.policy = policy
-        self.storage = storage
-        self.historyLimit = historyLimit
-        self.historyMaxBytes = historyMaxBytes
-        self.historyMaxAge = historyMaxAge
-        self.threads = threads
-        self.heartbeatInterval = heartbeatInterval
-    }
-}
-
-/// Why the server stopped on its own.
-public struct ServerFailure: Error, Sendable, CustomStringConvertible {
-    public let description: String
-}
-
-/// What the server is doing, for status lines.
-public struct ServerStatus: Sendable, CustomStringConvertible {
-    public let connections: Int
-    public let subscriptions: Int
-    public let repositories: Int
-
-    public var description: String {
-        "\(connections) connection\(connections == 1 ? "" : "s"), \(subscriptions) subscription\(subscriptions == 1 ? "" : "s"), "
-            + "\(repositories) repositor\(repositories == 1 ? "y" : "ies")"
-    }
-}
-
-/// Told about the server's life: the place to notify a service manager.
-public protocol ServerObserver: Sendable {
-    /// The sockets accept connections and the store is open.
-    func serverDidStart(_ status: ServerStatus)
-    /// Every event loop ran a task within the last heartbeat interval.
-    func serverHeartbeat(_ status: ServerStatus)
-    /// Shutdown has begun.
-    func serverWillStop()
-}
+#if canImport(Glibc)
+import Glibc
+#endif
 
 /// The obsd server.
 public final class ObsServer: Service, Sendable {
@@ -116,16 +30,23 @@ public final class ObsServer: Service, Sendable {
     private let observer: (any ServerObserver)?
     private let runtime: Runtime
     /// Set once serving, for `status` and `reload`.
-    private let hub = Locked<Hub?>(nil)
-    /// Why the server must stop (a shared store's history no longer matches), and how to
-    /// stop it once it listens.
-    private let fatal = Locked<(reason: String?, stop: (@Sendable () -> Void)?)>((nil, nil))
+    private let hub = Mutex<Hub?>(nil)
+    /// Why the server must stop (a shared store's history no longer matches), and how to stop
+    /// it once it serves.
+    private let fatal = Mutex<(reason: String?, stop: (@Sendable () -> Void)?)>((nil, nil))
+    /// The delivery budget of every loop (in-process tests make it small).
+    let delivery: DeliveryBudget
 
-    public init(configuration: ServerConfiguration, logger: Logger, observer: (any ServerObserver)? = nil) {
+    public convenience init(configuration: ServerConfiguration, logger: Logger, observer: (any ServerObserver)? = nil) {
+        self.init(configuration: configuration, logger: logger, observer: observer, delivery: DeliveryBudget())
+    }
+
+    init(configuration: ServerConfiguration, logger: Logger, observer: (any ServerObserver)?, delivery: DeliveryBudget) {
         self.configuration = configuration
         self.logger = logger
         self.observer = observer
         self.runtime = Runtime(limits: configuration.limits, policy: configuration.policy)
+        self.delivery = delivery
     }
 
     /// Applies new limits and an access policy. Requests are checked against them at once;
@@ -165,17 +86,9 @@ public final class ObsServer: Service, Sendable {
     public func run() async throws {
         let config = configuration
         let (threads, threadsReason) = config.threads.map { ($0, "server.threads") } ?? EventLoops.sized()
-        let group = MultiThreadedEventLoopGroup(numberOfThreads: max(1, threads))
         let opened = ContinuousClock.now
-        let storage: any Storage
-        let hub: Hub
-        do {
-            if case .path(let path) = config.listener { try SocketFile.prepare(path) }
-            storage = try openStorage()
-        } catch {
-            try? await group.shutdownGracefully()
-            throw error
-        }
+        if case .path(let path) = config.listener { try SocketFile.prepare(path) }
+        let storage = try openStorage()
         // A shared store (etcd): nothing is served until the cluster was reached and read.
         if let shared = storage as? any SharedStorage {
             logger.info("reaching the shared store before serving", metadata: ["storage": "\(storage.summary)"])
@@ -183,7 +96,6 @@ public final class ObsServer: Service, Sendable {
                 try await cancelWhenGracefulShutdown { try await shared.connect() }
             } catch {
                 storage.close()
-                try? await group.shutdownGracefully()
                 if error is CancellationError {
                     logger.info("obsd stopped before it reached the shared store")
                     return
@@ -191,15 +103,16 @@ public final class ObsServer: Service, Sendable {
                 throw error
             }
         }
+        let loops: [EventLoop]
+        let hub: Hub
         do {
-            let limits = HistoryLimits(
-                count: config.historyLimit, maxBytes: config.historyMaxBytes, maxAge: config.historyMaxAge?.components.seconds)
+            loops = try (0..<max(1, threads)).map { i throws(SocketError) in try EventLoop(index: i, delivery: delivery) }
+            let limits = HistoryLimits(count: config.historyLimit, maxBytes: config.historyMaxBytes, maxAge: config.historyMaxAge?.components.seconds)
             hub = try Hub(
-                loops: Array(group.makeIterator()), historyLimits: limits, storage: storage, runtime: runtime,
+                shards: loops.map(\.shard), historyLimits: limits, storage: storage, runtime: runtime,
                 onHistoryLost: { [weak self] reason in self?.historyLost(reason) })
         } catch {
             storage.close()
-            try? await group.shutdownGracefully()
             throw error
         }
         (storage as? any SharedStorage)?.start(delivering: hub)
@@ -212,51 +125,56 @@ public final class ObsServer: Service, Sendable {
             ])
         for notice in storage.notices { logger.notice("\(notice)") }
 
-        let connections = ConnectionRegistry()
-        let listeners: [any Channel]
+        let listening: [Int32]
         var ownSocket: (path: String, identity: SocketFile.Identity?)? = nil
         do {
-            listeners = try await listen(group: group, hub: hub, connections: connections)
+            listening = try listen()
             if case .path(let path) = config.listener { ownSocket = (path, SocketFile.identity(of: path)) }
         } catch {
             storage.close()
-            try? await group.shutdownGracefully()
             throw error
         }
+        let acceptor = Acceptor(loops: loops, hub: hub, runtime: runtime, logger: logger)
+        let threadsRunning = loops.map { loop in DedicatedThread { loop.io.run() } }
+        await loops[0].run { for fd in listening { acceptor.listen(on: fd) } }
         self.hub.withLock { $0 = hub }
         logger.info(
             "obsd serving",
-            metadata: ["listener": "\(config.listener)", "version": "\(Self.version)", "threads": "\(threads)", "threadsFrom": "\(threadsReason)"])
+            metadata: ["listener": "\(config.listener)", "version": "\(Self.version)", "threads": "\(loops.count)", "threadsFrom": "\(threadsReason)"])
         observer?.serverDidStart(status)
 
-        let closeAll: @Sendable () -> Void = { for listener in listeners { listener.close(promise: nil) } }
-        if fatal.withLock({ f in f.stop = closeAll; return f.reason != nil }) { closeAll() }
+        let (stopped, stop) = AsyncStream<Void>.makeStream()
+        let stopServing: @Sendable () -> Void = { stop.finish() }
+        if fatal.withLock({ f in f.stop = stopServing; return f.reason != nil }) { stopServing() }
         await withTaskCancellationHandler {
             await withGracefulShutdownHandler {
                 await withTaskGroup(of: Void.self) { tasks in
                     if let interval = config.heartbeatInterval {
-                        tasks.addTask { await self.beat(every: interval, loops: group) }
+                        tasks.addTask { await self.beat(every: interval, loops: loops.map(\.io)) }
                     }
-                    for listener in listeners { try? await listener.closeFuture.get() }
+                    for await _ in stopped {}
                     tasks.cancelAll()
                 }
             } onGracefulShutdown: {
-                closeAll()
+                stopServing()
             }
         } onCancel: {
-            closeAll()
+            stopServing()
         }
 
         observer?.serverWillStop()
-        logger.info("obsd shutting down", metadata: ["connections": "\(connections.count)"])
+        let open = await loops.asyncMap { loop in await loop.run { loop.connections.count } }.reduce(0, +)
+        logger.info("obsd shutting down", metadata: ["connections": "\(open)"])
+        await loops[0].run { acceptor.close() }
         if let ownSocket { SocketFile.remove(ownSocket.path, ifStill: ownSocket.identity) }
         // Stop taking requests, make durable what storage holds (its replies fill their
         // slots), let those replies reach their clients (two seconds at most), then close.
-        await connections.quiesceAll()
+        for loop in loops { await loop.run { for connection in loop.connections.all.values { connection.quiesce() } } }
         storage.close()
-        await connections.drainAll(within: .seconds(2))
-        await connections.closeAll()
-        try await group.shutdownGracefully()
+        for loop in loops { await loop.drain(within: 2_000_000_000) }
+        for loop in loops { await loop.run { for connection in loop.connections.all.values { connection.close() } } }
+        for loop in loops { loop.io.stop() }
+        for thread in threadsRunning { thread.join() }
         if let reason = fatal.withLock({ $0.reason }) { throw ServerFailure(description: reason) }
         logger.info("obsd stopped")
     }
@@ -272,22 +190,9 @@ public final class ObsServer: Service, Sendable {
         stop?()
     }
 
-    /// Binds the configured path, or adopts the inherited sockets.
-    private func listen(group: MultiThreadedEventLoopGroup, hub: Hub, connections: ConnectionRegistry) async throws -> [any Channel] {
-        let (runtime, logger) = (self.runtime, self.logger)
-        let startTime = ContinuousClock.now
-        let bootstrap = ServerBootstrap(group: group)
-            .serverChannelOption(.backlog, value: 1024)
-            .childChannelOption(.maxMessagesPerRead, value: 16)
-            .childChannelOption(.allowRemoteHalfClosure, value: true)
-            .childChannelInitializer { child in
-                connections.add(child)
-                let limits = runtime.snapshot.limits
-                return child.eventLoop.makeCompletedFuture {
-                    try child.pipeline.syncOperations.addHandler(
-                        ConnectionHandler(hub: hub, limits: limits, startTime: startTime, logger: logger))
-                }
-            }
+    /// Binds the configured path, or adopts the inherited sockets; returns the listening
+    /// descriptors.
+    private func listen() throws -> [Int32] {
         switch configuration.listener {
         case .path(let path):
             // Bound beside its path, given its mode and owner, then renamed into place: the
@@ -295,33 +200,92 @@ public final class ObsServer: Service, Sendable {
             // (A leftover staging file is this pid's own; the path itself was checked by
             // `SocketFile.prepare` and is never removed here.)
             let staging = SocketFile.stagingPath(for: path)
-            let channel = try await bootstrap.bind(unixDomainSocketPath: staging ?? path, cleanupExistingSocketFile: staging != nil).get()
+            let fd = try Sockets.listen(on: staging ?? path)
             do {
                 try SocketFile.setOwnership(
                     staging ?? path, mode: configuration.socketMode, owner: configuration.socketOwner, group: configuration.socketGroup)
                 if let staging { try SocketFile.moveIntoPlace(staging, path) }
             } catch {
                 if let staging { SocketFile.discard(staging) }
-                try? await channel.close()
+                close(fd)
                 throw error
             }
-            return [channel]
+            return [fd]
         case .inherited(let descriptors):
-            var channels: [any Channel] = []
-            for fd in descriptors { channels.append(try await bootstrap.withBoundSocket(fd).get()) }
-            return channels
+            for fd in descriptors { try Sockets.adopt(fd) }
+            return descriptors
         }
     }
 
     /// Reports a heartbeat every `interval` while every event loop runs (see `Heartbeat`).
-    private func beat(every interval: Duration, loops: MultiThreadedEventLoopGroup) async {
+    private func beat(every interval: Duration, loops: [IOLoop]) async {
         let logger = self.logger
-        await Heartbeat(loops: Array(loops.makeIterator()), interval: interval).run { event in
+        await Heartbeat(loops: loops, interval: interval).run { event in
             switch event {
             case .beat: self.observer?.serverHeartbeat(self.status)
             case .stalled: logger.error("an event loop has not run a task for \(interval); withholding the watchdog ping")
             case .resumed: logger.notice("event loops respond again; watchdog pings resume")
             }
         }
+    }
+}
+
+/// One event loop as the server runs it: its thread's loop, its share of delivery, and its
+/// connections.
+final class EventLoop: Sendable {
+    let io: IOLoop
+    let shard: LoopShard
+    /// Loop-confined (touched only in tasks run on `io`).
+    nonisolated(unsafe) let connections = LoopConnections()
+
+    init(index: Int, delivery: DeliveryBudget) throws(SocketError) {
+        io = try IOLoop(index: index)
+        shard = LoopShard(loop: io, budget: delivery)
+    }
+
+    /// Runs `body` on the loop and returns its result.
+    func run<R: Sendable>(_ body: @escaping @Sendable () -> R) async -> R {
+        await withCheckedContinuation { continuation in
+            io.execute { continuation.resume(returning: body()) }
+        }
+    }
+
+    /// Waits until every connection of the loop has written what is queued for it, `within`
+    /// nanoseconds at most.
+    func drain(within limit: UInt64) async {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            io.execute { [self] in
+                let done = Once { continuation.resume() }
+                var left = connections.count
+                guard left > 0 else { return done.run() }
+                io.schedule(in: limit) { done.run() }
+                for connection in connections.all.values {
+                    connection.whenDrained {
+                        left -= 1
+                        if left == 0 { done.run() }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Runs a closure once, however often it is asked.
+private final class Once: @unchecked Sendable {
+    // @unchecked Sendable: created and run on one event loop only.
+    private var body: (() -> Void)?
+    init(_ body: @escaping () -> Void) { self.body = body }
+    func run() {
+        let body = self.body
+        self.body = nil
+        body?()
+    }
+}
+
+extension Array where Element: Sendable {
+    fileprivate func asyncMap<T>(_ transform: (Element) async -> T) async -> [T] {
+        var out: [T] = []
+        for element in self { out.append(await transform(element)) }
+        return out
     }
 }

@@ -1,262 +1,132 @@
-// ObsServer — one repository as the daemon serves it.
+// ObsServer — one repository as the daemon serves it: its value core (ObsCore) under a lock,
+// the loops with subscribers to it, and which of its states may be shown.
 //
-// The keyed state and its write rules, the bounded history for `since`, and durability.
-// A revision is applied in memory at once (later writes validate against it) and handed to
-// storage; nobody sees it — no event, no reply that reports it — until storage says it is
-// durable. Then it is posted to every event loop with subscribers to the repository (see
-// `LoopShard`), and the loops waiting for replies are told. If storage fails, the revisions
-// it could not store are undone in memory and whoever waited for them gets an error.
+// A revision is applied in memory at once — later writes are planned against it — and shown
+// to nobody (no event, no reply that reports it) until it is durable; then its record is
+// posted to every loop with subscribers. The sequencer decides writes (Sequencer.swift); this
+// type keeps the state and publishes what is decided. A state is named by a sequence number
+// (`StateSequence`), one per revision applied, never reused after an undo, so a reply computed
+// from undone state can always be recognised.
 //
-// Subscribing happens under the same lock as writing, so a subscription's snapshot or
-// replay and its live events meet at exactly one revision: no gap, no overlap. What a
-// reader takes is copied out under the lock and encoded outside it.
+// Subscribing happens under the same lock as writing, so a subscription's snapshot or replay
+// and its live events meet at exactly one revision.
 
+import ObsCore
 import ObsProtocol
 import ObsStore
 import ObservableKit
 import Synchronization
 
-/// Identifies the state a reply was computed from: the number of revisions applied in
-/// memory so far, counting those later undone. Unlike revisions, these are never reused
-/// after an undo, so a reply computed from undone state can always be recognized.
+/// Identifies the state a reply was computed from (see the file header).
 typealias StateSequence = UInt64
-
-/// The outcome of a write, for its reply.
-struct WriteOutcome: Sendable {
-    /// The repository revision after the write.
-    let revision: UInt64
-    let changed: Bool
-    /// The key's previous value (single-key writes only).
-    let previous: CanonicalJSON?
-    /// The state the reply reports.
-    let sequence: StateSequence
-}
-
-/// Why a write was refused; nothing was applied.
-enum WriteRefusal: Error, Sendable {
-    /// The contract's rules: a failed condition, a key written twice in a batch.
-    case rules(WriteError)
-    /// The write would create keys beyond the repository's limit.
-    case tooManyKeys(limit: Int)
-    /// The write would create this repository, and no more may be created.
-    case tooManyRepositories(limit: Int)
-    /// The revision would carry more bytes of keys and old and new values than allowed.
-    case revisionTooLarge(bytes: Int, limit: Int)
-    /// Storage no longer takes revisions (the daemon is stopping).
-    case storageClosed
-    /// The shared store (etcd mode) could not commit it, or could not say whether it did.
-    case shared(SharedFailure)
-}
-
-/// The limits a write is checked against, after the write rules.
-struct WriteLimits: Sendable {
-    var maxKeys: Int
-    var maxRepositories: Int
-    var maxRevisionBytes: Int
-}
 
 /// Whether the state a reply reports may be shown.
 enum Durability {
     case durable
-    /// The loop that asked will be told (`LoopShard.Item.durable` or `.failed`).
+    /// The loop that asked will be told (`DurabilityNews`).
     case pending
     /// The state was undone after a storage failure.
     case failed(StorageError)
 }
 
-/// What a new subscription starts with, copied out under the lock: its revision, the
-/// sequence of the state it reports, and its snapshot values or replayed revisions.
-struct SubscriptionStart {
-    let revision: UInt64
-    let sequence: StateSequence
-    /// With `initial`: the selected entries (unsorted).
-    let snapshot: [(key: Key, value: CanonicalJSON)]?
-    /// With `since`: the retained revisions above it.
-    let replay: [Revision]
-    /// Whether the subscription went live (false when its one `once` change was replayed,
-    /// or its connection is closing).
-    let registered: Bool
-}
-
 final class Repository: DurabilityListener, Sendable {
     let name: String
-    /// The history this repository's revisions belong to (see `Epoch`): loaded with it, or
-    /// the hub's fresh epoch for one this daemon has not stored.
+    /// Never reused in this process (loops route by it).
+    let id: UInt64
     let epoch: String
 
-    struct Pending: Sendable {
-        let revision: Revision
-        let sequence: StateSequence
-        /// Each change's key entry before the revision, to undo it.
-        let previous: [Entry<CanonicalJSON>?]
-    }
-
     struct State: Sendable {
-        var data: KeyedState<CanonicalJSON>
-        var history: History
-        /// Sequences handed out so far: one per revision applied in memory, undone ones included.
+        var core: RepositoryCore
+        /// Sequences handed out so far: one per revision applied, undone ones included.
         var applied: StateSequence = 0
         /// The sequence of the current state (after an undo: the durable state's).
         var current: StateSequence = 0
+        /// Sequences of pending revisions, oldest first (their states become durable in order).
+        var pendingSequences: [(revision: UInt64, sequence: StateSequence)] = []
         /// Sequences of states undone after storage failures; ascending, disjoint.
         var undone: [ClosedRange<StateSequence>] = []
         var lastFailure: StorageError? = nil
-        /// Applied in memory, handed to storage, not yet durable; oldest first.
-        var pending: [Pending] = []
-        /// Event loops with subscribers to this repository, and how many each has.
+        /// Loops with subscribers to this repository, and how many each has.
         var subscriberLoops: [(shard: LoopShard, count: Int)] = []
-        /// Event loops that have waited for a state of this repository to be durable.
+        /// Loops that have waited for a state of this repository to be durable.
         var waitingLoops: [LoopShard] = []
-        /// The time of the newest revision: revisions are stamped no earlier, so their
-        /// times never go back whatever the clock does.
-        var lastTime: Int64 = .min
-        /// Writes waiting for a shared store (etcd mode; see Repository+Shared.swift).
-        var shared = SharedQueue()
     }
 
-    let state: Locked<State>
+    private let state: Mutex<State>
     /// The sequence of the latest durable state; readable without the lock.
-    let durableSequence = Atomic<StateSequence>(0)
+    private let durableSequence = Atomic<StateSequence>(0)
     /// The highest sequence ever undone (0: none); readable without the lock.
     private let undoneCeiling = Atomic<StateSequence>(0)
-    /// Subscriptions of every loop; readable without the lock (the hub drops placeholders
-    /// nobody subscribes to).
-    let subscribers = Atomic<Int>(0)
+    /// Subscriptions of every loop; readable without the lock.
+    private let subscribers = Atomic<Int>(0)
     /// Loaded from storage, or written in this process (even if storage undid it since): the
-    /// hub never drops it (see `Hub`). Set once, never cleared.
-    let permanent = Atomic<Bool>(false)
-    let storage: any Storage
-    /// Counts repositories that exist (revision > 0).
-    let stats: ServerStats
-    /// The hub's shared store (etcd mode), where revisions are decided; nil otherwise.
-    let sharedStorage: (any SharedStorage)?
-    /// Names this daemon's commit groups (etcd mode).
-    let writeIDs: WriteIDs?
-    /// Every event loop's share; storage's durability news goes to one of them.
-    private let shards: [LoopShard]
-    /// The shard that handles storage's news: the last writer's, so the news usually
-    /// reaches the loop that waits for it with no further hop.
-    private let home: Atomic<Int>
+    /// hub never drops it. Set once, never cleared.
+    private let permanent = Atomic<Bool>(false)
 
-    init(name: String, loaded: LoadedRepository? = nil, storage: any Storage, hub: Hub) {
+    /// The store its revisions are handed to (for `discard` after an undo), and the counters
+    /// of repositories that exist.
+    private let storage: any Storage
+    private let stats: ServerStats
+
+    private static let ids = Atomic<UInt64>(0)
+
+    init(name: String, epoch: String, historyLimits: HistoryLimits, loaded: LoadedRepository? = nil, storage: any Storage, stats: ServerStats) {
         self.name = name
-        self.epoch = loaded?.epoch ?? hub.freshEpoch
         self.storage = storage
-        self.stats = hub.stats
-        self.sharedStorage = hub.shared
-        self.writeIDs = hub.shared == nil ? nil : hub.writeIDs
-        self.shards = hub.shards
-        self.home = Atomic(abs(name.hashValue % max(1, hub.shards.count)))
-        var history = History(limits: hub.historyLimits)
-        for record in loaded?.history ?? [] { history.append(Revision(record, encode: false)) }
-        let data = loaded?.state ?? KeyedState()
-        var state = State(data: data, history: history)
-        state.lastTime = loaded?.history.last?.time ?? .min
-        self.state = Locked(state)
+        self.stats = stats
+        self.id = Self.ids.add(1, ordering: .relaxed).newValue
+        self.epoch = loaded?.epoch ?? epoch
+        self.state = Mutex(State(core: RepositoryCore(name: name, epoch: loaded?.epoch ?? epoch, historyLimits: historyLimits, loaded: loaded)))
         if loaded != nil { permanent.store(true, ordering: .relaxed) }
+    }
+
+    /// Runs `body` with the state under the lock (the sequencers plan and commit there).
+    func withState<R, E: Error>(_ body: (inout State) throws(E) -> R) throws(E) -> R {
+        try state.withLock { (s) throws(E) -> R in try body(&s) }
     }
 
     // MARK: Reading
 
     /// The current revision and number of keys.
-    var summary: (revision: UInt64, keys: Int) {
-        state.withLock { ($0.data.revision, $0.data.count) }
-    }
-
-    var revision: UInt64 { state.withLock { $0.data.revision } }
-
-    /// Whether the hub keeps this repository for good (see `permanent`).
+    var summary: (revision: UInt64, keys: Int) { state.withLock { ($0.core.revision, $0.core.count) } }
+    var revision: UInt64 { state.withLock { $0.core.revision } }
     var isPermanent: Bool { permanent.load(ordering: .acquiring) }
-
-    /// The number of live subscriptions, on every loop.
     var subscriberCount: Int { subscribers.load(ordering: .relaxed) }
+
+    /// The hub keeps this repository for good (it has, or had, a revision).
+    func makePermanent() { permanent.store(true, ordering: .releasing) }
 
     /// The key's entry, and the state it was read from.
     func get(_ key: Key) -> (entry: Entry<CanonicalJSON>?, sequence: StateSequence) {
-        state.withLock { ($0.data[key], $0.current) }
+        state.withLock { ($0.core[key], $0.current) }
     }
 
-    /// The keys (optionally with a prefix) with their values, unsorted, at the current
-    /// revision: copied out under the lock, sorted by the caller.
+    /// The keys with a prefix (all: nil) and their values, unsorted, at the current revision.
     func list(prefix: String?) -> (revision: UInt64, entries: [(key: Key, value: CanonicalJSON)], sequence: StateSequence) {
-        state.withLock { s in (s.data.revision, Self.entries(of: s.data, .prefix(prefix ?? "")), s.current) }
+        state.withLock { s in (s.core.revision, s.core.entries(.prefix(prefix ?? "")), s.current) }
     }
 
     /// The current state, for replies that report it (a conflict, say).
     var sequence: StateSequence { state.withLock { $0.current } }
 
-    // MARK: Writing
+    // MARK: Publishing (under the lock)
 
-    /// Whether `changes` would pass the key-count or the revision-size limit of a repository
-    /// holding `keys` keys (checked before anything is applied).
-    static func sizeRefusal(_ changes: [Change<CanonicalJSON>], keys: Int, limits: WriteLimits) -> WriteRefusal? {
-        var created = 0
-        var removed = 0
-        var bytes = 0
-        for change in changes {
-            if change.old == nil { created += 1 }
-            if change.new == nil { removed += 1 }
-            bytes += RevisionRecord.byteSize(of: change)
+    /// A revision was applied: names its state; `durable` if it may be shown at once.
+    static func applied(_ s: inout State, revision: UInt64, durable: Bool, on repository: Repository) -> StateSequence {
+        s.applied += 1
+        s.current = s.applied
+        if durable {
+            repository.durableSequence.store(s.applied, ordering: .releasing)
+        } else {
+            s.pendingSequences.append((revision, s.applied))
         }
-        if created > 0, keys + created - removed > limits.maxKeys { return .tooManyKeys(limit: limits.maxKeys) }
-        if bytes > limits.maxRevisionBytes { return .revisionTooLarge(bytes: bytes, limit: limits.maxRevisionBytes) }
-        return nil
+        return s.applied
     }
 
-    /// Applies `ops` atomically, written by `writer` on connection `origin`. The resulting
-    /// revision (if any) is delivered to subscribers once durable; `awaitDurable` tells the
-    /// writer's loop (`from`, whose shard then hears storage's news first).
-    ///
-    /// The write rules are checked first: a write that fails them, or changes nothing, gets
-    /// that answer whatever the limits. Then the limits, before anything is applied.
-    func write(
-        _ ops: [WriteOp<CanonicalJSON>], now: Int64, limits: WriteLimits, from shard: LoopShard? = nil, writer: Writer? = nil,
-        origin: ConnectionID? = nil
-    ) throws(WriteRefusal) -> WriteOutcome {
-        if let shard, home.load(ordering: .relaxed) != shard.index { home.store(shard.index, ordering: .relaxed) }
-        return try state.withLock { (s) throws(WriteRefusal) -> WriteOutcome in
-            let changes: [Change<CanonicalJSON>]
-            do throws(WriteError) { changes = try s.data.plan(ops) } catch { throw .rules(error) }
-            // A single write's reply carries the value it replaced (the change's old value, or
-            // the equal value it left in place).
-            let previous: CanonicalJSON? =
-                if ops.count != 1 { nil } else if let change = changes.first { change.old } else { s.data[ops[0].key]?.value }
-            guard !changes.isEmpty else {
-                return WriteOutcome(revision: s.data.revision, changed: false, previous: previous, sequence: s.current)
-            }
-            if let refusal = Self.sizeRefusal(changes, keys: s.data.count, limits: limits) { throw refusal }
-            // Only a `set` brings an empty repository into existence; the count is reserved
-            // atomically, so concurrent creators cannot pass the limit together.
-            let creates = s.data.revision == 0
-            if creates, !stats.reserveRepository(limit: limits.maxRepositories) {
-                throw .tooManyRepositories(limit: limits.maxRepositories)
-            }
-            let changeSet = ChangeSet(revision: s.data.revision + 1, changes: changes)
-            let record = RevisionRecord(repo: name, changeSet: changeSet, time: max(now, s.lastTime), writer: writer)
-            let revision = Revision(record, encode: !s.subscriberLoops.isEmpty, origin: origin)
-            // What each changed key held, to undo the write should storage fail it.
-            let before = storage.isImmediate ? [] : ops.map { s.data[$0.key] }
-            // Storage never calls back from inside `append` (this lock is held): a store that
-            // no longer takes revisions says so, and nothing is applied.
-            if !storage.isImmediate, !storage.append(record, listener: self) {
-                if creates { stats.repositories.subtract(1, ordering: .relaxed) }
-                throw .storageClosed
-            }
-            s.data.install(changeSet)
-            s.lastTime = record.time
-            if creates { permanent.store(true, ordering: .releasing) }
-            s.applied += 1
-            s.current = s.applied
-            s.history.append(revision)
-            if storage.isImmediate {
-                durableSequence.store(s.applied, ordering: .releasing)
-                Self.publish(revision, of: self, to: s.subscriberLoops)
-            } else {
-                let beforeByKey = Dictionary(zip(ops.map(\.key), before), uniquingKeysWith: { first, _ in first })
-                s.pending.append(Pending(revision: revision, sequence: s.applied, previous: changes.map { beforeByKey[$0.key] ?? nil }))
-            }
-            return WriteOutcome(revision: changeSet.revision, changed: true, previous: previous, sequence: s.applied)
-        }
+    /// Posts a durable revision to the loops with subscribers. Under the lock, so each loop
+    /// sees this repository's revisions in order.
+    static func publish(_ view: RevisionView, to loops: [(shard: LoopShard, count: Int)], of repository: Repository) {
+        for loop in loops { loop.shard.post(view, of: repository, weight: loop.count) }
     }
 
     // MARK: Durability
@@ -282,37 +152,24 @@ final class Repository: DurabilityListener, Sendable {
         }
     }
 
-    // Storage's news arrives on its own thread, which never takes this lock: it is handed
-    // to the home shard's loop, which applies it. News posted before `home` moved may be
-    // applied after news posted since, on another loop — harmless: `confirm` only ever
-    // moves forward, and `undo` confirms what storage kept before it undoes the rest.
+    // Storage's news comes from its committer thread, which calls these directly: the lock is
+    // held for microseconds (the records are published to the loops' inboxes under it), and a
+    // hop through an event loop would add a thread switch to every durable write's path.
 
+    /// Every revision up to `revision` is durable: shows them, and tells the waiting loops.
     func durable(through revision: UInt64) {
-        shards[home.load(ordering: .relaxed)].post(.confirm(self, through: revision))
+        state.withLock { s in confirm(&s, through: revision) }
     }
 
+    /// Storage kept the revisions up to `revision` and never will keep the others: undoes them.
     func failed(after revision: UInt64, error: StorageError) {
-        shards[home.load(ordering: .relaxed)].post(.undo(self, after: revision, error))
-    }
-
-    /// Every revision up to `revision` is durable: shows them (on a loop, see `durable`).
-    func confirm(through revision: UInt64) {
-        state.withLock { s in _ = confirm(&s, through: revision) }
-    }
-
-    /// Storage kept the revisions up to `revision` and never will keep the others: undoes
-    /// them (on a loop, see `failed`).
-    func undo(after revision: UInt64, error: StorageError) {
         state.withLock { s in
             confirm(&s, through: revision)
-            // Undo, newest first, every revision storage did not keep.
-            let undone = s.pending.filter { $0.revision.revision > revision }
-            for p in undone.reversed() {
-                s.data.revert(ChangeSet(revision: p.revision.revision, changes: p.revision.record.changes), previous: p.previous)
-                if p.revision.revision == 1 { stats.repositories.subtract(1, ordering: .relaxed) }
-            }
-            s.history.removeLast(undone.count)
-            s.pending.removeAll { $0.revision.revision > revision }
+            let (_, removedFirst) = s.core.undo(after: revision)
+            if removedFirst { stats.repositories.subtract(1, ordering: .relaxed) }
+            s.pendingSequences.removeAll { $0.revision > revision }
+            // Under the lock: a revision written after this undo reuses those numbers, and the
+            // store must not drop it as one of the undone.
             storage.discard(self, after: revision)
             // Every state after the durable one is gone, including those reported by no-op
             // writes and reads; what remains is the durable state itself.
@@ -333,26 +190,69 @@ final class Repository: DurabilityListener, Sendable {
         }
     }
 
-    /// Publishes the pending revisions up to `revision` and tells the waiting loops.
-    @discardableResult
-    private func confirm(_ s: inout State, through revision: UInt64) -> Bool {
-        var confirmed = 0
-        for p in s.pending {
-            guard p.revision.revision <= revision else { break }
-            Self.publish(p.revision, of: self, to: s.subscriberLoops)
-            confirmed += 1
-        }
-        guard confirmed > 0 else { return false }
-        let durable = s.pending[confirmed - 1].sequence
-        s.pending.removeFirst(confirmed)
+    private func confirm(_ s: inout State, through revision: UInt64) {
+        let loops = s.subscriberLoops
+        let confirmed = s.core.confirm(through: revision) { view in Self.publish(view, to: loops, of: self) }
+        guard confirmed > 0 else { return }
+        let durable = s.pendingSequences[confirmed - 1].sequence
+        s.pendingSequences.removeFirst(confirmed)
         durableSequence.store(durable, ordering: .releasing)
         for shard in s.waitingLoops { shard.post(.durable(self, through: durable)) }
-        return true
     }
 
-    /// Posts a durable revision to the loops with subscribers. Under the state lock, so each
-    /// loop's inbox holds this repository's revisions in order.
-    static func publish(_ revision: Revision, of repository: Repository, to loops: [(shard: LoopShard, count: Int)]) {
-        for loop in loops { loop.shard.post(.revision(revision, repository, weight: loop.count)) }
+    /// Installs revisions a shared store decided (every daemon's, in the store's order) and
+    /// publishes them; each names who wrote it (`origin`: a connection of this daemon, or 0).
+    func install(_ revisions: [(record: RevisionRecord, origin: UInt64)]) {
+        state.withLock { s in
+            let loops = s.subscriberLoops
+            for (record, origin) in revisions {
+                let info = RevisionInfo(revision: record.revision, time: record.time, writer: record.writer, origin: origin, weight: record.byteSize)
+                guard s.core.install(record.changes, info: info) else { continue }
+                _ = Self.applied(&s, revision: record.revision, durable: true, on: self)
+                if record.revision == 1 {
+                    stats.repositories.add(1, ordering: .relaxed)
+                    makePermanent()
+                }
+                if !loops.isEmpty { s.core.withLastRecord { Self.publish($0, to: loops, of: self) } }
+            }
+        }
+    }
+
+    // MARK: Subscribing
+
+    /// Starts `subscription` for `request`: takes what it starts with and — unless its one
+    /// `once` change is in the replay, or its connection closed — makes it live and routes
+    /// it on its loop, all under the lock, so its start and its first event meet at one
+    /// revision.
+    func subscribe(_ subscription: Subscription, _ request: SubscribeRequest, now: Int64) throws(RepositoryCore.StartRefusal) -> (
+        start: RepositoryCore.Start, sequence: StateSequence, registered: Bool
+    ) {
+        try state.withLock { (s) throws(RepositoryCore.StartRefusal) in
+            let start = try s.core.start(request, sub: subscription.id, skipOrigin: subscription.skippedOrigin, now: now)
+            let live = !(request.once && start.replayed > 0) && subscription.connection.outbox.register(subscription)
+            if live {
+                subscription.after = start.revision
+                subscription.completeThrough = start.revision
+                let shard = subscription.connection.shard
+                shard.route(subscription)
+                if let i = s.subscriberLoops.firstIndex(where: { $0.shard === shard }) {
+                    s.subscriberLoops[i].count += 1
+                } else {
+                    s.subscriberLoops.append((shard, 1))
+                }
+                subscribers.add(1, ordering: .relaxed)
+            }
+            return (start, s.current, live)
+        }
+    }
+
+    /// A subscription on `shard` ended (the shard stopped routing it).
+    func subscriberLeft(_ shard: LoopShard) {
+        state.withLock { s in
+            guard let i = s.subscriberLoops.firstIndex(where: { $0.shard === shard }) else { return }
+            s.subscriberLoops[i].count -= 1
+            if s.subscriberLoops[i].count == 0 { s.subscriberLoops.remove(at: i) }
+        }
+        subscribers.subtract(1, ordering: .relaxed)
     }
 }

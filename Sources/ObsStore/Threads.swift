@@ -100,7 +100,7 @@ final class BlockingQueue<Item: Sendable>: @unchecked Sendable {
 }
 
 /// A thread that runs one closure.
-final class DedicatedThread: Sendable {
+package final class DedicatedThread: Sendable {
     private let thread: Locked<pthread_t?>
 
     private final class Box {
@@ -109,7 +109,7 @@ final class DedicatedThread: Sendable {
     }
 
     /// Starts `body` on a new thread.
-    init(_ body: @escaping @Sendable () -> Void) {
+    package init(_ body: @escaping @Sendable () -> Void) {
         let box = Unmanaged.passRetained(Box(body)).toOpaque()
         #if canImport(Darwin)
         var handle: pthread_t? = nil
@@ -130,7 +130,7 @@ final class DedicatedThread: Sendable {
     }
 
     /// Waits for the thread to finish. Idempotent.
-    func join() {
+    package func join() {
         let handle = thread.withLock { h -> pthread_t? in
             defer { h = nil }
             return h

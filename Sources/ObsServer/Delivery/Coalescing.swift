@@ -3,15 +3,17 @@
 //
 // While its connection's queue is full, a coalescing subscription queues nothing: each
 // revision it selects is folded into its `Lag` — per key, the value the subscription last
-// received and the value now. Once the queue has room again, the lag becomes one `change`
-// event: `rev` the repository's revision at that moment (as this loop knows it: the newest
-// revision delivered here), `from` the first revision folded in, and a change per key whose
-// value differs from the one last received, in byte order of the keys. What a lag holds is
-// bounded by the keys the subscription selects, never by the number of writes; and a
+// received and the value now; a key back at what the subscription last received (created and
+// deleted again, changed and changed back) is dropped, so a lag holds only keys it owes a
+// change of — bounded by the keys the subscription selects, never by the number of writes.
+// Once the queue has room again, the lag becomes one `change` event: `rev` the repository's
+// revision at that moment (as this loop knows it: the newest revision delivered here), `from`
+// the first revision folded in, and a change per key, in byte order of the keys. A
 // coalescing subscription never overflows its connection.
 
-import NIOCore
+import ObsCore
 import ObsProtocol
+import ObsValues
 import ObservableKit
 
 /// The changes a coalescing subscription has not been sent yet: one entry per key whose
@@ -32,7 +34,7 @@ struct Lag {
         self.revision = revision
     }
 
-    /// The changes to send: keys whose value differs from the one last received, by key bytes.
+    /// The changes to send, by key bytes.
     var changes: [Change<CanonicalJSON>] {
         current.compactMap { key, now -> Change<CanonicalJSON>? in
             let before = received[key] ?? nil
@@ -43,13 +45,12 @@ struct Lag {
 
 extension Outbox {
     /// Folds a revision `subscription` selects into its lag (starting one).
-    func fold(_ record: Revision, selected: SelectedChanges, into subscription: Subscription) {
+    func fold(_ revision: RevisionView, selected: SelectedChanges, into subscription: Subscription) {
         let starting = subscription.lag == nil
-        var lag = subscription.lag ?? Lag(from: record.revision)
+        var lag = subscription.lag ?? Lag(from: revision.revision)
         subscription.lag = nil  // `lag` the only owner: its dictionaries grow in place, never copied per revision
-        let changes = record.record.changes
-        let own = !subscription.wants(record)
-        func fold(_ change: Change<CanonicalJSON>) {
+        let own = !subscription.wants(revision)
+        for change in revision.changes(selected) {
             if own {
                 // Under `echo: false` the client has its own connection's write from the
                 // reply: that is the value it last received for the key.
@@ -57,9 +58,6 @@ extension Outbox {
             } else if lag.received[change.key] == nil {
                 lag.received[change.key] = .some(change.old)
             }
-            // Back at what the subscriber last received (created and deleted again, changed
-            // and changed back): nothing to send for it, so nothing is kept — the lag holds
-            // only keys it owes a change of, never one entry per key ever written.
             if let received = lag.received[change.key], received == change.new {
                 lag.received[change.key] = nil
                 lag.current[change.key] = nil
@@ -67,12 +65,8 @@ extension Outbox {
                 lag.current[change.key] = .some(change.new)
             }
         }
-        switch selected {
-        case .all: for change in changes { fold(change) }
-        case .some(let positions): for i in positions { fold(changes[i]) }
-        }
-        lag.revision = record.revision
-        lag.writer = record.record.writer
+        lag.revision = revision.revision
+        lag.writer = revision.info.writer
         if starting { lagging.append(subscription) }
         subscription.lag = lag
     }
@@ -86,17 +80,17 @@ extension Outbox {
             subscription.lag = nil
             guard live[subscription.id] === subscription else { continue }  // ended meanwhile
             let changes = lag.changes
-            let revision = max(lag.revision, shard.latestRevision(of: subscription.repository))
+            let revision = max(lag.revision, latestRevision(subscription.repository))
             subscription.completeThrough = revision
             // Changed and changed back (its own writes under echo: false included): nothing to say.
             guard !changes.isEmpty else { continue }
-            appendEvent { buffer in
-                buffer.writeRaw(subscription.head)
-                if subscription.writers, let writer = lag.writer { EventEncoder.writeBy(&buffer, writer) }
+            appendEvent { sink in
+                sink.writeRaw(subscription.head)
+                if subscription.writers, let writer = lag.writer { EventEncoder.writeBy(&sink, writer) }
                 EventEncoder.writeChangeBody(
-                    &buffer, repo: subscription.repository.name, rev: revision, from: lag.from, count: changes.count
-                ) { buffer, i in
-                    EventEncoder.writeChange(&buffer, changes[i]) { sink, value in sink.writeCanonical(value) }
+                    &sink, repo: subscription.repository.name, rev: revision, from: lag.from, count: changes.count
+                ) { sink, i in
+                    EventEncoder.writeChange(&sink, changes[i]) { sink, value in sink.writeCanonical(value) }
                 }
             }
         }

@@ -1,50 +1,67 @@
-// ObsServer — one connection's requests: access checks, limits, execution against the
-// hub, and reply encoding.
+// ObsServer — one connection's requests: access checks, limits, execution against the hub,
+// and replies.
 //
 // A `Session` lives on its connection's event loop and handles requests in order. Every
-// request gets exactly one reply, appended to the connection's outbox in request order
-// (see Session+Replies.swift for how replies wait for durability). Before each request it
-// picks up the current limits and access policy if a reload changed them.
+// request gets exactly one reply, appended to the connection's outbox in request order (see
+// Session+Replies.swift for how replies wait for durability). Before each request it picks
+// up the current limits and access policy if a reload changed them.
 
 import Logging
-import NIOCore
+import ObsCore
 import ObsProtocol
 import ObsStore
 import ObservableKit
 
 final class Session {
+    unowned let connection: Connection
     let hub: Hub
-    let outbox: Outbox
     let peer: Peer
     /// The peer as the writer of revisions (`by`).
-    private let writer: Writer
-    let settings: SessionSettings
+    let writer: Writer
+    let maxLine: Int
+    let maxDepth: Int
     let logger: Logger
     var nextSub: UInt64 = 1
-    /// The connection's loop's share of the daemon.
-    var shard: LoopShard { outbox.shard }
+    var outbox: Outbox { connection.outbox }
+    var shard: LoopShard { connection.shard }
     /// The limits and policy this session last read, and what the policy grants per repository.
-    private var runtime: Runtime.Snapshot
+    var runtime: Runtime.Snapshot
     private var permissions: [String: Permission] = [:]
     private var deniedCount = 0
-    /// The repository this session wrote last, once the hub keeps it for good: a client
-    /// writes one repository many times, and this skips the hub's lock and lookup.
+    /// The repository this session wrote last, once the hub keeps it for good: a client writes
+    /// one repository many times, and this skips the hub's lock and lookup.
     private var lastWritten: Repository?
-    /// A request waits for the shared store (etcd mode): the connection hands over no
-    /// further request until it is answered (see Session+Shared.swift).
-    var awaitingCluster = false
-    /// This session wrote while a loop's delivery backlog was at its limit: the connection
-    /// hands over no further request until the backlog is down (see LoopShard).
-    private(set) var awaitingDelivery = false
-    /// Whether the connection must hold its further requests for now.
-    var holdsInput: Bool { awaitingCluster || awaitingDelivery }
 
-    init(hub: Hub, outbox: Outbox, peer: Peer, settings: SessionSettings, logger: Logger) {
+    /// Why the connection holds its further requests for now, if it does.
+    enum Wait {
+        /// A request waits for the shared store: its successors take effect after it.
+        case cluster
+        /// This session wrote while a loop's delivery backlog was at its limit.
+        case delivery
+    }
+
+    private(set) var waits: Set<Wait> = []
+    /// Whether the connection must hold its further requests for now.
+    var holdsInput: Bool { !waits.isEmpty }
+    /// Writes waiting for the shared store, by token: their reply slots and what they need.
+    var pendingWrites: [UInt64: PendingWrite] = [:]
+    private var nextToken: UInt64 = 0
+
+    struct PendingWrite {
+        let id: JSONValue
+        let repository: Repository
+        let slot: Outbox.Slot
+        let single: Bool
+        let held: Bool
+    }
+
+    init(connection: Connection, hub: Hub, peer: Peer, limits: Limits, logger: Logger) {
+        self.connection = connection
         self.hub = hub
-        self.outbox = outbox
         self.peer = peer
         self.writer = Writer(uid: peer.uid, gid: peer.gid, pid: peer.pid)
-        self.settings = settings
+        self.maxLine = limits.maxLine
+        self.maxDepth = limits.maxDepth
         var logger = logger
         logger[metadataKey: "peer.uid"] = "\(peer.uid)"
         logger[metadataKey: "peer.pid"] = "\(peer.pid)"
@@ -53,6 +70,13 @@ final class Session {
     }
 
     var limits: Limits { runtime.limits }
+
+    func wait(for reason: Wait) { waits.insert(reason) }
+
+    func resume(from reason: Wait) {
+        waits.remove(reason)
+        if waits.isEmpty { connection.sessionResumed() }
+    }
 
     // MARK: Input
 
@@ -65,10 +89,10 @@ final class Session {
         }
         switch frame {
         case .tooLarge:
-            fail(id: .null, ProtocolError(.tooLarge, "line longer than \(settings.maxLine) bytes; the rest of it is discarded"))
+            fail(id: .null, ProtocolError(.tooLarge, "line longer than \(maxLine) bytes; the rest of it is discarded"))
         case .line(let bytes):
             do {
-                let request = try Request.decode(line: bytes, maxDepth: settings.maxDepth)
+                let request = try Request.decode(line: bytes, maxDepth: maxDepth)
                 execute(request)
             } catch {
                 fail(id: error.id, error.error)
@@ -79,6 +103,8 @@ final class Session {
     /// Ends every subscription; called when the connection closes.
     func close() {
         for subscription in outbox.close() { shard.unroute(subscription) }
+        for (_, pending) in pendingWrites where pending.held { hub.release(pending.repository.name) }
+        pendingWrites.removeAll()
     }
 
     /// Ends every subscription and keeps the connection for its replies (the client shut
@@ -99,7 +125,7 @@ final class Session {
             }
             guard permits(repo, needed, op: request.command.op, id: id) else { return }
         }
-        if let shared = hub.shared, let scope = Self.sharedReadScope(request.command) {
+        if let shared = hub.shared, let scope = Self.readScope(request.command) {
             return afterLinearizing(scope, shared) { $0.perform(request) }
         }
         perform(request)
@@ -113,7 +139,7 @@ final class Session {
             reply(id) { b in
                 b.writeMember(",\"protocol\":", UInt64(ObsProtocolVersion.current))
                 b.writeMember(",\"server\":", "obsd/\(ObsServer.version)")
-                b.writeMember(",\"maxLine\":", UInt64(settings.maxLine))
+                b.writeMember(",\"maxLine\":", UInt64(maxLine))
             }
         case .ping:
             reply(id) { _ in }
@@ -153,7 +179,9 @@ final class Session {
                 return fail(id: id, ProtocolError(.tooLarge, "the subscription names \(keys.count) keys; the limit is \(limits.maxKeysPerRequest)"))
             }
             guard outbox.liveCount < limits.maxSubscriptionsPerConnection else {
-                return fail(id: id, ProtocolError(.overloaded, "this connection has \(outbox.liveCount) subscriptions; the limit is \(limits.maxSubscriptionsPerConnection)"))
+                return fail(
+                    id: id,
+                    ProtocolError(.overloaded, "this connection has \(outbox.liveCount) subscriptions; the limit is \(limits.maxSubscriptionsPerConnection)"))
             }
             subscribe(id, request)
         case .unsubscribe(let sub):
@@ -174,8 +202,8 @@ final class Session {
         let (entry, sequence) = repository.get(key)
         guard let entry else {
             return fail(
-                id: id, ProtocolError(.notFound, "key \(key.debugDescription) does not exist in repository \(repo)"),
-                after: sequence, in: repository)
+                id: id, ProtocolError(.notFound, "key \(key.debugDescription) does not exist in repository \(repo)"), after: sequence,
+                in: repository)
         }
         reply(id, after: sequence, in: repository) { b in
             b.writeRaw(",\"value\":")
@@ -212,91 +240,65 @@ final class Session {
         }
     }
 
+    // MARK: Writing
+
     private func write(_ id: JSONValue, repo: String, _ ops: [WriteOp<CanonicalJSON>], single: Bool) {
-        let now = WallClock.unixSeconds()
-        let limits = WriteLimits(
-            maxKeys: self.limits.maxKeysPerRepository, maxRepositories: self.limits.maxRepositories,
-            maxRevisionBytes: self.limits.maxRevisionBytes)
-        let (writer, origin) = (self.writer, outbox.connection)
-        if hub.shared != nil {
-            return writeShared(id, repo: repo, ops, single: single, limits: limits, writer: writer, origin: origin)
-        }
+        let limits = self.limits
+        let request = WriteRequest(
+            ops: ops, limits: WriteLimits(maxKeys: limits.maxKeysPerRepository, maxRevisionBytes: limits.maxRevisionBytes),
+            maxRepositories: limits.maxRepositories, writer: writer, origin: outbox.connection, time: WallClock.unixSeconds())
+        // A repository the hub keeps for good needs no hold; any other is held while the
+        // write is under way (a write that changes nothing leaves no repository behind).
         let repository: Repository
-        let result: Result<WriteOutcome, WriteRefusal>
+        let held: Bool
         if let last = lastWritten, last.name == repo {
-            (repository, result) = (last, Result { () throws(WriteRefusal) in try last.write(ops, now: now, limits: limits, from: shard, writer: writer, origin: origin) })
+            (repository, held) = (last, false)
         } else {
-            (repository, result) = hub.using(repo) { repository in
-                (repository, Result { () throws(WriteRefusal) in try repository.write(ops, now: now, limits: limits, from: shard, writer: writer, origin: origin) })
-            }
-            if repository.isPermanent { lastWritten = repository }
+            repository = hub.hold(repo)
+            held = true
         }
-        answerWrite(id, repo: repo, repository, result, single: single)
-        holdForDelivery()
+        nextToken += 1
+        let token = nextToken
+        if let result = hub.sequencer.submit(request, to: repository, route: connection.answers, token: token) {
+            if held { hub.release(repo) }
+            if repository.isPermanent { lastWritten = repository }
+            answerWrite(id, repository, result, single: single)
+            holdForDelivery()
+            return
+        }
+        // Decided later: its reply holds its place, and the connection's later requests wait
+        // for it, so they take effect in the order they were sent and each sees the ones before.
+        pendingWrites[token] = PendingWrite(id: id, repository: repository, slot: outbox.reserveSlot(), single: single, held: held)
+        wait(for: .cluster)
     }
 
-    /// After a write: holds the connection's further requests while a loop's delivery
-    /// backlog is at its limit, until it is down; whether it did.
+    /// A write decided later is answered (on this loop).
+    func answered(_ token: UInt64, _ result: WriteResult) {
+        guard let pending = pendingWrites.removeValue(forKey: token) else { return }
+        var reply: [UInt8] = []
+        encodeWrite(&reply, pending.id, pending.repository.name, result, single: pending.single)
+        reply.withUnsafeBytes { outbox.fill(pending.slot, with: $0) }
+        if pending.held { hub.release(pending.repository.name) }
+        shard.markDirty(connection)
+        if !holdForDelivery() { resume(from: .cluster) } else { waits.remove(.cluster) }
+    }
+
+    /// After a write: holds the connection's further requests while a loop's delivery backlog
+    /// is at its limit, until it is down; whether it did.
     @discardableResult
     func holdForDelivery() -> Bool {
-        guard let shard = hub.backloggedShard else { return false }
-        awaitingDelivery = true
+        guard let backlogged = hub.backloggedShard else { return false }
+        wait(for: .delivery)
         hub.stats.writersHeld.add(1, ordering: .relaxed)
-        let loop = self.shard.eventLoop
-        let session = NIOLoopBound(self, eventLoop: loop)
-        shard.whenDrained {
-            loop.execute {
-                session.value.awaitingDelivery = false
-                session.value.resumeInput()
-            }
+        let loop = shard.loop
+        let session = LoopBound(self, loop: loop)
+        backlogged.whenDrained {
+            loop.execute { session.value?.resume(from: .delivery) }
         }
         return true
     }
 
-    /// Lets the connection hand over the requests it held while this one waited.
-    func resumeInput() {
-        outbox.onProgress?()
-    }
-
-    /// Replies to a write with its outcome.
-    func answerWrite(_ id: JSONValue, repo: String, _ repository: Repository, _ result: Result<WriteOutcome, WriteRefusal>, single: Bool) {
-        let outcome: WriteOutcome
-        switch result {
-        case .success(let o):
-            outcome = o
-        case .failure(.rules(let error)):
-            let code: ErrorCode = if case .conflict = error { .conflict } else { .badRequest }
-            return fail(id: id, ProtocolError(code, error.description), after: repository.sequence, in: repository)
-        case .failure(.tooManyKeys(let limit)):
-            return fail(id: id, ProtocolError(.overloaded, "repository \(repo) would hold more than \(limit) keys"))
-        case .failure(.tooManyRepositories(let limit)):
-            return fail(id: id, ProtocolError(.overloaded, "creating repository \(repo) would exceed the limit of \(limit) repositories"))
-        case .failure(.revisionTooLarge(let bytes, let limit)):
-            return fail(
-                id: id,
-                ProtocolError(
-                    .tooLarge,
-                    "this write's revision would carry \(bytes) bytes of keys and old and new values; the limit is \(limit) (limits.max-revision-bytes): split it into smaller batches"
-                ))
-        case .failure(.storageClosed):
-            return fail(id: id, ProtocolError(.internal, "the daemon is stopping and takes no more writes; nothing was applied"))
-        case .failure(.shared(let failure)):
-            let code: ErrorCode = failure.kind == .tooLarge ? .tooLarge : .internal
-            return fail(id: id, ProtocolError(code, failure.message))
-        }
-        if outcome.changed { shard.counters.countWrite() }
-        reply(id, after: outcome.sequence, in: repository) { b in
-            b.writeMember(",\"rev\":", outcome.revision)
-            b.writeMember(",\"changed\":", outcome.changed)
-            if single, let previous = outcome.previous {
-                b.writeRaw(",\"old\":")
-                b.writeCanonical(previous)
-            }
-        }
-    }
-
-    /// The most one reply (or a subscription's first messages) may hold: a message is built
-    /// in one buffer, and SwiftNIO's buffers end at 4 GiB.
+    /// The most one reply (or a subscription's first messages) may hold.
     static let maxMessageBytes = 1 << 30
 
     /// `too_large`, when sending `entries` (their keys, and values if asked) would take more
@@ -320,7 +322,9 @@ final class Session {
     /// Whether the value's encoding is within the limit; if not, replies `too_large`.
     private func withinValueLimit(_ value: CanonicalJSON, key: Key, id: JSONValue) -> Bool {
         guard value.bytes.count > limits.maxValueBytes else { return true }
-        fail(id: id, ProtocolError(.tooLarge, "the value of key \(key.debugDescription) is \(value.bytes.count) bytes of JSON; the limit is \(limits.maxValueBytes)"))
+        fail(
+            id: id,
+            ProtocolError(.tooLarge, "the value of key \(key.debugDescription) is \(value.bytes.count) bytes of JSON; the limit is \(limits.maxValueBytes)"))
         return false
     }
 
@@ -345,8 +349,7 @@ final class Session {
         // A denied client can retry in a loop: log its first denials, then every 1000th.
         if deniedCount <= 10 || deniedCount % 1000 == 0 {
             logger.notice(
-                "access denied",
-                metadata: ["repo": "\(repo)", "op": "\(op)", "peer.gid": "\(peer.gid)", "denials": "\(deniedCount)"])
+                "access denied", metadata: ["repo": "\(repo)", "op": "\(op)", "peer.gid": "\(peer.gid)", "denials": "\(deniedCount)"])
         }
         fail(id: id, ProtocolError(.forbidden, "\(peer.described(by: hub.users)) may not \(needed.verb) repository \(repo)"))
         return false
@@ -358,7 +361,7 @@ final class Session {
         runtime = hub.runtime.snapshot
         permissions.removeAll()
         for subscription in outbox.liveSubscriptions where permission(subscription.repository.name) < .read {
-            var notice = ByteBuffer()
+            var notice: [UInt8] = []
             notice.writeMember("{\"event\":\"revoked\",\"sub\":", subscription.id)
             notice.writeMember(",\"repo\":", subscription.repository.name)
             notice.writeRaw(",\"error\":")
@@ -372,16 +375,27 @@ final class Session {
                 logger.notice("subscription revoked by the access policy", metadata: ["repo": "\(subscription.repository.name)"])
             }
         }
-        shard.markDirty(outbox)
+        shard.markDirty(connection)
     }
 }
 
 @available(*, unavailable)
 extension Session: Sendable {}
 
-/// What a session needs to know of the server's configuration.
-struct SessionSettings: Sendable {
-    var maxLine: Int
-    var maxDepth: Int
-    var startTime: ContinuousClock.Instant
+/// A loop-confined object carried across threads, touched only back on its loop.
+struct LoopBound<Value: AnyObject>: @unchecked Sendable {
+    // @unchecked Sendable: `value` is only read on `loop` (asserted), where the object lives;
+    // the reference is weak, so carrying it keeps nothing alive.
+    private weak var object: Value?
+    let loop: IOLoop
+
+    init(_ value: Value, loop: IOLoop) {
+        self.object = value
+        self.loop = loop
+    }
+
+    var value: Value? {
+        loop.assertInLoop()
+        return object
+    }
 }

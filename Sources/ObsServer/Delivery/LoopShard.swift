@@ -1,0 +1,368 @@
+// ObsServer — one event loop's share of delivery: the subscriptions of its connections, by
+// repository and key; the revisions and durability news waiting to be delivered on it; the
+// replies waiting for durability; and the connections with output to write. It is the only
+// code that appends events to outboxes, and it never calls back into a repository.
+//
+// A repository posts each revision it may show (a durable one) to every loop with subscribers
+// to it: its record is copied into the loop's inbox — a buffer, no object per revision —
+// under the repository's lock, so an inbox holds each repository's revisions in order. A post
+// from the loop's own thread needs no lock. Once per tick the loop takes what was posted,
+// routes each revision through its own index to its connections' outboxes, then writes each
+// connection with output once.
+//
+// Delivery is bounded two ways. A tick delivers at most `DeliveryBudget.eventsPerTick` events,
+// then lets the loop serve its sockets before the next tick goes on. And what waits to be
+// delivered — the backlog, counted in events (a revision weighs as many as this loop has
+// subscriptions to its repository) — pushes back on writers: past `DeliveryBudget.maxBacklog`,
+// a connection that writes hands over no further request until the backlog is below half of
+// it (`whenDrained`). A slow reader never causes a backlog: its own queue overflows or
+// coalesces.
+
+import ObsCore
+import ObsProtocol
+import ObsStore
+import ObservableKit
+import Synchronization
+
+/// What one loop has done, for `stats`. Written only by its loop — a plain load and store,
+/// no read-modify-write shared between threads — and read by anyone.
+final class LoopCounters: Sendable {
+    let requests = Atomic<Int>(0)
+    let writes = Atomic<Int>(0)
+    let eventsOut = Atomic<Int>(0)
+    let bytesOut = Atomic<Int>(0)
+
+    func countRequest() { Self.bump(requests, 1) }
+    func countWrite() { Self.bump(writes, 1) }
+    func count(events: Int) { Self.bump(eventsOut, events) }
+    func count(bytes: Int) { Self.bump(bytesOut, bytes) }
+
+    private static func bump(_ counter: borrowing Atomic<Int>, _ n: Int) {
+        counter.store(counter.load(ordering: .relaxed) &+ n, ordering: .relaxed)
+    }
+}
+
+/// How much a loop delivers before it serves its sockets again, and how much may wait to be
+/// delivered before writers are held back (see LoopShard).
+struct DeliveryBudget: Sendable {
+    /// Events one tick delivers before it lets the loop do its I/O (about 10–50 ms of work).
+    var eventsPerTick = 65_536
+    /// Events waiting to be delivered on one loop past which writers wait.
+    var maxBacklog = 262_144
+}
+
+/// Durability news for a loop.
+enum DurabilityNews: Sendable {
+    /// Every state of the repository up to this sequence is durable.
+    case durable(Repository, through: StateSequence)
+    /// These states of the repository were undone.
+    case failed(Repository, undone: ClosedRange<StateSequence>, StorageError)
+}
+
+final class LoopShard: @unchecked Sendable {
+    // @unchecked Sendable: `inbox` is a Mutex and `backlog` and `counters` are atomics; every
+    // other stored property is read and written only on `loop` — by its connections, sessions
+    // and `tick` — which the entry points assert in debug builds.
+
+    let loop: IOLoop
+    var index: Int { loop.index }
+    let counters = LoopCounters()
+    let budget: DeliveryBudget
+
+    private struct Inbox {
+        /// Revisions posted from other threads; each tagged with its repository's id.
+        var revisions = RecordBatch<UInt64>()
+        var weights = 0
+        var news: [DurabilityNews] = []
+        var scheduled = false
+        /// Writers' loops waiting for the backlog to go down (see `whenDrained`).
+        var drainWaiters: [@Sendable () -> Void] = []
+    }
+
+    private let inbox = Mutex(Inbox())
+    /// Events posted and not yet delivered (an upper bound: each revision counts as many as
+    /// its repository's subscriptions here).
+    private let backlog = Atomic<Int>(0)
+
+    // Loop-confined from here on.
+
+    /// A repository's subscriptions on this loop. A class, so delivering a revision reads it
+    /// in place.
+    final class RepositoryRoutes {
+        let repository: Repository
+        var routes = KeyedRoutes<Subscription>()
+        /// The newest revision delivered to this loop.
+        var revision: UInt64 = 0
+
+        init(repository: Repository) { self.repository = repository }
+    }
+
+    /// A reply (or a subscription's first messages) waiting for a state to be durable.
+    struct Waiter {
+        let sequence: StateSequence
+        let connection: Connection
+        let slot: Outbox.Slot
+        let bytes: [UInt8]
+        let events: Int
+        let id: JSONValue
+        /// Ends with the reply if the state is undone.
+        let subscription: Subscription?
+    }
+
+    private var routes: [UInt64: RepositoryRoutes] = [:]
+    private var waiters: [UInt64: [Waiter]] = [:]
+    /// Taken from the inbox and not yet delivered (the last tick ran out of its budget), and
+    /// what they weigh in the backlog.
+    private var taken = RecordBatch<UInt64>()
+    private var takenWeight = 0
+    private var dirty: [Connection] = []
+    private(set) var hub: Hub?
+
+    init(loop: IOLoop, budget: DeliveryBudget = DeliveryBudget()) {
+        self.loop = loop
+        self.budget = budget
+        loop.onTick = { [unowned self] in self.tick() }
+    }
+
+    /// Set once by the hub that owns this shard, before it serves.
+    func attach(to hub: Hub) { self.hub = hub }
+
+    // MARK: Posting (any thread)
+
+    /// Queues a durable revision of `repository` (which has `weight` subscriptions here).
+    /// Called under the repository's lock, so this loop sees its revisions in order — one
+    /// queue, whichever thread posts (the lock is uncontended when the loop posts to itself).
+    func post(_ revision: RevisionView, of repository: Repository, weight: Int) {
+        backlog.wrappingAdd(weight, ordering: .relaxed)
+        let schedule = inbox.withLock { box -> Bool in
+            box.revisions.append(revision, tag: repository.id)
+            box.weights += weight
+            defer { box.scheduled = true }
+            return !box.scheduled
+        }
+        if schedule { scheduleTick() }
+    }
+
+    /// Queues durability news; handled in the loop's next tick.
+    func post(_ news: DurabilityNews) {
+        let schedule = inbox.withLock { box -> Bool in
+            box.news.append(news)
+            defer { box.scheduled = true }
+            return !box.scheduled
+        }
+        if schedule { scheduleTick() }
+    }
+
+    private func scheduleTick() {
+        if loop.inLoop {
+            loop.requestTick()
+        } else {
+            loop.execute { [self] in loop.requestTick() }
+        }
+    }
+
+    // MARK: Backlog (any thread)
+
+    /// Whether the backlog is at its limit: writers should wait (`whenDrained`).
+    var isBacklogged: Bool { backlog.load(ordering: .relaxed) >= budget.maxBacklog }
+
+    /// Calls `resume` (on whatever thread; it must hop to its own loop) once the backlog is
+    /// below half its limit — at once if it already is.
+    func whenDrained(_ resume: @escaping @Sendable () -> Void) {
+        let now = inbox.withLock { box -> Bool in
+            if backlog.load(ordering: .relaxed) < budget.maxBacklog / 2 { return true }
+            box.drainWaiters.append(resume)
+            return false
+        }
+        if now { resume() }
+    }
+
+    // MARK: Subscriptions (on the loop)
+
+    /// Makes `subscription` receive the revisions of its repository that its selection picks.
+    /// Called with the repository's lock held (see `Repository.subscribe`), so no revision
+    /// can slip between its start and its first event.
+    func route(_ subscription: Subscription) {
+        loop.assertInLoop()
+        let id = subscription.repository.id
+        let entry = routes[id] ?? RepositoryRoutes(repository: subscription.repository)
+        routes[id] = entry
+        entry.routes.insert(subscription, for: subscription.selection, id: subscription.routeID)
+    }
+
+    /// Stops routing to `subscription`. Idempotent.
+    func unroute(_ subscription: Subscription) {
+        loop.assertInLoop()
+        let id = subscription.repository.id
+        guard let entry = routes[id], entry.routes.remove(subscription.routeID) != nil else { return }
+        if entry.routes.count == 0 { routes[id] = nil }
+        subscription.repository.subscriberLeft(self)
+        hub?.subscriptionEnded(subscription.repository)
+    }
+
+    /// The newest revision of `repository` delivered to this loop (0: none yet).
+    func latestRevision(of repository: Repository) -> UInt64 {
+        routes[repository.id]?.revision ?? 0
+    }
+
+    /// The lags of this loop's lagging coalescing subscriptions to repository `name`: what
+    /// each still owes its client (in-process tests check their bound).
+    func lags(ofRepository name: String) -> [Lag] {
+        var lags: [Lag] = []
+        for entry in routes.values where entry.repository.name == name {
+            entry.routes.forEachRegistration { subscription in if let lag = subscription.lag { lags.append(lag) } }
+        }
+        return lags
+    }
+
+    // MARK: Durability waits (on the loop)
+
+    /// Holds a reply in its slot until its state is durable; `Repository.awaitDurable` said
+    /// it is pending, and registered this loop for the news.
+    func wait(_ waiter: Waiter, on repository: Repository) {
+        loop.assertInLoop()
+        waiters[repository.id, default: []].append(waiter)
+    }
+
+    // MARK: Output (on the loop)
+
+    /// Writes `connection` at the end of this tick (once, however often it is asked).
+    func markDirty(_ connection: Connection) {
+        if connection.isDirty { return }
+        connection.isDirty = true
+        dirty.append(connection)
+        loop.requestTick()
+    }
+
+    // MARK: The tick
+
+    /// Handles what was posted — news first (a subscription that began on undone state ends
+    /// before anything more is delivered to it), then revisions up to the budget of events,
+    /// the rest in the next tick — then writes every connection that has output.
+    func tick() {
+        loop.assertInLoop()
+        for item in takeInbox() {
+            switch item {
+            case .durable(let repository, let sequence): release(repository, through: sequence)
+            case .failed(let repository, let undone, let error): fail(repository, undone: undone, error)
+            }
+        }
+        var delivered = 0
+        var n = 0
+        taken.forEach { repositoryID, view in
+            guard delivered < budget.eventsPerTick else { return }
+            delivered += deliver(view, of: repositoryID)
+            n += 1
+        }
+        taken.removeFirst(n)
+        if delivered > 0 { counters.count(events: delivered) }
+        if taken.isEmpty, takenWeight > 0 {
+            settle(takenWeight)
+            takenWeight = 0
+        }
+        let connections = dirty
+        dirty.removeAll(keepingCapacity: true)
+        var written = 0
+        for connection in connections {
+            connection.isDirty = false
+            written += connection.flush()
+        }
+        if written > 0 { counters.count(bytes: written) }
+        // Out of budget, or more posted meanwhile: the rest after the loop has served its sockets.
+        if !taken.isEmpty || inbox.withLock({ !$0.revisions.isEmpty || !$0.news.isEmpty }) { loop.requestTick() }
+    }
+
+    /// Takes the news and — once everything taken before is delivered — the revisions.
+    private func takeInbox() -> [DurabilityNews] {
+        let canTake = taken.isEmpty
+        return inbox.withLock { box -> [DurabilityNews] in
+            box.scheduled = false
+            var news: [DurabilityNews] = []
+            swap(&news, &box.news)
+            if canTake, !box.revisions.isEmpty {
+                taken.swapWith(&box.revisions)
+                takenWeight = box.weights
+                box.weights = 0
+            }
+            return news
+        }
+    }
+
+    /// Takes `weight` delivered events off the backlog; wakes the writers waiting for it if
+    /// it is now below half its limit.
+    private func settle(_ weight: Int) {
+        let waiters = inbox.withLock { box -> [@Sendable () -> Void] in
+            let left = backlog.wrappingSubtract(weight, ordering: .relaxed).newValue
+            guard left < budget.maxBacklog / 2, !box.drainWaiters.isEmpty else { return [] }
+            var waiters: [@Sendable () -> Void] = []
+            swap(&waiters, &box.drainWaiters)
+            return waiters
+        }
+        for resume in waiters { resume() }
+    }
+
+    /// Routes one revision to this loop's subscribers of its repository; the events queued.
+    private func deliver(_ revision: RevisionView, of repositoryID: UInt64) -> Int {
+        guard let entry = routes[repositoryID] else { return 0 }
+        entry.revision = revision.revision
+        var delivered = 0
+        var ended: [Subscription] = []
+        let visit: (ObserverID, Subscription, SelectedChanges) -> Void = { _, subscription, selected in
+            guard revision.revision > subscription.after else { return }
+            switch subscription.connection.outbox.deliver(revision, selected: selected, to: subscription) {
+            case .delivered:
+                delivered += 1
+            case .skipped:
+                return
+            case .ended:
+                delivered += 1
+                ended.append(subscription)
+            case .overflowed(let victims):
+                ended.append(contentsOf: victims)
+                subscription.connection.overflowed()
+            }
+            self.markDirty(subscription.connection)
+        }
+        if revision.changeCount == 1 {
+            entry.routes.route(CollectionOfOne(revision.key(0)), visit)
+        } else {
+            entry.routes.route((0..<revision.changeCount).map { revision.key($0) }, visit)
+        }
+        for subscription in ended { unroute(subscription) }
+        return delivered
+    }
+
+    /// Sends the waiting replies whose states are now durable, in order.
+    private func release(_ repository: Repository, through sequence: StateSequence) {
+        guard var queue = waiters.removeValue(forKey: repository.id) else { return }
+        var released = 0
+        for waiter in queue {
+            guard waiter.sequence <= sequence else { break }
+            waiter.bytes.withUnsafeBytes { waiter.connection.outbox.fill(waiter.slot, with: $0, events: waiter.events) }
+            markDirty(waiter.connection)
+            released += 1
+        }
+        queue.removeFirst(released)
+        if !queue.isEmpty { waiters[repository.id] = queue }
+    }
+
+    /// Replaces the waiting replies whose states were undone by the error; a subscription that
+    /// began on undone state ends with it (it saw values that are gone).
+    private func fail(_ repository: Repository, undone: ClosedRange<StateSequence>, _ error: StorageError) {
+        guard let queue = waiters.removeValue(forKey: repository.id) else { return }
+        var kept: [Waiter] = []
+        for waiter in queue {
+            guard undone.contains(waiter.sequence) else {
+                kept.append(waiter)
+                continue
+            }
+            if let subscription = waiter.subscription, waiter.connection.outbox.unregister(subscription.id) != nil {
+                unroute(subscription)
+            }
+            let reply = Replies.storageFailure(id: waiter.id, error, repo: repository.name)
+            reply.withUnsafeBytes { waiter.connection.outbox.fill(waiter.slot, with: $0) }
+            markDirty(waiter.connection)
+        }
+        if !kept.isEmpty { waiters[repository.id] = kept }
+    }
+}

@@ -1,0 +1,179 @@
+// ObsServer — how a session replies: encoding straight into the outbox, and holding a reply
+// back until the state it reports is durable (in an outbox slot, so order is kept).
+//
+// A reply that reports state at a revision not yet durable holds its place in the outbox and
+// is sent when storage confirms that revision — or replaced by an error if storage fails and
+// the revision is undone. So nothing a client is told can be lost.
+
+import ObsCore
+import ObsProtocol
+import ObsStore
+import ObservableKit
+
+extension Session {
+    /// Appends a success reply — encoded into the outbox at once if the state it reports
+    /// (`sequence`) is durable in `repository` (or no repository is involved), else held in a
+    /// slot until it is.
+    func reply(_ id: JSONValue, after sequence: StateSequence = 0, in repository: Repository? = nil, _ members: (inout ByteQueue) -> Void) {
+        if let repository, !repository.isDurable(sequence) {
+            var bytes = ByteQueue()
+            Self.encode(&bytes, id: id, members)
+            return bytes.withUnsentBytes { hold(Array($0), id: id, until: sequence, in: repository) }
+        }
+        outbox.appendReply { Self.encode(&$0, id: id, members) }
+        shard.markDirty(connection)
+    }
+
+    /// Appends an error reply, held back like `reply` when it reports non-durable state.
+    func fail(id: JSONValue, _ error: ProtocolError, after sequence: StateSequence = 0, in repository: Repository? = nil) {
+        hub.stats.errors.add(1, ordering: .relaxed)
+        if let repository, !repository.isDurable(sequence) {
+            var bytes: [UInt8] = []
+            ReplyEncoder.error(&bytes, id: id, error)
+            return hold(bytes, id: id, until: sequence, in: repository)
+        }
+        outbox.appendReply { ReplyEncoder.error(&$0, id: id, error) }
+        shard.markDirty(connection)
+    }
+
+    private static func encode(_ sink: inout ByteQueue, id: JSONValue, _ members: (inout ByteQueue) -> Void) {
+        ReplyEncoder.begin(&sink, id: id)
+        members(&sink)
+        ReplyEncoder.end(&sink)
+    }
+
+    /// Queues `bytes` in a slot, sent once `sequence` of `repository` is durable (or replaced
+    /// by an error if it is undone; a subscription that began there ends).
+    func hold(
+        _ bytes: [UInt8], events: Int = 0, id: JSONValue, until sequence: StateSequence, in repository: Repository,
+        subscription: Subscription? = nil
+    ) {
+        let slot = outbox.reserveSlot()
+        switch repository.awaitDurable(sequence, on: shard) {
+        case .durable:
+            bytes.withUnsafeBytes { outbox.fill(slot, with: $0, events: events) }
+        case .pending:
+            shard.wait(
+                LoopShard.Waiter(sequence: sequence, connection: connection, slot: slot, bytes: bytes, events: events, id: id, subscription: subscription),
+                on: repository)
+        case .failed(let error):
+            if let subscription, outbox.unregister(subscription.id) != nil { shard.unroute(subscription) }
+            Replies.storageFailure(id: id, error, repo: repository.name).withUnsafeBytes { outbox.fill(slot, with: $0) }
+        }
+        shard.markDirty(connection)
+    }
+
+    // MARK: Writes
+
+    /// Replies to a write decided at once, after the state it reports is durable.
+    func answerWrite(_ id: JSONValue, _ repository: Repository, _ result: WriteResult, single: Bool) {
+        switch result {
+        case .success(let outcome):
+            if outcome.changed { shard.counters.countWrite() }
+            reply(id, after: outcome.sequence, in: repository) { Self.writeMembers(&$0, outcome, single: single) }
+        case .failure(.refused(.rules(let error))):
+            // Reports the state it was checked against.
+            fail(id: id, Self.protocolError(.refused(.rules(error)), repo: repository.name), after: repository.sequence, in: repository)
+        case .failure(let failure):
+            fail(id: id, Self.protocolError(failure, repo: repository.name))
+        }
+    }
+
+    /// Encodes the whole reply to a write decided later (its state is current: shown at once).
+    func encodeWrite(_ sink: inout [UInt8], _ id: JSONValue, _ repo: String, _ result: WriteResult, single: Bool) {
+        switch result {
+        case .success(let outcome):
+            if outcome.changed { shard.counters.countWrite() }
+            ReplyEncoder.begin(&sink, id: id)
+            Self.writeMembers(&sink, outcome, single: single)
+            ReplyEncoder.end(&sink)
+        case .failure(let failure):
+            hub.stats.errors.add(1, ordering: .relaxed)
+            ReplyEncoder.error(&sink, id: id, Self.protocolError(failure, repo: repo))
+        }
+    }
+
+    private static func writeMembers<S: JSONSink>(_ sink: inout S, _ outcome: WriteOutcome, single: Bool) {
+        sink.writeMember(",\"rev\":", outcome.revision)
+        sink.writeMember(",\"changed\":", outcome.changed)
+        if single, let previous = outcome.previous {
+            sink.writeRaw(",\"old\":")
+            sink.writeCanonical(previous)
+        }
+    }
+
+    /// The error reply for a write that failed.
+    static func protocolError(_ failure: WriteFailure, repo: String) -> ProtocolError {
+        switch failure {
+        case .refused(.rules(let error)):
+            let code: ErrorCode = if case .conflict = error { .conflict } else { .badRequest }
+            return ProtocolError(code, error.description)
+        case .refused(.tooManyKeys(let limit)):
+            return ProtocolError(.overloaded, "repository \(repo) would hold more than \(limit) keys")
+        case .refused(.revisionTooLarge(let bytes, let limit)):
+            return ProtocolError(
+                .tooLarge,
+                "this write's revision would carry \(bytes) bytes of keys and old and new values; the limit is \(limit) (limits.max-revision-bytes): split it into smaller batches")
+        case .tooManyRepositories(let limit):
+            return ProtocolError(.overloaded, "creating repository \(repo) would exceed the limit of \(limit) repositories")
+        case .storageClosed:
+            return ProtocolError(.internal, "the daemon is stopping and takes no more writes; nothing was applied")
+        case .shared(let failure):
+            return ProtocolError(failure.kind == .tooLarge ? .tooLarge : .internal, failure.message)
+        }
+    }
+
+    // MARK: Reads in etcd mode
+
+    /// The repositories a request reads (nil: it reads no repository state).
+    static func readScope(_ command: Command) -> SharedScope? {
+        switch command {
+        case .get(let repo, _), .list(let repo, _, _): .repository(repo)
+        case .subscribe(let request): .repository(request.repo)
+        case .repos: .all
+        default: nil
+        }
+    }
+
+    /// Runs `body` on this session's loop once this daemon's state of `scope` includes every
+    /// revision committed before now (or the cluster could not say so quickly — then it is
+    /// answered from the state held here, as etcd's serializable reads are), holding the
+    /// connection's later requests meanwhile.
+    func afterLinearizing(_ scope: SharedScope, _ shared: any SharedStorage, _ body: @escaping (Session) -> Void) {
+        wait(for: .cluster)
+        let loop = shard.loop
+        let session = LoopBound(self, loop: loop)
+        let run = UncheckedSendableBox(body)
+        Task {
+            _ = await shared.linearize(scope)
+            loop.execute {
+                guard let session = session.value else { return }
+                run.value(session)
+                session.resume(from: .cluster)
+            }
+        }
+    }
+}
+
+/// Carries a loop-confined closure to a task that hands it back to the loop.
+struct UncheckedSendableBox<Value>: @unchecked Sendable {
+    // @unchecked Sendable: the value is created on a loop and called only back on that loop
+    // (the one `afterLinearizing` hops to); the task in between only holds it.
+    let value: Value
+    init(_ value: Value) { self.value = value }
+}
+
+/// Replies the daemon makes outside a session's flow.
+enum Replies {
+    /// The reply to a request whose outcome storage could not keep — or, for
+    /// `.outcomeUnknown`, could not say whether it kept (a restart may apply it).
+    static func storageFailure(id: JSONValue, _ error: StorageError, repo: String) -> [UInt8] {
+        let message =
+            error.kind == .outcomeUnknown
+            ? "storage failure in repository \(repo): the change this reply depends on may or may not have been stored: its outcome is unknown (\(error.description)); read after obsd restarts before retrying"
+            : "storage failure in repository \(repo): the change this reply depends on could not be stored and was undone (\(error.description)); retry once the cause is fixed"
+        var bytes: [UInt8] = []
+        ReplyEncoder.error(&bytes, id: id, ProtocolError(.internal, message))
+        return bytes
+    }
+}
