@@ -210,11 +210,13 @@ final class ClientHandler: ChannelDuplexHandler {
     private func handle(_ message: ServerMessage, context: ChannelHandlerContext) throws {
         switch message {
         case .reply(let reply):
-            guard let request = pending.popFirst() else {
-                // The daemon refusing the connection (e.g. too many connections) before any request.
-                if reply.id == .null, case .failure(let error) = reply.result { throw ObsClientError.server(error) }
-                throw ObsClientError.protocolViolation("a reply to no request")
+            if reply.id == .null, case .failure(let error) = reply.result, error.code == .overloaded || pending.isEmpty {
+                // The daemon refusing the connection (`overloaded` at its connection limits) — never
+                // a reply to a request of ours, which all carry an id — or another error it sent
+                // before any request: the connection is over; every call fails with this reason.
+                throw ObsClientError.server(error)
             }
+            guard let request = pending.popFirst() else { throw ObsClientError.protocolViolation("a reply to no request") }
             switch reply.result {
             case .success(let members):
                 switch request.purpose {

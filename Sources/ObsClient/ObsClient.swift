@@ -103,6 +103,10 @@ public final class ObsClient: Sendable {
         try? await channel.closeFuture.get()
     }
 
+    /// Why the connection ended (what a call made now fails with): the daemon's refusal, a
+    /// protocol violation, or `connectionClosed`.
+    var endReason: ObsClientError { fate.error(path: socketPath) }
+
     // MARK: Operations
 
     /// Greets the daemon; returns its protocol version, name and maximum line length.
