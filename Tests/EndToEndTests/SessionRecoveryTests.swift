@@ -2,7 +2,8 @@
 // daemon accepts but does not serve: a refusal at `max-connections` (a real obsd) is retried
 // with backoff while watches, mirrors and the example program carry on; a daemon that
 // accepts and closes at once (a scripted server) meets a backoff that grows, with the real
-// reason published.
+// reason published; and a connection lost between a resync's reply and its snapshot
+// resumes in the history its position belongs to.
 
 import Foundation
 import ObsClient
@@ -69,6 +70,56 @@ import TestSupport
         #expect(waits.map(\.0) == [10, 20, 40, 80, 160, 320].map { .milliseconds($0) }, "every attempt failed: the delay doubles")
         #expect(waits.allSatisfy { $0.1 == "the connection to obsd at \(path) was closed" }, "\(waits.map(\.1))")
         #expect(server.connections >= 6)
+    }
+
+    @Test func aConnectionLostBetweenAResyncAndItsSnapshotResyncsAgain() async throws {
+        let path = TestDaemon.makeTemporaryDirectory() + "/obsd.sock"
+        let resumes = Locked<[JSONObject]>([])  // the subscribe requests after the lost resync
+        let server = try ScriptedServer(path: path) { index, connection in
+            let hello = try connection.receive()
+            try connection.reply(to: hello, [("protocol", 1), ("server", "scripted"), ("maxLine", 1_048_576)])
+            switch index {
+            case 0:  // history A, at revision 5; then the connection is lost
+                let subscribe = try connection.receive()
+                try connection.reply(to: subscribe, [("sub", 1), ("rev", 5), ("epoch", "A")])
+                try connection.send(#"{"event":"snapshot","sub":1,"repo":"r","rev":5,"values":{"k":"a5"}}"#)
+            case 1:  // restarted with history B at revision 9: lost after the resync's reply, before its snapshot
+                let resume = try connection.receive()
+                try connection.refuse(resume, .compacted, "another history")
+                let resync = try connection.receive()
+                try connection.reply(to: resync, [("sub", 1), ("rev", 9), ("epoch", "B")])
+            default:
+                var request = try connection.receive()
+                resumes.withLock { $0.append(request) }
+                if request["since"] != nil, request["epoch"] == "B" {
+                    // History B's revisions after 5 — changes to a state the watch never had.
+                    try connection.reply(to: request, [("sub", 1), ("rev", 9), ("epoch", "B")])
+                    for rev in 6...9 {
+                        try connection.send(#"{"event":"change","sub":1,"repo":"r","rev":\#(rev),"changes":[{"key":"k","new":"b\#(rev)"}]}"#)
+                    }
+                } else {
+                    if request["since"] != nil {
+                        try connection.refuse(request, .compacted, "another history")
+                        request = try connection.receive()
+                    }
+                    try connection.reply(to: request, [("sub", 1), ("rev", 9), ("epoch", "B")])
+                    try connection.send(#"{"event":"snapshot","sub":1,"repo":"r","rev":9,"values":{"k":"b9"}}"#)
+                }
+                _ = try? connection.receiveLine(timeout: .seconds(60))  // until the session closes
+            }
+        }
+        defer { server.stop() }
+        let session = ObsSession(socketPath: path, backoff: Backoff(initial: .milliseconds(10), maximum: .milliseconds(50)))
+        var events = session.watch("r", initial: true).makeAsyncIterator()
+        guard case .snapshot(5, let first, false) = try await events.next() else { throw TestFailure("expected history A's snapshot") }
+        #expect(first == ["k": "a5"])
+        let next = try await events.next()
+        guard case .snapshot(9, let values, resync: true) = next else { throw TestFailure("expected a resync snapshot, got \(String(describing: next))") }
+        #expect(values == ["k": "b9"])
+        #expect(events.position == 9 && events.epoch == "B")
+        let resumed = resumes.withLock { $0.first }
+        #expect(resumed?["since"] == 5 && resumed?["epoch"] == "A", "resumed from history A's position in history A: \(String(describing: resumed))")
+        await session.close()
     }
 }
 
