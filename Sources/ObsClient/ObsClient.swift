@@ -7,7 +7,6 @@ import NIOCore
 import NIOPosix
 import ObsProtocol
 import ObservableKit
-import Synchronization
 
 /// A connection to obsd.
 ///
@@ -25,15 +24,18 @@ public final class ObsClient: Sendable {
     private let channel: any Channel
     private let flow: FlowControl
     private let fate: ConnectionFate
+    private let ids: RequestIDs
     /// Where writes that changed something are reported (a session's mirrors), if anywhere.
     private let localWrites: LocalWriteFanOut?
-    private let nextID = Atomic<Int64>(0)
 
-    private init(socketPath: String, channel: any Channel, flow: FlowControl, fate: ConnectionFate, localWrites: LocalWriteFanOut?) {
+    private init(
+        socketPath: String, channel: any Channel, flow: FlowControl, fate: ConnectionFate, ids: RequestIDs, localWrites: LocalWriteFanOut?
+    ) {
         self.socketPath = socketPath
         self.channel = channel
         self.flow = flow
         self.fate = fate
+        self.ids = ids
         self.localWrites = localWrites
     }
 
@@ -48,23 +50,26 @@ public final class ObsClient: Sendable {
         try await connect(socketPath: socketPath, eventLoopGroup: eventLoopGroup, localWrites: nil)
     }
 
-    /// Connects; writes that change something are reported to `localWrites`.
+    /// Connects; writes that change something are reported to `localWrites`; unconsumed
+    /// events are bounded by `limits`.
     static func connect(
-        socketPath: String?, eventLoopGroup: any EventLoopGroup, localWrites: LocalWriteFanOut?
+        socketPath: String?, eventLoopGroup: any EventLoopGroup, localWrites: LocalWriteFanOut?,
+        limits: FlowControl.Limits = .standard
     ) async throws(ObsClientError) -> ObsClient {
         let path = SocketPath.resolve(explicit: socketPath, environment: ProcessEnvironment.current)
-        let flow = FlowControl()
+        let flow = FlowControl(limits: limits)
         let fate = ConnectionFate()
+        let ids = RequestIDs()
         do {
             let channel = try await ClientBootstrap(group: eventLoopGroup)
                 .channelInitializer { channel in
                     channel.eventLoop.makeCompletedFuture {
-                        try channel.pipeline.syncOperations.addHandler(ClientHandler(path: path, flow: flow, fate: fate))
+                        try channel.pipeline.syncOperations.addHandler(ClientHandler(path: path, flow: flow, fate: fate, ids: ids))
                     }
                 }
                 .connect(unixDomainSocketPath: path).get()
             flow.attach(channel)
-            return ObsClient(socketPath: path, channel: channel, flow: flow, fate: fate, localWrites: localWrites)
+            return ObsClient(socketPath: path, channel: channel, flow: flow, fate: fate, ids: ids, localWrites: localWrites)
         } catch {
             throw .cannotConnect(path: path, reason: Self.explain(error))
         }
@@ -102,6 +107,9 @@ public final class ObsClient: Sendable {
     public func waitUntilClosed() async {
         try? await channel.closeFuture.get()
     }
+
+    /// The events handed to live subscriptions and not consumed yet (see FlowControl).
+    var bufferedEvents: Int { flow.bufferedCount }
 
     /// Why the connection ended (what a call made now fails with): the daemon's refusal, a
     /// protocol violation, or `connectionClosed`.
@@ -233,7 +241,7 @@ public final class ObsClient: Sendable {
         let request = SubscribeRequest(
             repo: repo, selection: selection, initial: initial, since: since, epoch: epoch, once: once, coalesce: options.coalesce,
             writers: options.writers, echo: options.echo)
-        let o = try await call(.subscribe(request), purpose: .subscribe(stream))
+        let o = try await call(.subscribe(request), purpose: .subscribe(stream, since: since, initial: initial))
         guard let sub = o["sub"]?.uint64Value, let rev = o["rev"]?.uint64Value else {
             throw .protocolViolation("subscribe reply without sub or rev")
         }
@@ -279,12 +287,9 @@ public final class ObsClient: Sendable {
     }
 
     private func send(_ command: Command, promise: EventLoopPromise<JSONObject>, purpose: OutboundRequest.Purpose) {
-        let id = nextID.add(1, ordering: .relaxed).newValue
-        var encoded: [UInt8] = []
-        command.encodeRequest(into: &encoded, id: .int(id))
-        let bytes = channel.allocator.buffer(bytes: encoded)
+        let request = OutboundRequest(command, id: ids.next(), allocator: channel.allocator, reply: promise, purpose: purpose)
         let (path, fate) = (socketPath, fate)
-        channel.writeAndFlush(OutboundRequest(bytes: bytes, reply: promise, purpose: purpose)).whenFailure { _ in
+        channel.writeAndFlush(request).whenFailure { _ in
             promise.fail(fate.error(path: path))  // e.g. refused before this request was sent
         }
     }

@@ -72,13 +72,18 @@ public final class ObsSession: Sendable {
     /// Starts connecting at once.
     ///
     /// - Parameter socketPath: the socket; `nil` resolves it as the contract says.
-    public init(
+    public convenience init(
         socketPath: String? = nil, backoff: Backoff = Backoff(),
         eventLoopGroup: any EventLoopGroup = MultiThreadedEventLoopGroup.singleton
     ) {
+        self.init(socketPath: socketPath, backoff: backoff, eventLoopGroup: eventLoopGroup, limits: .standard)
+    }
+
+    /// Starts connecting at once; each connection bounds its unconsumed events by `limits`.
+    init(socketPath: String?, backoff: Backoff, eventLoopGroup: any EventLoopGroup, limits: FlowControl.Limits) {
         let path = SocketPath.resolve(explicit: socketPath, environment: ProcessEnvironment.current)
         self.socketPath = path
-        self.core = SessionCore(path: path, backoff: backoff, group: eventLoopGroup)
+        self.core = SessionCore(path: path, backoff: backoff, group: eventLoopGroup, limits: limits)
     }
 
     deinit { core.close() }
@@ -148,12 +153,14 @@ final class SessionCore: Sendable {
     let localWrites = LocalWriteFanOut()
     private let backoff: Backoff
     private let group: any EventLoopGroup
+    private let limits: FlowControl.Limits
     private let locked = Locked(State())
 
-    init(path: String, backoff: Backoff, group: any EventLoopGroup) {
+    init(path: String, backoff: Backoff, group: any EventLoopGroup, limits: FlowControl.Limits) {
         self.path = path
         self.backoff = backoff
         self.group = group
+        self.limits = limits
         let task = Task { [self] in await self.maintain() }
         locked.withLock { $0.task = task }
     }
@@ -257,7 +264,7 @@ final class SessionCore: Sendable {
     /// it, or closed before answering, is a failed attempt (thrown with its reason), and is
     /// never handed to a call or a watch.
     private func admittedConnection() async throws(ObsClientError) -> ObsClient {
-        let client = try await ObsClient.connect(socketPath: path, eventLoopGroup: group, localWrites: localWrites)
+        let client = try await ObsClient.connect(socketPath: path, eventLoopGroup: group, localWrites: localWrites, limits: limits)
         let refusal: ObsClientError? = await withTaskCancellationHandler {
             do throws(ObsClientError) {
                 _ = try await client.hello()
