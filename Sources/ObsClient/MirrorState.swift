@@ -19,6 +19,12 @@
 // is applied the same way: each of its keys is at `revision`. A snapshot replaces
 // everything except the values this process wrote after it was taken — on its connection at
 // a later revision, or on a later connection — which the daemon will not echo.
+//
+// A deleted key keeps its stamp as a tombstone, so that an older message read late does not
+// bring it back. Tombstones are bounded (`maxTombstones`): past the bound the oldest half
+// are forgotten, so a mirror of churning keys (created, deleted, never seen again) does not
+// grow between snapshots. A message older than the thousands of deletions kept would have to
+// be overtaken by all of them; the daemon's delivery lag is far shorter.
 
 import ObsProtocol
 import ObservableKit
@@ -49,8 +55,12 @@ struct MirrorState: Sendable {
     private(set) var values: [Key: JSONValue] = [:]
     /// Whether a snapshot was applied.
     private(set) var isLoaded = false
-    /// A stamp for every key of `values`, and for keys deleted since the last snapshot.
+    /// A stamp for every key of `values`.
     private(set) var stamps: [Key: Stamp] = [:]
+    /// The stamps of the newest deletions since the last snapshot (at most `maxTombstones`).
+    private(set) var tombstones: [Key: Stamp] = [:]
+    /// The most tombstones kept; past it, the newest half of them are.
+    static let maxTombstones = 4096
 
     init(selection: Selection) {
         self.selection = selection
@@ -87,12 +97,28 @@ struct MirrorState: Sendable {
         return written
     }
 
-    /// Sets `key` unless its value is as new as `stamp` or newer; whether it did.
+    /// Sets `key` (deletes it for nil) unless its value is as new as `stamp` or newer; whether it did.
     private mutating func set(_ key: Key, _ value: JSONValue?, _ stamp: Stamp) -> Bool {
-        if let current = stamps[key], !stamp.supersedes(current) { return false }
-        values[key] = value
-        stamps[key] = stamp
+        if let current = stamps[key] ?? tombstones[key], !stamp.supersedes(current) { return false }
+        if let value {
+            values[key] = value
+            stamps[key] = stamp
+            tombstones[key] = nil
+        } else {
+            values[key] = nil
+            stamps[key] = nil
+            tombstones[key] = stamp
+            if tombstones.count > Self.maxTombstones { forgetOldestTombstones() }
+        }
         return true
+    }
+
+    /// Keeps the newest half of the tombstones (by connection, then revision).
+    private mutating func forgetOldestTombstones() {
+        let newest = tombstones.sorted { a, b in
+            (a.value.connection, a.value.revision) > (b.value.connection, b.value.revision)
+        }.prefix(Self.maxTombstones / 2)
+        tombstones = Dictionary(uniqueKeysWithValues: newest.map { ($0.key, $0.value) })
     }
 
     private mutating func advance(to stamp: Stamp) {
@@ -108,11 +134,12 @@ struct MirrorState: Sendable {
         // lost with a history the daemon no longer has.)
         let taken = Stamp(revision: snapshotRevision, connection: connection, own: false)
         let kept = stamps.filter { _, stamp in stamp.own && stamp.supersedes(taken) }
+        tombstones = tombstones.filter { _, stamp in stamp.own && stamp.supersedes(taken) }
         var next: [Key: JSONValue] = [:]
         var nextStamps: [Key: Stamp] = [:]
         next.reserveCapacity(snapshot.count)
         nextStamps.reserveCapacity(snapshot.count)
-        for (key, value) in snapshot where selection.matches(key) {
+        for (key, value) in snapshot where selection.matches(key) && tombstones[key] == nil {
             next[key] = value
             nextStamps[key] = taken
         }
@@ -123,6 +150,7 @@ struct MirrorState: Sendable {
             nextStamps[key] = stamp
             advance(to: stamp)
         }
+        for stamp in tombstones.values { advance(to: stamp) }
         values = next
         stamps = nextStamps
         isLoaded = true

@@ -72,12 +72,35 @@ func write(_ revision: UInt64, _ effects: [(Key, JSONValue?)], connection: UInt6
         _ = state.apply(.snapshot(revision: 5, values: ["before": 1, "gone": 0, "x": 0], resync: false), connection: 2)
         #expect(state.values == ["before": 1, "after": 1, "x": 0], "the deletion at 9 stays; connection 1's write is dropped")
         #expect(state.revision == 9 && state.isLoaded)
-        #expect(state.stamps["gone"] == MirrorState.Stamp(revision: 9, connection: 2, own: true))
+        #expect(state.tombstones["gone"] == MirrorState.Stamp(revision: 9, connection: 2, own: true))
 
         // A resync from a daemon that lost its history: revisions start again lower.
         _ = state.apply(.snapshot(revision: 2, values: ["x": 5], resync: true), connection: 3)
-        #expect(state.values == ["x": 5] && state.revision == 2 && state.stamps.count == 1)
+        #expect(state.values == ["x": 5] && state.revision == 2 && state.stamps.count == 1 && state.tombstoneCount == 0)
         #expect(state.apply(change(3, [Change(key: "after", old: nil, new: 7)]), connection: 3) == ["after"])
+    }
+
+    @Test func theTombstonesOfChurningKeysAreBounded() {
+        var state = MirrorState(selection: .all)
+        _ = state.apply(.snapshot(revision: 0, values: [:], resync: false), connection: 1)
+        var revision: UInt64 = 0
+        for i in 0..<20_000 {  // each key created and deleted, and never seen again: by others, and by us
+            let key = Key("k\(i)")
+            if i % 2 == 0 {
+                _ = state.apply(change(revision + 1, [Change(key: key, old: nil, new: 1)]), connection: 1)
+                _ = state.apply(change(revision + 2, [Change(key: key, old: 1, new: nil)]), connection: 1)
+            } else {
+                _ = state.apply(write(revision + 1, [(key, 1)]))
+                _ = state.apply(write(revision + 2, [(key, nil)]))
+            }
+            revision += 2
+        }
+        #expect(state.values.isEmpty && state.revision == revision)
+        #expect(state.tombstoneCount <= 4096, "bounded, not one per key deleted")
+        // The newest deletions still hold: an older message read late does not bring their keys back.
+        #expect(state.apply(change(revision - 1, [Change(key: "k19999", old: nil, new: 2)]), connection: 1) == [])
+        #expect(state.apply(write(revision - 3, [("k19998", 2)])) == [])
+        #expect(state.values.isEmpty)
     }
 
     @Test func aWriteInANewHistoryIsShownAtOnceAndKeptByTheResync() {
@@ -275,6 +298,10 @@ func write(_ revision: UInt64, _ effects: [(Key, JSONValue?)], connection: UInt6
         #expect(state.values == daemon, "seed \(seed)")
         if state.values != daemon { print(trace.joined(separator: "\n")) }
     }
+}
+
+extension MirrorState {
+    var tombstoneCount: Int { tombstones.count }
 }
 
 /// A small deterministic random number generator (SplitMix64).
