@@ -10,6 +10,10 @@ import ObservableKit
 
 /// A connection to obsd.
 ///
+/// Close it with `close()`. A client that is dropped without closing closes its connection
+/// (its subscriptions end with `connectionClosed`); a subscription being iterated keeps its
+/// client alive.
+///
 /// ```swift
 /// let client = try await ObsClient.connect()            // flag > OBSD_SOCKET > default path
 /// try await client.set("ui", "theme", "dark")
@@ -37,6 +41,12 @@ public final class ObsClient: Sendable {
         self.fate = fate
         self.ids = ids
         self.localWrites = localWrites
+    }
+
+    deinit {
+        // Nothing can use the connection any more: give it back. (Not once it is closed — its
+        // event loop group may be shut down by now.)
+        if channel.isActive { channel.close(promise: nil) }
     }
 
     /// Connects to the daemon.
@@ -354,12 +364,14 @@ public struct Subscription: AsyncSequence, Sendable {
     }
 
     public func makeAsyncIterator() -> AsyncIterator {
-        AsyncIterator(base: events.makeAsyncIterator(), stream: stream)
+        AsyncIterator(base: events.makeAsyncIterator(), stream: stream, client: client)
     }
 
     public struct AsyncIterator: AsyncIteratorProtocol {
         var base: AsyncThrowingStream<SubscriptionEvent, any Error>.AsyncIterator
         let stream: SubscriptionStream
+        /// Keeps the connection open while the subscription is iterated.
+        let client: ObsClient
 
         public mutating func next() async throws -> SubscriptionEvent? {
             let event = try await base.next()
