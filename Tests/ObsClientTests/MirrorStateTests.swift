@@ -1,9 +1,10 @@
 // Tests of how a mirror merges its watch's events with the writes made through its
 // session (MirrorState), without a daemon: with `echo: false` its own writes arrive only
 // from their replies, in any order relative to other writers' events; coalesced events
-// carry several revisions; a snapshot keeps only the writes it cannot hold. A randomized
-// model of a daemon checks that whatever the interleaving, the mirror ends with the
-// daemon's state.
+// carry several revisions; a snapshot keeps only the writes it cannot hold; revisions of
+// another history (a daemon restarted in memory) do not compare; tombstones are bounded.
+// Randomized models of a daemon check that whatever the interleaving — on one connection,
+// and across reconnections and restarts — the mirror ends with the daemon's state.
 
 @testable import ObsClient
 import ObsProtocol
