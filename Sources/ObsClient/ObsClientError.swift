@@ -46,7 +46,7 @@ public enum ObsClientError: Error, Sendable, CustomStringConvertible {
         case .connectionClosed(let path):
             return "the connection to obsd at \(path) was closed"
         case .overflowed(let rev):
-            return "obsd closed the connection because events were read too slowly (complete through revision \(rev))"
+            return "the subscription was cut off because its events were read too slowly (complete through revision \(rev))"
         case .protocolViolation(let text):
             return "protocol violation: \(text)"
         case .undecodable(let key, let type, let reason):
