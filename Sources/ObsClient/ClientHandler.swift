@@ -3,13 +3,11 @@
 // Matches replies to requests (the daemon replies in request order), routes events to
 // their subscription's stream, and ends streams exactly as the contract says: after the
 // `unsubscribe` reply, after a `once` subscription's change, on `overflow` (with the
-// revision to resume from), or when the connection closes. Applies backpressure: when
-// the application leaves too many events unconsumed, it stops reading the socket, so a
-// slow consumer is handled by the daemon's overflow rule rather than unbounded memory —
-// but never while a request waits for its reply: a consumer that awaits a call inside its
-// event loop must get the reply (what the daemon queues before it is bounded by the
-// daemon's queue limit). After `overflow` the daemon is closing the connection: the client
-// closes it at once, so a session reconnects instead of using a dead connection.
+// revision to resume from), or when the connection closes. Bounds what the application
+// leaves unconsumed (FlowControl.swift): it stops reading the socket while no reply is
+// awaited, and while one is, cuts the subscription holding the most events off with
+// `overflowed`. After `overflow` the daemon is closing the connection: the client closes it
+// at once, so a session reconnects instead of using a dead connection.
 
 import NIOCore
 import ObsProtocol
@@ -20,8 +18,9 @@ import Synchronization
 struct OutboundRequest: Sendable {
     enum Purpose: Sendable {
         case plain
-        /// On success, route the new subscription's events to this stream.
-        case subscribe(SubscriptionStream)
+        /// On success, route the new subscription's events to this stream; `since` and
+        /// `initial` as asked (what it resumes after, if cut off before its first event).
+        case subscribe(SubscriptionStream, since: UInt64?, initial: Bool)
         /// On success, end this subscription's stream.
         case unsubscribe(UInt64)
         /// On success, report the write's effect (before the reply is handed on, so before
@@ -32,59 +31,23 @@ struct OutboundRequest: Sendable {
     let bytes: ByteBuffer
     let reply: EventLoopPromise<JSONObject>
     let purpose: Purpose
+
+    init(_ command: Command, id: Int64, allocator: ByteBufferAllocator, reply: EventLoopPromise<JSONObject>, purpose: Purpose) {
+        var encoded: [UInt8] = []
+        command.encodeRequest(into: &encoded, id: .int(id))
+        self.bytes = allocator.buffer(bytes: encoded)
+        self.reply = reply
+        self.purpose = purpose
+    }
 }
 
-/// One subscription's event stream, as the handler feeds it.
-///
-/// Keeps its own count of events yielded but not yet consumed, so that when the stream
-/// ends with events left unread (the consumer stopped iterating), they stop counting
-/// against the connection's backpressure.
-final class SubscriptionStream: Sendable {
-    let continuation: AsyncThrowingStream<SubscriptionEvent, any Error>.Continuation
-    let once: Bool
-    private let flow: FlowControl
-    private let unconsumed = Atomic<Int>(0)
-    /// Sends `unsubscribe` when the consumer cancels; set once the daemon assigned the number.
-    private let onCancel = Locked<(@Sendable () -> Void)?>(nil)
+/// The ids of one connection's requests, shared by the client and its handler (which sends
+/// `unsubscribe` for a subscription it cuts off). Replies are matched by order; an id is
+/// for the daemon's logs and whoever reads the traffic.
+final class RequestIDs: Sendable {
+    private let last = Atomic<Int64>(0)
 
-    init(continuation: AsyncThrowingStream<SubscriptionEvent, any Error>.Continuation, once: Bool, flow: FlowControl) {
-        self.continuation = continuation
-        self.once = once
-        self.flow = flow
-        continuation.onTermination = { [weak self] termination in
-            self?.terminated(termination)
-        }
-    }
-
-    func yield(_ event: SubscriptionEvent) {
-        unconsumed.add(1, ordering: .relaxed)
-        flow.produced()
-        if case .terminated = continuation.yield(event) { consumed() }
-    }
-
-    /// Called by the iterator for every event it hands out.
-    func consumed() {
-        var current = unconsumed.load(ordering: .relaxed)
-        while current > 0 {
-            let (exchanged, original) = unconsumed.compareExchange(
-                expected: current, desired: current - 1, ordering: .relaxed)
-            if exchanged {
-                flow.consumed(1)
-                return
-            }
-            current = original
-        }
-    }
-
-    func setOnCancel(_ action: @escaping @Sendable () -> Void) {
-        onCancel.withLock { $0 = action }
-    }
-
-    private func terminated(_ termination: AsyncThrowingStream<SubscriptionEvent, any Error>.Continuation.Termination) {
-        let left = unconsumed.exchange(0, ordering: .relaxed)
-        if left > 0 { flow.consumed(left) }
-        if case .cancelled = termination, let action = onCancel.withLock({ $0 }) { action() }
-    }
+    func next() -> Int64 { last.add(1, ordering: .relaxed).newValue }
 }
 
 /// Why a connection ended, as the handler saw it: the one record the handler and the
@@ -103,57 +66,33 @@ final class ConnectionFate: Sendable {
     func error(path: String) -> ObsClientError { reason.withLock { $0 } ?? .connectionClosed(path: path) }
 }
 
-/// Counts events delivered to streams but not yet consumed, for backpressure.
-final class FlowControl: Sendable {
-    static let highWater = 8192
-    static let lowWater = 1024
-
-    private let buffered = Atomic<Int>(0)
-    private let paused = Atomic<Bool>(false)
-    private let channel: Locked<(any Channel)?> = Locked(nil)
-
-    func attach(_ channel: any Channel) { self.channel.withLock { $0 = channel } }
-
-    func produced() { buffered.add(1, ordering: .relaxed) }
-
-    /// Called when `count` events were consumed (or dropped unread); resumes reading when drained.
-    func consumed(_ count: Int) {
-        let left = buffered.subtract(count, ordering: .relaxed).newValue
-        if left <= Self.lowWater, paused.exchange(false, ordering: .acquiringAndReleasing) {
-            channel.withLock { $0 }?.read()
-        }
-    }
-
-    /// Whether the handler should hold back its next read.
-    func shouldPause() -> Bool {
-        guard buffered.load(ordering: .relaxed) >= Self.highWater else { return false }
-        paused.store(true, ordering: .releasing)
-        // Re-check: the consumer may have drained in between and missed the flag.
-        if buffered.load(ordering: .relaxed) <= Self.lowWater, paused.exchange(false, ordering: .acquiringAndReleasing) {
-            return false
-        }
-        return true
-    }
-}
-
 final class ClientHandler: ChannelDuplexHandler {
     typealias InboundIn = ByteBuffer
     typealias OutboundIn = OutboundRequest
     typealias OutboundOut = ByteBuffer
 
+    /// A live subscription: its stream, and the revision through which it has been handed
+    /// every event (nil before its snapshot).
+    private struct Route {
+        let stream: SubscriptionStream
+        var delivered: UInt64?
+    }
+
     private let path: String
     private let flow: FlowControl
     private let fate: ConnectionFate
+    private let ids: RequestIDs
     private var framer = LineFramer(maxLine: 1 << 30)
     private var pending = CircularBuffer<OutboundRequest>()
-    private var streams: [UInt64: SubscriptionStream] = [:]
+    private var streams: [UInt64: Route] = [:]
     /// A read was held back for unconsumed events; a new request issues it.
     private var readHeld = false
 
-    init(path: String, flow: FlowControl, fate: ConnectionFate) {
+    init(path: String, flow: FlowControl, fate: ConnectionFate, ids: RequestIDs) {
         self.path = path
         self.flow = flow
         self.fate = fate
+        self.ids = ids
     }
 
     func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
@@ -210,74 +149,111 @@ final class ClientHandler: ChannelDuplexHandler {
     private func handle(_ message: ServerMessage, context: ChannelHandlerContext) throws {
         switch message {
         case .reply(let reply):
-            guard let request = pending.popFirst() else {
-                // The daemon refusing the connection (e.g. too many connections) before any request.
-                if reply.id == .null, case .failure(let error) = reply.result { throw ObsClientError.server(error) }
-                throw ObsClientError.protocolViolation("a reply to no request")
+            if reply.id == .null, case .failure(let error) = reply.result, error.code == .overloaded || pending.isEmpty {
+                // The daemon refusing the connection (`overloaded` at its connection limits) — never
+                // a reply to a request of ours, which all carry an id — or another error it sent
+                // before any request: the connection is over; every call fails with this reason.
+                throw ObsClientError.server(error)
             }
+            guard let request = pending.popFirst() else { throw ObsClientError.protocolViolation("a reply to no request") }
             switch reply.result {
             case .success(let members):
                 switch request.purpose {
                 case .plain: break
-                case .subscribe(let stream):
+                case .subscribe(let stream, let since, let initial):
                     guard let sub = members["sub"]?.uint64Value else {
                         throw ObsClientError.protocolViolation("subscribe reply without \"sub\"")
                     }
-                    streams[sub] = stream
+                    streams[sub] = Route(stream: stream, delivered: since ?? (initial ? nil : members["rev"]?.uint64Value))
                 case .unsubscribe(let sub):
-                    streams.removeValue(forKey: sub)?.continuation.finish()
+                    streams.removeValue(forKey: sub)?.stream.continuation.finish()
                 case .write(let report):
                     report(members)
                 }
                 request.reply.succeed(members)
             case .failure(let error):
-                if case .subscribe(let stream) = request.purpose { stream.continuation.finish(throwing: ObsClientError.server(error)) }
+                if case .subscribe(let stream, _, _) = request.purpose { stream.continuation.finish(throwing: ObsClientError.server(error)) }
                 request.reply.fail(ObsClientError.server(error))
             }
         case .event(let event):
-            route(event)
+            route(event, context: context)
             // The daemon sends overflow last and closes: do not use the connection meanwhile.
             if case .overflow = event { context.close(promise: nil) }
         }
     }
 
-    private func route(_ event: Event) {
+    private func route(_ event: Event, context: ChannelHandlerContext) {
         switch event {
         case .change(let sub, _, let rev, let changes, let from, let by):
-            guard let stream = streams[sub] else { return }
-            stream.yield(.change(ChangeEvent(revision: rev, changes: changes, from: from, by: by)))
+            guard let stream = deliver(.change(ChangeEvent(revision: rev, changes: changes, from: from, by: by)), at: rev, to: sub, context: context)
+            else { return }
             if stream.once {
                 streams[sub] = nil
                 stream.continuation.finish()
             }
         case .snapshot(let sub, _, let rev, let values):
-            streams[sub]?.yield(.snapshot(revision: rev, values: Dictionary(values, uniquingKeysWith: { $1 })))
+            deliver(.snapshot(revision: rev, values: Dictionary(values, uniquingKeysWith: { $1 })), at: rev, to: sub, context: context)
         case .synced(let sub, _, let rev):
-            streams[sub]?.yield(.synced(revision: rev))
+            deliver(.synced(revision: rev), at: rev, to: sub, context: context)
         case .overflow(let revs):
             fate.record(.connectionClosed(path: path))
-            for (sub, stream) in streams {
+            for (sub, route) in streams {
                 if let rev = revs[sub] {
-                    stream.continuation.finish(throwing: ObsClientError.overflowed(resumeAfter: rev))
+                    route.stream.continuation.finish(throwing: ObsClientError.overflowed(resumeAfter: rev))
                 } else {
-                    stream.continuation.finish(throwing: ObsClientError.connectionClosed(path: path))
+                    route.stream.continuation.finish(throwing: ObsClientError.connectionClosed(path: path))
                 }
             }
             streams.removeAll()
         case .revoked(let sub, _, let error):
-            streams.removeValue(forKey: sub)?.continuation.finish(throwing: ObsClientError.server(error))
+            streams.removeValue(forKey: sub)?.stream.continuation.finish(throwing: ObsClientError.server(error))
         case .unknown:
             break
         }
     }
 
+    /// Hands an event at `revision` to subscription `sub`'s stream; the stream, or nil if the
+    /// subscription is not (or no longer) live. Over the connection's limit — reads went on
+    /// for a reply — the subscription holding the most unconsumed events is cut off first,
+    /// which may be this one.
+    @discardableResult
+    private func deliver(_ event: SubscriptionEvent, at revision: UInt64, to sub: UInt64, context: ChannelHandlerContext) -> SubscriptionStream? {
+        guard streams[sub] != nil else { return nil }
+        if flow.isOverLimit { cutOffFullest(context: context) }
+        guard let stream = streams[sub]?.stream else { return nil }
+        streams[sub]?.delivered = revision
+        stream.yield(event)
+        return stream
+    }
+
+    /// Ends the subscription holding the most unconsumed events as an overflow would — after
+    /// those events, with the revision of the last — and unsubscribes it; what still arrives
+    /// for it is dropped. Its unconsumed events stop counting at once (the stream ended).
+    private func cutOffFullest(context: ChannelHandlerContext) {
+        var fullest: (sub: UInt64, resumeAfter: UInt64, unconsumed: Int)?
+        for (sub, route) in streams {
+            guard let delivered = route.delivered else { continue }
+            let unconsumed = route.stream.unconsumedCount
+            if unconsumed > fullest?.unconsumed ?? 0 { fullest = (sub, delivered, unconsumed) }
+        }
+        guard let fullest, let route = streams.removeValue(forKey: fullest.sub) else { return }
+        route.stream.continuation.finish(throwing: ObsClientError.overflowed(resumeAfter: fullest.resumeAfter))
+        let promise = context.eventLoop.makePromise(of: JSONObject.self)
+        promise.futureResult.whenComplete { _ in }  // not_found if it ended meanwhile: nothing to do
+        let request = OutboundRequest(
+            .unsubscribe(sub: fullest.sub), id: ids.next(), allocator: context.channel.allocator, reply: promise,
+            purpose: .unsubscribe(fullest.sub))
+        pending.append(request)
+        context.writeAndFlush(wrapOutboundOut(request.bytes), promise: nil)
+    }
+
     private func shutDown(_ error: ObsClientError) {
         fate.record(error)
         while let request = pending.popFirst() {
-            if case .subscribe(let stream) = request.purpose { stream.continuation.finish(throwing: error) }
+            if case .subscribe(let stream, _, _) = request.purpose { stream.continuation.finish(throwing: error) }
             request.reply.fail(error)
         }
-        for stream in streams.values { stream.continuation.finish(throwing: error) }
+        for route in streams.values { route.stream.continuation.finish(throwing: error) }
         streams.removeAll()
     }
 }

@@ -2,35 +2,65 @@
 // order: snapshots and change events of its watch, and the writes made through its
 // session (LocalWrites.swift), which a subscription with `echo: false` never sees as events.
 //
-// Every key carries the revision its value is at (a deleted key keeps one too), and a
-// value only ever replaces one at a lower revision: so a write's reply that is read after
-// a later revision's event, or an event that arrives after the write it precedes, leaves
-// the newer value in place. A coalesced event (changes at `revision`, covering `from`
-// onward) is applied the same way: each of its keys is at `revision`. A snapshot replaces
-// everything except the values this process wrote on the snapshot's connection (or a
-// later one) after it was taken — those the daemon will not echo.
+// Every key carries a stamp: the revision its value is at (a deleted key keeps one too)
+// and the connection it was read on. A value only ever replaces an older one. Within one
+// connection that is one at a lower revision: so a write's reply that is read after a later
+// revision's event, or an event that arrives after the write it precedes, leaves the newer
+// value in place. Across connections revisions may belong to different histories (epochs):
+// an in-memory daemon that restarted counts from 0 again. Two facts order them: a session's
+// connections are one after another, so what was read on a later connection was sent after
+// everything read on an earlier one; and a history changes only between connections, and
+// the watch's first event in a new one is its resync snapshot, which replaces every stamp.
+// So a write's reply read on a later connection is newer than any stamp of an earlier one,
+// whatever the revisions say (its history may be the new one, before the resync arrives);
+// an event read on a later connection is in the stamps' history and compares by revision
+// (a `since` replay repeats older revisions); and anything read on an earlier connection
+// than a stamp is older. A coalesced event (changes at `revision`, covering `from` onward)
+// is applied the same way: each of its keys is at `revision`. A snapshot replaces
+// everything except the values this process wrote after it was taken — on its connection at
+// a later revision, or on a later connection — which the daemon will not echo.
+//
+// A deleted key keeps its stamp as a tombstone, so that an older message read late does not
+// bring it back. Tombstones are bounded (`maxTombstones`): past the bound the oldest half
+// are forgotten, so a mirror of churning keys (created, deleted, never seen again) does not
+// grow between snapshots. A message older than the thousands of deletions kept would have to
+// be overtaken by all of them; the daemon's delivery lag is far shorter.
 
 import ObsProtocol
 import ObservableKit
 
 /// A mirror's keys and values with the revision of each.
 struct MirrorState: Sendable {
-    /// The revision a key's value is at, and for a value this process wrote, the connection
-    /// it wrote it on.
+    /// The revision a key's value is at, the connection it was read on (`ObsClient.serial`),
+    /// and whether this process wrote it (read from its write's reply).
     struct Stamp: Sendable, Equatable {
         var revision: UInt64
-        var connection: UInt64?
+        var connection: UInt64
+        var own: Bool
+
+        /// Whether a value read as `self` replaces one stamped `current` (see the file header).
+        func supersedes(_ current: Stamp) -> Bool {
+            if connection == current.connection { return revision > current.revision }
+            if connection < current.connection { return false }
+            return own || revision > current.revision
+        }
     }
 
     let selection: Selection
-    /// The highest revision applied.
+    /// The revision of the newest value applied, in the history of the connection it was read on.
     private(set) var revision: UInt64 = 0
+    /// The stamp of `revision`.
+    private var newest = Stamp(revision: 0, connection: 0, own: false)
     /// The selected keys that exist.
     private(set) var values: [Key: JSONValue] = [:]
     /// Whether a snapshot was applied.
     private(set) var isLoaded = false
-    /// A stamp for every key of `values`, and for keys deleted since the last snapshot.
+    /// A stamp for every key of `values`.
     private(set) var stamps: [Key: Stamp] = [:]
+    /// The stamps of the newest deletions since the last snapshot (at most `maxTombstones`).
+    private(set) var tombstones: [Key: Stamp] = [:]
+    /// The most tombstones kept; past it, the newest half of them are.
+    static let maxTombstones = 4096
 
     init(selection: Selection) {
         self.selection = selection
@@ -44,60 +74,85 @@ struct MirrorState: Sendable {
             applySnapshot(at: at, snapshot, connection: connection)
             return nil
         case .change(let event):
+            let stamp = Stamp(revision: event.revision, connection: connection, own: false)
             var written: [Key] = []
             for change in event.changes where selection.matches(change.key) {
-                if set(change.key, change.new, Stamp(revision: event.revision, connection: nil)) { written.append(change.key) }
+                if set(change.key, change.new, stamp) { written.append(change.key) }
             }
-            revision = max(revision, event.revision)
+            advance(to: stamp)
             return written
         }
     }
 
     /// Applies a write of this process; returns the selected keys it wrote.
     mutating func apply(_ write: LocalWrite) -> [Key] {
+        let stamp = Stamp(revision: write.revision, connection: write.connection, own: true)
         var written: [Key] = []
         var selected = false
         for effect in write.effects where selection.matches(effect.key) {
             selected = true
-            if set(effect.key, effect.new, Stamp(revision: write.revision, connection: write.connection)) { written.append(effect.key) }
+            if set(effect.key, effect.new, stamp) { written.append(effect.key) }
         }
-        if selected { revision = max(revision, write.revision) }
+        if selected { advance(to: stamp) }
         return written
     }
 
-    /// Sets `key` unless its value is at `stamp.revision` or later; whether it did.
+    /// Sets `key` (deletes it for nil) unless its value is as new as `stamp` or newer; whether it did.
     private mutating func set(_ key: Key, _ value: JSONValue?, _ stamp: Stamp) -> Bool {
-        if let current = stamps[key], current.revision >= stamp.revision { return false }
-        values[key] = value
-        stamps[key] = stamp
+        if let current = stamps[key] ?? tombstones[key], !stamp.supersedes(current) { return false }
+        if let value {
+            values[key] = value
+            stamps[key] = stamp
+            tombstones[key] = nil
+        } else {
+            values[key] = nil
+            stamps[key] = nil
+            tombstones[key] = stamp
+            if tombstones.count > Self.maxTombstones { forgetOldestTombstones() }
+        }
         return true
     }
 
+    /// Keeps the newest half of the tombstones (by connection, then revision).
+    private mutating func forgetOldestTombstones() {
+        let newest = tombstones.sorted { a, b in
+            (a.value.connection, a.value.revision) > (b.value.connection, b.value.revision)
+        }.prefix(Self.maxTombstones / 2)
+        tombstones = Dictionary(uniqueKeysWithValues: newest.map { ($0.key, $0.value) })
+    }
+
+    private mutating func advance(to stamp: Stamp) {
+        guard stamp.supersedes(newest) else { return }
+        newest = stamp
+        revision = stamp.revision
+    }
+
     private mutating func applySnapshot(at snapshotRevision: UInt64, _ snapshot: [Key: JSONValue], connection: UInt64) {
-        // Writes of this process the snapshot cannot hold: made after it, on its connection
-        // or a later one. (On an earlier connection, a write is either in the snapshot or
+        // Writes of this process the snapshot cannot hold: made after it — on its connection
+        // at a later revision, or on a later connection, whatever its revision (its history
+        // may be a newer one). (On an earlier connection, a write is either in the snapshot or
         // lost with a history the daemon no longer has.)
-        let kept = stamps.filter { _, stamp in
-            guard let written = stamp.connection else { return false }
-            return stamp.revision > snapshotRevision && written >= connection
-        }
+        let taken = Stamp(revision: snapshotRevision, connection: connection, own: false)
+        let kept = stamps.filter { _, stamp in stamp.own && stamp.supersedes(taken) }
+        tombstones = tombstones.filter { _, stamp in stamp.own && stamp.supersedes(taken) }
         var next: [Key: JSONValue] = [:]
         var nextStamps: [Key: Stamp] = [:]
         next.reserveCapacity(snapshot.count)
         nextStamps.reserveCapacity(snapshot.count)
-        for (key, value) in snapshot where selection.matches(key) {
+        for (key, value) in snapshot where selection.matches(key) && tombstones[key] == nil {
             next[key] = value
-            nextStamps[key] = Stamp(revision: snapshotRevision, connection: nil)
+            nextStamps[key] = taken
         }
-        var top = snapshotRevision
+        newest = taken
+        revision = snapshotRevision
         for (key, stamp) in kept {
             next[key] = values[key]
             nextStamps[key] = stamp
-            top = max(top, stamp.revision)
+            advance(to: stamp)
         }
+        for stamp in tombstones.values { advance(to: stamp) }
         values = next
         stamps = nextStamps
-        revision = top
         isLoaded = true
     }
 }

@@ -7,9 +7,12 @@ import NIOCore
 import NIOPosix
 import ObsProtocol
 import ObservableKit
-import Synchronization
 
 /// A connection to obsd.
+///
+/// Close it with `close()`. A client that is dropped without closing closes its connection
+/// (its subscriptions end with `connectionClosed`); a subscription being iterated keeps its
+/// client alive.
 ///
 /// ```swift
 /// let client = try await ObsClient.connect()            // flag > OBSD_SOCKET > default path
@@ -25,16 +28,25 @@ public final class ObsClient: Sendable {
     private let channel: any Channel
     private let flow: FlowControl
     private let fate: ConnectionFate
+    private let ids: RequestIDs
     /// Where writes that changed something are reported (a session's mirrors), if anywhere.
     private let localWrites: LocalWriteFanOut?
-    private let nextID = Atomic<Int64>(0)
 
-    private init(socketPath: String, channel: any Channel, flow: FlowControl, fate: ConnectionFate, localWrites: LocalWriteFanOut?) {
+    private init(
+        socketPath: String, channel: any Channel, flow: FlowControl, fate: ConnectionFate, ids: RequestIDs, localWrites: LocalWriteFanOut?
+    ) {
         self.socketPath = socketPath
         self.channel = channel
         self.flow = flow
         self.fate = fate
+        self.ids = ids
         self.localWrites = localWrites
+    }
+
+    deinit {
+        // Nothing can use the connection any more: give it back. (Not once it is closed — its
+        // event loop group may be shut down by now.)
+        if channel.isActive { channel.close(promise: nil) }
     }
 
     /// Connects to the daemon.
@@ -48,23 +60,26 @@ public final class ObsClient: Sendable {
         try await connect(socketPath: socketPath, eventLoopGroup: eventLoopGroup, localWrites: nil)
     }
 
-    /// Connects; writes that change something are reported to `localWrites`.
+    /// Connects; writes that change something are reported to `localWrites`; unconsumed
+    /// events are bounded by `limits`.
     static func connect(
-        socketPath: String?, eventLoopGroup: any EventLoopGroup, localWrites: LocalWriteFanOut?
+        socketPath: String?, eventLoopGroup: any EventLoopGroup, localWrites: LocalWriteFanOut?,
+        limits: FlowControl.Limits = .standard
     ) async throws(ObsClientError) -> ObsClient {
         let path = SocketPath.resolve(explicit: socketPath, environment: ProcessEnvironment.current)
-        let flow = FlowControl()
+        let flow = FlowControl(limits: limits)
         let fate = ConnectionFate()
+        let ids = RequestIDs()
         do {
             let channel = try await ClientBootstrap(group: eventLoopGroup)
                 .channelInitializer { channel in
                     channel.eventLoop.makeCompletedFuture {
-                        try channel.pipeline.syncOperations.addHandler(ClientHandler(path: path, flow: flow, fate: fate))
+                        try channel.pipeline.syncOperations.addHandler(ClientHandler(path: path, flow: flow, fate: fate, ids: ids))
                     }
                 }
                 .connect(unixDomainSocketPath: path).get()
             flow.attach(channel)
-            return ObsClient(socketPath: path, channel: channel, flow: flow, fate: fate, localWrites: localWrites)
+            return ObsClient(socketPath: path, channel: channel, flow: flow, fate: fate, ids: ids, localWrites: localWrites)
         } catch {
             throw .cannotConnect(path: path, reason: Self.explain(error))
         }
@@ -102,6 +117,13 @@ public final class ObsClient: Sendable {
     public func waitUntilClosed() async {
         try? await channel.closeFuture.get()
     }
+
+    /// The events handed to live subscriptions and not consumed yet (see FlowControl).
+    var bufferedEvents: Int { flow.bufferedCount }
+
+    /// Why the connection ended (what a call made now fails with): the daemon's refusal, a
+    /// protocol violation, or `connectionClosed`.
+    var endReason: ObsClientError { fate.error(path: socketPath) }
 
     // MARK: Operations
 
@@ -229,7 +251,7 @@ public final class ObsClient: Sendable {
         let request = SubscribeRequest(
             repo: repo, selection: selection, initial: initial, since: since, epoch: epoch, once: once, coalesce: options.coalesce,
             writers: options.writers, echo: options.echo)
-        let o = try await call(.subscribe(request), purpose: .subscribe(stream))
+        let o = try await call(.subscribe(request), purpose: .subscribe(stream, since: since, initial: initial))
         guard let sub = o["sub"]?.uint64Value, let rev = o["rev"]?.uint64Value else {
             throw .protocolViolation("subscribe reply without sub or rev")
         }
@@ -275,12 +297,9 @@ public final class ObsClient: Sendable {
     }
 
     private func send(_ command: Command, promise: EventLoopPromise<JSONObject>, purpose: OutboundRequest.Purpose) {
-        let id = nextID.add(1, ordering: .relaxed).newValue
-        var encoded: [UInt8] = []
-        command.encodeRequest(into: &encoded, id: .int(id))
-        let bytes = channel.allocator.buffer(bytes: encoded)
+        let request = OutboundRequest(command, id: ids.next(), allocator: channel.allocator, reply: promise, purpose: purpose)
         let (path, fate) = (socketPath, fate)
-        channel.writeAndFlush(OutboundRequest(bytes: bytes, reply: promise, purpose: purpose)).whenFailure { _ in
+        channel.writeAndFlush(request).whenFailure { _ in
             promise.fail(fate.error(path: path))  // e.g. refused before this request was sent
         }
     }
@@ -345,12 +364,14 @@ public struct Subscription: AsyncSequence, Sendable {
     }
 
     public func makeAsyncIterator() -> AsyncIterator {
-        AsyncIterator(base: events.makeAsyncIterator(), stream: stream)
+        AsyncIterator(base: events.makeAsyncIterator(), stream: stream, client: client)
     }
 
     public struct AsyncIterator: AsyncIteratorProtocol {
         var base: AsyncThrowingStream<SubscriptionEvent, any Error>.AsyncIterator
         let stream: SubscriptionStream
+        /// Keeps the connection open while the subscription is iterated.
+        let client: ObsClient
 
         public mutating func next() async throws -> SubscriptionEvent? {
             let event = try await base.next()

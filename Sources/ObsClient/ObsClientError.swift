@@ -14,8 +14,10 @@ public enum ObsClientError: Error, Sendable, CustomStringConvertible {
     case server(ProtocolError)
     /// The connection closed before the reply or while a subscription was live.
     case connectionClosed(path: String)
-    /// The client read too slowly: the daemon closed the connection. Resubscribe with
-    /// `since: resumeAfter` to continue without a gap.
+    /// The client read too slowly: the daemon closed the connection — or, while calls waited
+    /// for replies, the client ended this subscription to bound its memory (the connection
+    /// goes on; see FlowControl). Resubscribe with `since: resumeAfter` to continue without
+    /// a gap.
     case overflowed(resumeAfter: UInt64)
     /// The daemon sent something the protocol does not allow.
     case protocolViolation(String)
@@ -44,7 +46,7 @@ public enum ObsClientError: Error, Sendable, CustomStringConvertible {
         case .connectionClosed(let path):
             return "the connection to obsd at \(path) was closed"
         case .overflowed(let rev):
-            return "obsd closed the connection because events were read too slowly (complete through revision \(rev))"
+            return "the subscription was cut off because its events were read too slowly (complete through revision \(rev))"
         case .protocolViolation(let text):
             return "protocol violation: \(text)"
         case .undecodable(let key, let type, let reason):

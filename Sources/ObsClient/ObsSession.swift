@@ -46,6 +46,7 @@ public struct Backoff: Sendable, Equatable {
     }
 
     /// The delay before attempt `attempt + 1` of a series of failures (0 for the first retry).
+    /// A session's series ends when a connection is usable: the daemon answered on it.
     public func delay(after attempt: Int) -> Duration {
         var delay = initial
         for _ in 0..<min(attempt, 32) where delay < maximum { delay = min(delay * 2, maximum) }
@@ -71,13 +72,18 @@ public final class ObsSession: Sendable {
     /// Starts connecting at once.
     ///
     /// - Parameter socketPath: the socket; `nil` resolves it as the contract says.
-    public init(
+    public convenience init(
         socketPath: String? = nil, backoff: Backoff = Backoff(),
         eventLoopGroup: any EventLoopGroup = MultiThreadedEventLoopGroup.singleton
     ) {
+        self.init(socketPath: socketPath, backoff: backoff, eventLoopGroup: eventLoopGroup, limits: .standard)
+    }
+
+    /// Starts connecting at once; each connection bounds its unconsumed events by `limits`.
+    init(socketPath: String?, backoff: Backoff, eventLoopGroup: any EventLoopGroup, limits: FlowControl.Limits) {
         let path = SocketPath.resolve(explicit: socketPath, environment: ProcessEnvironment.current)
         self.socketPath = path
-        self.core = SessionCore(path: path, backoff: backoff, group: eventLoopGroup)
+        self.core = SessionCore(path: path, backoff: backoff, group: eventLoopGroup, limits: limits)
     }
 
     deinit { core.close() }
@@ -147,12 +153,14 @@ final class SessionCore: Sendable {
     let localWrites = LocalWriteFanOut()
     private let backoff: Backoff
     private let group: any EventLoopGroup
+    private let limits: FlowControl.Limits
     private let locked = Locked(State())
 
-    init(path: String, backoff: Backoff, group: any EventLoopGroup) {
+    init(path: String, backoff: Backoff, group: any EventLoopGroup, limits: FlowControl.Limits) {
         self.path = path
         self.backoff = backoff
         self.group = group
+        self.limits = limits
         let task = Task { [self] in await self.maintain() }
         locked.withLock { $0.task = task }
     }
@@ -222,13 +230,18 @@ final class SessionCore: Sendable {
     }
 
     /// Connects, waits for the connection to end, backs off, and again, until closed.
+    ///
+    /// The backoff grows with every attempt that did not give a usable connection, and starts
+    /// again only once the daemon answered on one: a daemon that accepts and closes at once,
+    /// or refuses the connection (`overloaded` at its connection limit), is retried ever
+    /// more slowly, not in a storm. The state published says why the last connection ended.
     private func maintain() async {
         var failures = 0
         while !Task.isCancelled {
             publish(.connecting)
-            let reason: String
+            let reason: ObsClientError
             do throws(ObsClientError) {
-                let client = try await ObsClient.connect(socketPath: path, eventLoopGroup: group, localWrites: localWrites)
+                let client = try await admittedConnection()
                 failures = 0
                 guard connected(client) else {
                     await client.close()
@@ -236,15 +249,37 @@ final class SessionCore: Sendable {
                 }
                 await client.waitUntilClosed()
                 locked.withLock { $0.client = nil }
-                reason = "the connection closed"
+                reason = client.endReason
             } catch {
-                reason = error.description
+                reason = error
             }
             let delay = backoff.delay(after: failures)
             failures += 1
-            publish(.waiting(retryIn: delay, reason: reason))
+            publish(.waiting(retryIn: delay, reason: reason.description))
             do { try await Task.sleep(for: delay) } catch { return }
         }
+    }
+
+    /// A new connection on which the daemon answered `hello`: one it accepted only to refuse
+    /// it, or closed before answering, is a failed attempt (thrown with its reason), and is
+    /// never handed to a call or a watch.
+    private func admittedConnection() async throws(ObsClientError) -> ObsClient {
+        let client = try await ObsClient.connect(socketPath: path, eventLoopGroup: group, localWrites: localWrites, limits: limits)
+        let refusal: ObsClientError? = await withTaskCancellationHandler {
+            do throws(ObsClientError) {
+                _ = try await client.hello()
+                return nil
+            } catch {
+                return error
+            }
+        } onCancel: {
+            client.closeSoon()  // the session was closed while the daemon had not answered
+        }
+        if let refusal {
+            await client.close()
+            throw refusal
+        }
+        return client
     }
 
     /// Installs a new connection and hands it to the waiting calls; false once closed.

@@ -97,10 +97,16 @@ public struct Watch: AsyncSequence, Sendable {
         /// watch: the state at this revision has).
         public private(set) var position: UInt64?
         /// The history `position` belongs to (nil until the first subscription, unless given).
+        /// It moves only together with `position`.
         public private(set) var epoch: String?
         /// The serial number of the connection of the current subscription (0 before the first).
         private(set) var connection: UInt64 = 0
         private var subscription: Subscription.AsyncIterator?
+        /// The epoch of a subscription whose snapshot has not arrived: it becomes `epoch` with
+        /// the snapshot's revision. Until then `position` is still in the old history, and a
+        /// connection lost in between resumes from there — never from the old position in
+        /// the new history, which would replay one history's changes onto another's state.
+        private var snapshotEpoch: String?
         private var resyncing = false
         private var finished = false
 
@@ -122,6 +128,8 @@ public struct Watch: AsyncSequence, Sendable {
                     switch event {
                     case .snapshot(let revision, let values):
                         position = revision
+                        if let snapshotEpoch { epoch = snapshotEpoch }
+                        snapshotEpoch = nil
                         defer { resyncing = false }
                         return .snapshot(revision: revision, values: values, resync: resyncing)
                     case .change(let changes):
@@ -132,6 +140,7 @@ public struct Watch: AsyncSequence, Sendable {
                     }
                 } catch .connectionClosed, .overflowed {
                     subscription = nil  // the session reconnects; resume from `position`
+                    snapshotEpoch = nil
                 } catch {
                     finished = true
                     throw error
@@ -159,15 +168,20 @@ public struct Watch: AsyncSequence, Sendable {
             if let position {
                 do {
                     subscription = try await client.subscribe(repo, selection, since: position, epoch: epoch, options: options)
+                    epoch = subscription.epoch  // the daemon replays from `position`: it is in this history
                 } catch .server(let error) where error.code == .compacted {
                     resyncing = true
                     subscription = try await client.subscribe(repo, selection, initial: true, options: options)
+                    snapshotEpoch = subscription.epoch
                 }
             } else {
                 subscription = try await client.subscribe(repo, selection, initial: watch.initial, options: options)
-                if !watch.initial { position = subscription.revision }
+                if watch.initial {
+                    snapshotEpoch = subscription.epoch
+                } else {
+                    (position, epoch) = (subscription.revision, subscription.epoch)
+                }
             }
-            epoch = subscription.epoch
             connection = subscription.connection
             self.subscription = subscription.makeAsyncIterator()
         }

@@ -5,6 +5,11 @@
 // notify "every observer that conforms to protocol P" — so one observable can serve
 // several observer protocols; an observer that is deallocated simply stops receiving
 // and is pruned. `ObservationToken` ends a closure observation, explicitly or on deinit.
+//
+// Registrations are kept and pruned by `ObserverID`, which is never reused. An object's
+// identity (`ObjectIdentifier`, its address) only finds the registrations of an object
+// that is passed in, and is checked against the object itself: once an observer is freed,
+// a new object may get its address before the dead registration is pruned.
 
 
 /// A weak reference to an observer object.
@@ -27,8 +32,14 @@ public struct WeakObserver: Sendable {
 /// observers.notify { (o: ThemeObserver) in o.themeChanged(to: "dark") }
 /// ```
 public final class ObjectObservers: Sendable {
+    private struct Registration {
+        let id: ObserverID
+        let observer: WeakObserver
+    }
+
     private let set = ObserverSet<WeakObserver>()
-    private let ids = Locked<[ObjectIdentifier: ObserverID]>([:])
+    /// The registration at each identity: of a live object, or of a dead one not pruned yet.
+    private let ids = Locked<[ObjectIdentifier: Registration]>([:])
 
     public init() {}
 
@@ -40,8 +51,14 @@ public final class ObjectObservers: Sendable {
     /// Adds several observers in one call.
     public func add(_ observers: [any AnyObject & Sendable]) {
         ids.withLock { ids in
-            for observer in observers where ids[ObjectIdentifier(observer)] == nil {
-                ids[ObjectIdentifier(observer)] = set.insert(WeakObserver(observer))
+            for observer in observers {
+                let identity = ObjectIdentifier(observer)
+                if let existing = ids[identity] {
+                    if existing.observer.object === observer { continue }
+                    set.remove(existing.id)  // a freed observer's, whose address `observer` now has
+                }
+                let weak = WeakObserver(observer)
+                ids[identity] = Registration(id: set.insert(weak), observer: weak)
             }
         }
     }
@@ -53,7 +70,7 @@ public final class ObjectObservers: Sendable {
 
     /// Removes several observers in one call.
     public func remove(_ observers: [AnyObject]) {
-        let removed = ids.withLock { ids in observers.compactMap { ids.removeValue(forKey: ObjectIdentifier($0)) } }
+        let removed = ids.withLock { ids in observers.compactMap { ids.removeValue(forKey: ObjectIdentifier($0))?.id } }
         set.remove(contentsOf: removed)
     }
 
@@ -67,17 +84,20 @@ public final class ObjectObservers: Sendable {
     /// Calls `body` for every live observer that conforms to `P`, with no lock held.
     /// Deallocated observers are pruned.
     public func notify<P>(_ type: P.Type = P.self, _ body: (P) throws -> Void) rethrows {
-        var dead: [ObjectIdentifier] = []
-        try set.forEach { _, weak in
-            guard let object = weak.object else { return dead.append(weak.identity) }
+        var dead: [(identity: ObjectIdentifier, id: ObserverID)] = []
+        try set.forEach { id, weak in
+            guard let object = weak.object else { return dead.append((weak.identity, id)) }
             if let observer = object as? P { try body(observer) }
         }
         if !dead.isEmpty { prune(dead) }
     }
 
-    private func prune(_ identities: [ObjectIdentifier]) {
-        let removed = ids.withLock { ids in identities.compactMap { ids.removeValue(forKey: $0) } }
-        set.remove(contentsOf: removed)
+    /// Drops the registrations of freed observers — not whatever now has their addresses.
+    private func prune(_ dead: [(identity: ObjectIdentifier, id: ObserverID)]) {
+        ids.withLock { ids in
+            for (identity, id) in dead where ids[identity]?.id == id { ids[identity] = nil }
+        }
+        set.remove(contentsOf: dead.map(\.id))
     }
 }
 
@@ -121,17 +141,23 @@ public final class KeyedObjectObservers: Sendable {
 
     /// Calls `body` for every live observer of `key` that conforms to `P`, with no lock held.
     public func notify<P>(key: Key, as type: P.Type = P.self, _ body: (P) throws -> Void) rethrows {
-        var dead: [ObjectIdentifier] = []
+        var dead: [(identity: ObjectIdentifier, id: ObserverID)] = []
         for routed in index.observers(of: key) {
             guard let object = routed.observer.object else {
-                dead.append(routed.observer.identity)
+                dead.append((routed.observer.identity, routed.id))
                 continue
             }
             if let observer = object as? P { try body(observer) }
         }
         if !dead.isEmpty {
-            let removed = ids.withLock { ids in dead.flatMap { ids.removeValue(forKey: $0) ?? [] } }
-            index.remove(contentsOf: removed)
+            // The freed observers' registrations only: a new object may have one of their addresses.
+            ids.withLock { ids in
+                for (identity, id) in dead {
+                    ids[identity]?.removeAll { $0 == id }
+                    if ids[identity]?.isEmpty == true { ids[identity] = nil }
+                }
+            }
+            index.remove(contentsOf: dead.map(\.id))
         }
     }
 }

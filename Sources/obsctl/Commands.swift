@@ -13,12 +13,17 @@ extension Obsctl {
                 VALUE is parsed as JSON when it is valid JSON (42, true, {"a":1}, "quoted"), else taken as a string.
                 A VALUE that starts like JSON ({, [ or ") but is not valid JSON is refused: it is almost always a typo;
                 pass --string to store such text as a string. An equal value changes nothing unless --force.
+                A negative number is a VALUE as it is (obsctl set ui n -5); any other VALUE that starts with
+                a dash goes after -- (obsctl set ui k -- -x).
                 """)
 
         @OptionGroup var global: GlobalOptions
         @Argument(help: "Repository name.") var repo: String
         @Argument(help: "Key.") var key: String
-        @Argument(help: "Value.") var value: String
+        /// VALUE as given: every input not recognized as an option, so that `-5` is one (the
+        /// parser would take a lone `@Argument` starting with `-` for an unknown option); a
+        /// leading `--` is the terminator. `validate` requires exactly one value.
+        @Argument(parsing: .allUnrecognized, help: ArgumentHelp("Value.", valueName: "value")) var inputs: [String]
         @Flag(help: "Take VALUE as a string, even if it is valid JSON.") var string = false
         @Flag(help: "Require VALUE to be valid JSON.") var json = false
         @Option(help: ArgumentHelp("Write only if the key is at this revision (0: only if absent).", valueName: "rev"))
@@ -26,7 +31,20 @@ extension Obsctl {
         @Flag(help: "Count an equal value as a change (revision raised, event sent).") var force = false
         @Flag(name: .shortAndLong, help: "Print nothing on success.") var quiet = false
 
+        /// The VALUE inputs, without the terminator.
+        private var values: ArraySlice<String> { inputs.first == "--" ? inputs.dropFirst() : inputs[...] }
+        /// The VALUE (`validate` checked there is exactly one).
+        var value: String { values.first ?? "" }
+
         func validate() throws {
+            guard let first = values.first else { throw ValidationError("Missing expected argument '<value>'") }
+            // Before `--`, an input with a dash is an option this command does not have — unless
+            // it is a (negative) number.
+            if inputs.first != "--", let unknown = values.first(where: { $0.hasPrefix("-") && !Self.isNumber($0) }) {
+                throw ValidationError(
+                    "Unknown option '\(unknown)' (a VALUE that starts with a dash goes after --: obsctl set \(repo) \(key) -- \(unknown))")
+            }
+            if values.count > 1 { throw ValidationError("Unexpected argument '\(values.dropFirst().first ?? first)' (one VALUE; quote it if it has spaces)") }
             if string && json { throw ValidationError("use at most one of --string and --json") }
             if json, (try? JSONParser.parse(value)) == nil {
                 throw ValidationError("VALUE is not valid JSON: \(value)")
@@ -38,6 +56,13 @@ extension Obsctl {
                     throw ValidationError(
                         "VALUE starts like JSON but is not valid JSON (\(error)); fix it, or pass --string to store the text as a string")
                 }
+            }
+        }
+
+        private static func isNumber(_ text: String) -> Bool {
+            switch try? JSONParser.parse(text) {
+            case .int?, .double?: return true
+            default: return false
             }
         }
 

@@ -4,6 +4,7 @@ import ObsClient
 import ObsProtocol
 import ObservableKit
 import Testing
+import TestSupport
 
 @Suite(.timeLimit(.minutes(3))) struct ClientLibraryTests {
     @Test func everyOperation() async throws {
@@ -104,6 +105,24 @@ import Testing
         }
     }
 
+    @Test func aClientDroppedWithoutCloseClosesItsConnection() async throws {
+        let d = try await TestDaemon.start(inMemory: true)
+        let observer = try await ObsClient.connect(socketPath: d.socketPath)
+        try await connectSubscribeAndDrop(d.socketPath)
+        let closed = await eventually { () async -> Bool in (try? await observer.stats())?["connections"] == 1 }
+        #expect(closed, "the dropped client's connection and subscription are gone")
+        #expect(try await observer.stats()["subscriptions"] == 0)
+        await observer.close()
+    }
+
+    @Test func aSubscriptionBeingIteratedKeepsItsClientOpen() async throws {
+        let d = try await TestDaemon.start(inMemory: true)
+        var events = try await iteratorWhoseClientIsDropped(d.socketPath)
+        try await ObsClient.withConnection(socketPath: d.socketPath) { client in _ = try await client.set("r", "k", 1) }
+        guard case .change(let change) = try await events.next() else { throw TestFailure("expected the change") }
+        #expect(change.revision == 1)
+    }
+
     @Test func concurrentCallsOnOneConnectionEachGetTheirReply() async throws {
         let d = try await TestDaemon.start()
         let client = try await ObsClient.connect(socketPath: d.socketPath)
@@ -147,4 +166,16 @@ import Testing
         await client.close()
         await writer.close()
     }
+}
+
+/// Connects, subscribes, and lets go of both without closing anything.
+private func connectSubscribeAndDrop(_ socketPath: String) async throws {
+    let client = try await ObsClient.connect(socketPath: socketPath)
+    _ = try await client.subscribe("r")
+}
+
+/// An iterator of a subscription whose client nobody else holds.
+private func iteratorWhoseClientIsDropped(_ socketPath: String) async throws -> Subscription.AsyncIterator {
+    let client = try await ObsClient.connect(socketPath: socketPath)
+    return try await client.subscribe("r").makeAsyncIterator()
 }

@@ -173,6 +173,25 @@ import Glibc
         #expect(try run(BuildProducts.path("obsctl"), ["get", "ui", "n"], environment: env).stdout == "\"42\"\n")
     }
 
+    @Test func aNegativeNumberIsAValueAndOtherDashedValuesFollowTheTerminator() async throws {
+        let d = try await TestDaemon.start(inMemory: true)
+        let s = d.socketPath
+        let negative = try obsctl(["set", "ui", "n", "-5"], socket: s)
+        #expect(negative.status == 0 && negative.stdout == "rev 1\n", "\(negative.stderr)")
+        #expect(try obsctl(["get", "ui", "n"], socket: s).stdout == "-5\n")
+        #expect(try obsctl(["set", "ui", "n", "-0.25"], socket: s).stdout == "rev 2\n")
+        #expect(try obsctl(["set", "ui", "n", "-0.25", "--force"], socket: s).stdout == "rev 3\n", "a flag after it is still a flag")
+        #expect(try obsctl(["get", "ui", "n"], socket: s).stdout == "-0.25\n")
+        #expect(try obsctl(["set", "ui", "text", "--", "--force"], socket: s).stdout == "rev 4\n")
+        #expect(try obsctl(["get", "ui", "text"], socket: s).stdout == "\"--force\"\n")
+        let typo = try obsctl(["set", "ui", "n", "--forse"], socket: s)
+        #expect(typo.status == 64 && typo.stderr.contains("Unknown option '--forse'"), "a mistyped flag is not a value")
+        let dashed = try obsctl(["set", "ui", "n", "-x"], socket: s)
+        #expect(dashed.status == 64 && dashed.stderr.contains("obsctl set ui n -- -x"))
+        #expect(try obsctl(["set", "ui", "n", "1", "2"], socket: s).status == 64)
+        #expect(try obsctl(["get", "ui", "n"], socket: s).stdout == "-0.25\n", "nothing else was written")
+    }
+
     @Test func listReposStats() async throws {
         let d = try await TestDaemon.start()
         let s = d.socketPath

@@ -1,6 +1,7 @@
 // End-to-end tests of the Observation mirrors (RemoteRepository, RemoteValue) and of the
 // example program built on them: one notification per revision, none for a write that
-// changed nothing, typed writes with compare-and-set, and following a daemon restart.
+// changed nothing, typed writes with compare-and-set, following a daemon restart, and a
+// write made just after a restart that lost the history.
 
 import Foundation
 import ObsClient
@@ -77,6 +78,22 @@ import TestSupport
         try await until("connected") { theme.connection == .connected }
         await session.close()
         try await until("the mirror ends with the session") { theme.failure != nil }
+    }
+
+    @Test @MainActor func aWriteRightAfterTheDaemonLostItsHistoryStaysInTheMirror() async throws {
+        let d = try await TestDaemon.start(inMemory: true)
+        let session = ObsSession(socketPath: d.socketPath, backoff: Backoff(initial: .milliseconds(20), maximum: .milliseconds(100)))
+        let ui = RemoteRepository("ui", session: session)
+        for i in 1...30 { try await ui.set("k", .int(Int64(i))) }
+        #expect(try await ui.set("other", 1) == .applied(revision: 31))
+        #expect(await d.stop() == 0)
+        try await until("the mirror sees the daemon gone") { if case .waiting = ui.connection { true } else { false } }
+        try await d.launch()  // in memory: a new epoch, its revisions counting from 0 again
+        #expect(try await ui.set("k", "new") == .applied(revision: 1))
+        #expect(ui["k"] == "new", "returns once the mirror shows it")
+        try await until("the resync drops what the old history had") { ui["other"] == nil }
+        #expect(ui.values == ["k": "new"] && ui.revision == 1)
+        await session.close()
     }
 
     @Test @MainActor func theExampleProgramMirrorsARepositoryLive() async throws {

@@ -34,6 +34,11 @@ final class WireConnection: @unchecked Sendable {
         }
     }
 
+    /// The server's end of an accepted connection (a `ScriptedServer`'s).
+    init(accepted descriptor: Int32) {
+        fd = descriptor
+    }
+
     func close() {
         guard fd >= 0 else { return }
         Glibc.close(fd)

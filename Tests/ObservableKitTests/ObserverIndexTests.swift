@@ -1,5 +1,6 @@
 // Tests of the keyed observer index and the observer sets: routing by exact key, prefix
-// and all; one routing per observer per revision; removal; weak multi-protocol observers.
+// and all; one routing per observer per revision; removal; weak multi-protocol observers,
+// including a new object at the address of a freed one.
 
 import ObservableKit
 import Synchronization
@@ -118,6 +119,27 @@ final class ThemeOnly: ThemeObserver, Sendable {
         #expect(all.count.load(ordering: .relaxed) == 2)
     }
 
+    @Test func aNewObserverAtAFreedObserversAddressIsRegisteredAndNotified() throws {
+        let observers = ObjectObservers()
+        let reused = try #require(objectAtAFreedAddress { observers.add($0) }, "the allocator never reused an address")
+        observers.add(reused)
+        observers.notify { (o: ThemeObserver) in o.themeChanged("dark") }  // prunes the freed observer
+        observers.notify { (o: ThemeObserver) in o.themeChanged("light") }
+        #expect(reused.count.load(ordering: .relaxed) == 2)
+        #expect(observers.count == 1)
+        observers.remove(reused)
+        #expect(observers.count == 0)
+    }
+
+    @Test func pruningAFreedKeyedObserverLeavesTheOneAtItsAddress() throws {
+        let observers = KeyedObjectObservers()
+        let reused = try #require(objectAtAFreedAddress { observers.add($0, for: .all) }, "the allocator never reused an address")
+        observers.add(reused, for: .key("theme"))
+        observers.notify(key: "theme") { (o: ThemeObserver) in o.themeChanged("dark") }  // prunes the freed observer
+        observers.notify(key: "theme") { (o: ThemeObserver) in o.themeChanged("light") }
+        #expect(reused.count.load(ordering: .relaxed) == 2)
+    }
+
     @Test func observerSetSnapshotsAndRemovesInOneCall() {
         let set = ObserverSet<Int>()
         let ids = set.insert(contentsOf: [1, 2, 3])
@@ -146,4 +168,21 @@ final class ThemeOnly: ThemeObserver, Sendable {
         }
         #expect(count.load(ordering: .relaxed) == 2)
     }
+}
+
+/// A new observer at the address of one that `register` was given and that was then freed:
+/// a freed block comes back for the next object of its size (tried until it does, with every
+/// registration left in place, as a freed observer's is until it is pruned).
+func objectAtAFreedAddress(register: (ThemeOnly) -> Void) -> ThemeOnly? {
+    for _ in 0..<1_000 {
+        let freed: ObjectIdentifier
+        do {
+            let first = ThemeOnly()
+            register(first)
+            freed = ObjectIdentifier(first)
+        }
+        let next = ThemeOnly()
+        if ObjectIdentifier(next) == freed { return next }
+    }
+    return nil
 }
