@@ -76,7 +76,8 @@ enum StatsExposition {
     static let upHelp = "Whether obsctl read obsd's counters (1) or not (0: obsd is down, or the connection failed)."
 
     /// The metrics of a daemon that answered: `obsd_up 1`, `obsd_info`, the counters in
-    /// `stats`, then each repository's revision and number of keys (label `repo`).
+    /// `stats`, then each repository of `repos` with its revision and number of keys (label
+    /// `repo`) — `stats --prometheus` passes none unless `--per-repository` asks for them.
     ///
     /// - Parameter warn: told, in a sentence, about each field left out for a reason other
     ///   than not being a number (a known field that is not one, a name already taken).

@@ -200,6 +200,8 @@ func awaitNotify(_ listener: DatagramListener, within: Duration = .seconds(20), 
         let service = try unitSettings(String(contentsOfFile: root + "/obsd-metrics.service", encoding: .utf8))
         let exec = try #require(service["ExecStart"]?.first).split(separator: " ").map(String.init)
         #expect(exec.prefix(3) == ["/usr/local/bin/obsctl", "stats", "--prometheus"])
+        // The file is world-readable and served to any scraper: the shipped unit names no repository.
+        #expect(!exec.contains("--per-repository"), "per-repository series are the operator's choice (README, Metrics)")
         let output = try #require(exec.firstIndex(of: "--output").map { exec[$0 + 1] })
         let directory = URL(fileURLWithPath: output).deletingLastPathComponent().path
         #expect(output.hasSuffix(".prom"), "node_exporter reads *.prom only")
