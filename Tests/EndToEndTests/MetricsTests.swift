@@ -15,7 +15,7 @@ import Testing
 import Glibc
 #endif
 
-/// The interpreter Debian's python3-prometheus-client installs for (`make deps`); another
+/// The interpreter Debian's python3-prometheus-client installs for (`make test-deps`); another
 /// `python3` earlier on PATH (pyenv, a venv) would not see it.
 let systemPython = "/usr/bin/python3"
 
@@ -175,7 +175,7 @@ func daemonWithFourWrites() async throws -> TestDaemon {
         #expect(try obsctl(["stats", "--json", "--per-repository"], socket: d.socketPath).status == 64)
     }
 
-    @Test(.enabled(if: hasPrometheusParser, "needs python3-prometheus-client for /usr/bin/python3 (make deps)"))
+    @Test(.enabled(if: hasPrometheusParser, "needs python3-prometheus-client for /usr/bin/python3 (make test-deps)"))
     func theReferenceParserReadsFamiliesTypesAndValues() async throws {
         let d = try await daemonWithFourWrites()
         let result = try obsctl(["stats", "--prometheus", "--per-repository"], socket: d.socketPath)

@@ -95,7 +95,7 @@ import Testing
         #expect(e.families.map(\.name) == ["x", "y_total"], "a refused family adds nothing")
     }
 
-    @Test(.enabled(if: hasPrometheusParser, "needs python3-prometheus-client for /usr/bin/python3 (make deps)"))
+    @Test(.enabled(if: hasPrometheusParser, "needs python3-prometheus-client for /usr/bin/python3 (make test-deps)"))
     func theReferenceParserReadsTrickyLabelValuesBackUnchanged() throws {
         let tricky = [#"back\slash"#, #"double "quote""#, "line\nfeed", #"\n literally"#, "\\\"\n\\", "", "tab\tand ✓ 🚀", "a,b=c}{"]
         var e = PrometheusExposition()
