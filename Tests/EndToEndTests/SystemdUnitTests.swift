@@ -1,6 +1,7 @@
 // End-to-end: what the shipped units do under a service manager, checked without one (no
 // systemd runs as PID 1 here): ExecReload= returns only once obsd has read its file, and
-// fails when obsd keeps its settings.
+// fails when obsd keeps its settings; and the units let libdispatch set the nice values it
+// asks for (SystemdIntegrationTests' traced runs).
 
 import Foundation
 import ObsProtocol
@@ -24,6 +25,42 @@ func commandLine(_ line: String) -> [String] {
     line.split(separator: " ").map {
         $0 == "/usr/local/bin/obsd" ? BuildProducts.path("obsd") : $0 == "/usr/local/bin/obsctl" ? BuildProducts.path("obsctl") : String($0)
     }
+}
+
+// MARK: - RLIMIT_NICE and libdispatch
+
+/// The RLIMIT_NICE a unit's processes get: `LimitNICE=` (a nice value with a sign, or the raw
+/// limit), else the kernel's default, 0 — which lets an unprivileged process lower no nice value.
+func niceLimit(of unit: [String: [String]]) -> Int {
+    guard let value = unit["LimitNICE"]?.last else { return 0 }
+    if value.hasPrefix("-") || value.hasPrefix("+") { return 20 - (Int(value) ?? 0) }
+    return Int(value) ?? 0
+}
+
+/// The nice values a traced run asked `setpriority` for (strace: `setpriority(PRIO_PROCESS, 0, -4) = …`).
+func requestedNiceValues(_ trace: [Substring]) -> [Int] {
+    trace.compactMap { line in
+        guard let call = line.range(of: "setpriority(PRIO_PROCESS, 0, ") else { return nil }
+        return Int(line[call.upperBound...].prefix { $0 == "-" || $0.isNumber })
+    }
+}
+
+/// The requested nice values a process that starts at 0 without CAP_SYS_NICE may not set under
+/// `limit`: lowering the nice value to n needs RLIMIT_NICE ≥ 20 − n (setpriority(2)).
+func niceValuesRefused(_ requested: [Int], limit: Int) -> [Int] {
+    requested.filter { $0 < 0 && 20 - $0 > limit }
+}
+
+/// What libdispatch logged about thread priorities (with LIBDISPATCH_LOG=stderr).
+func dispatchPriorityComplaints(_ output: String) -> [Substring] {
+    output.split(separator: "\n").filter { $0.contains("Failed to set thread priority") }
+}
+
+/// `prlimit --nice=N:N` to run a command under a unit's RLIMIT_NICE; nil when this process may
+/// not raise the hard limit that far (no CAP_SYS_RESOURCE, as in some containers).
+func prlimitArguments(nice limit: Int) -> [String]? {
+    guard let prlimit = which("prlimit"), (try? run(prlimit, ["--nice=\(limit):\(limit)", "true"]))?.status == 0 else { return nil }
+    return [prlimit, "--nice=\(limit):\(limit)", "--"]
 }
 
 @Suite(.serialized, .timeLimit(.minutes(3))) struct SystemdUnitTests {
