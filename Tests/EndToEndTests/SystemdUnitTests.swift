@@ -1,7 +1,8 @@
 // End-to-end: what the shipped units do under a service manager, checked without one (no
-// systemd runs as PID 1 here): ExecReload= returns only once obsd has read its file, and
-// fails when obsd keeps its settings; and the units let libdispatch set the nice values it
-// asks for (SystemdIntegrationTests' traced runs).
+// systemd runs as PID 1 here): the user unit keeps its data where obsd started by hand by
+// the same user does, on every systemd the README supports; ExecReload= returns only once
+// obsd has read its file, and fails when obsd keeps its settings; and the units let
+// libdispatch set the nice values it asks for (SystemdIntegrationTests' traced runs).
 
 import Foundation
 import ObsProtocol
@@ -63,7 +64,107 @@ func prlimitArguments(nice limit: Int) -> [String]? {
     return [prlimit, "--nice=\(limit):\(limit)", "--"]
 }
 
+// MARK: - The user unit's data directory
+
+/// Runs `arguments` (obsd) with `environment` as a user other than root when the tests run as
+/// root (obsd's default data directory for root is /var/lib/obsd) until it serves
+/// `$XDG_RUNTIME_DIR/obsd.sock`, stops it, and returns the directory it created its store in,
+/// relative to `$HOME`, and that directory's mode.
+func dataDirectoryChosen(by arguments: [String], environment: [String: String]) async throws -> (path: String, mode: Int) {
+    let home = try #require(environment["HOME"]), runtime = try #require(environment["XDG_RUNTIME_DIR"])
+    let asUser = getuid() == 0 ? [which("setpriv")!, "--reuid=nobody", "--regid=nogroup", "--clear-groups"] : []
+    let command = asUser + arguments
+    let process = try ChildProcess(command[0], Array(command.dropFirst()), environment: environment, stdout: .file(home + "/../log"), stderr: .file(home + "/../log"))
+    let serving = await eventually { () async in (try? WireConnection(path: runtime + "/obsd.sock")) != nil || !process.isRunning }
+    #expect(serving && process.isRunning, "obsd did not serve: \((try? String(contentsOfFile: home + "/../log", encoding: .utf8)) ?? "")")
+    #expect(await process.terminate())
+    var found: [String] = []
+    let files = FileManager.default.enumerator(atPath: home)
+    while let file = files?.nextObject() as? String {
+        if file.hasSuffix("/obsd.lock") { found.append(String(file.dropLast("/obsd.lock".count))) }
+    }
+    let path = try #require(found.count == 1 ? found.first : nil, "stores under \(home): \(found)")
+    let mode = try #require(try FileManager.default.attributesOfItem(atPath: home + "/" + path)[.posixPermissions] as? Int)
+    return (path, mode)
+}
+
+/// A home directory and a runtime directory the user obsd runs as owns, in a fresh directory.
+func makeHome() -> (root: String, environment: [String: String]) {
+    let root = TestDaemon.makeTemporaryDirectory()
+    chmod(root, 0o755)
+    let (home, runtime) = (root + "/home", root + "/run")
+    for dir in [home, runtime] {
+        mkdir(dir, 0o700)
+        if getuid() == 0 { chown(dir, 65534, 65534) }
+    }
+    return (root, ["HOME": home, "XDG_RUNTIME_DIR": runtime, "PATH": "/usr/bin:/bin"])
+}
+
 @Suite(.serialized, .timeLimit(.minutes(3))) struct SystemdUnitTests {
+    /// What a user manager gives a user unit's command (systemd.exec(5), "Environment
+    /// variables in spawned processes"): the manager's own environment (HOME, XDG_RUNTIME_DIR,
+    /// what environment.d adds), the unit's Environment=, and for StateDirectory=NAME,
+    /// STATE_DIRECTORY — under $XDG_CONFIG_HOME (~/.config) before systemd 254, under
+    /// $XDG_STATE_HOME (~/.local/state) from 254 — which is created first, with
+    /// StateDirectoryMode= (0755 by default). Specifiers in ExecStart=: %h, %t, %S, %%.
+    static func userUnitCommand(
+        _ unit: [String: [String]], manager: [String: String], systemd version: Int
+    ) throws -> (arguments: [String], environment: [String: String]) {
+        let home = try #require(manager["HOME"])
+        let stateRoot = version >= 254 ? manager["XDG_STATE_HOME"] ?? home + "/.local/state" : manager["XDG_CONFIG_HOME"] ?? home + "/.config"
+        var environment = manager
+        for assignment in (unit["Environment"] ?? []).flatMap({ $0.split(separator: " ") }) {
+            let parts = assignment.split(separator: "=", maxSplits: 1).map(String.init)
+            environment[parts[0]] = parts.count > 1 ? parts[1] : ""
+        }
+        if let names = unit["StateDirectory"]?.flatMap({ $0.split(separator: " ") }), !names.isEmpty {
+            let directories = names.map { stateRoot + "/" + $0 }
+            environment["STATE_DIRECTORY"] = directories.joined(separator: ":")
+            let mode = mode_t(unit["StateDirectoryMode"]?.last.flatMap { Int($0, radix: 8) } ?? 0o755)
+            for directory in directories {
+                try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+                chmod(directory, mode)
+                if getuid() == 0 {
+                    var path = directory
+                    while path.count > home.count { chown(path, 65534, 65534); path = (path as NSString).deletingLastPathComponent }
+                }
+            }
+        }
+        let specifiers = ["%h": home, "%t": try #require(manager["XDG_RUNTIME_DIR"]), "%S": stateRoot, "%%": "%"]
+        let arguments = try commandLine(try #require(unit["ExecStart"]?.last)).map { word in
+            var expanded = word
+            for (specifier, value) in specifiers { expanded = expanded.replacingOccurrences(of: specifier, with: value) }
+            guard !expanded.contains("%") else { throw TestFailure("a specifier this test does not know in ExecStart=: \(word)") }
+            return expanded
+        }
+        return (arguments, environment)
+    }
+
+    @Test(.enabled(if: getuid() != 0 || canSwitchUsers, "as root, needs setpriv to run obsd as another user"))
+    func theUserUnitKeepsItsDataWhereObsdStartedByHandDoesOnSystemd252AndLater() async throws {
+        let unit = try shippedUnit("user/obsd.service")
+        // With XDG_STATE_HOME unset, and set (in environment.d, so the manager has it too).
+        for stateHome in [nil, "/elsewhere/state"] {
+            let byHand = makeHome()
+            defer { try? FileManager.default.removeItem(atPath: byHand.root) }
+            var shell = byHand.environment
+            if let stateHome { shell["XDG_STATE_HOME"] = shell["HOME"]! + stateHome }
+            let expected = try await dataDirectoryChosen(by: [BuildProducts.path("obsd")], environment: shell)
+            #expect(expected.path == (stateHome.map { String($0.dropFirst()) + "/obsd" } ?? ".local/state/obsd"))
+            #expect(expected.mode == 0o700)
+            for version in [252, 254] {
+                let asUnit = makeHome()
+                defer { try? FileManager.default.removeItem(atPath: asUnit.root) }
+                var manager = asUnit.environment
+                if let stateHome { manager["XDG_STATE_HOME"] = manager["HOME"]! + stateHome }
+                let (arguments, environment) = try Self.userUnitCommand(unit, manager: manager, systemd: version)
+                let chosen = try await dataDirectoryChosen(by: arguments, environment: environment)
+                #expect(chosen.path == expected.path, "systemd \(version), XDG_STATE_HOME \(stateHome ?? "unset")")
+                #expect(chosen.mode == 0o700, "systemd \(version): mode \(String(chosen.mode, radix: 8))")
+            }
+        }
+    }
+
     // MARK: ExecReload=
 
     @Test func execReloadUsesNoToolOutsideThePackage() throws {
