@@ -1,8 +1,9 @@
 // End-to-end: what the shipped units do under a service manager, checked without one (no
 // systemd runs as PID 1 here): the user unit keeps its data where obsd started by hand by
 // the same user does, on every systemd the README supports; ExecReload= returns only once
-// obsd has read its file, and fails when obsd keeps its settings; and the units let
-// libdispatch set the nice values it asks for (SystemdIntegrationTests' traced runs).
+// obsd has read its file, and fails when obsd keeps its settings; the units let libdispatch
+// set the nice values it asks for (SystemdIntegrationTests' traced runs); and the README's
+// system-instance walk-through works as written.
 
 import Foundation
 import ObsProtocol
@@ -227,5 +228,46 @@ func makeHome() -> (root: String, environment: [String: String]) {
         let wrong = try run(words[0], ["reload", "--pid", String(d.pid + 100_000)], environment: environment)
         #expect(wrong.status == 4 && wrong.stderr.contains("nothing was signalled"), "\(wrong.stderr)")
         #expect(try d.connect().call(["op": "stats"])["reloads"] == 2)
+    }
+}
+
+/// The README's system-instance walk-through, as a member of the group it names (`nobody`,
+/// whose group `nogroup` stands in for `obsd`): forbidden until its `[[access.rule]]` is in
+/// the file and reloaded, then allowed; and from a login session (`XDG_RUNTIME_DIR` set)
+/// obsctl tries that directory's socket, not the system one, until `OBSD_SOCKET` names it.
+@Suite(.timeLimit(.minutes(2)), .enabled(if: canSwitchUsers, "needs root and setpriv to act as nobody"))
+struct ReadmeSystemInstanceTests {
+    /// The TOML block after "In `/etc/obsd/obsd.toml`:" in the README's systemd section.
+    static func accessRule() throws -> String {
+        let readme = try String(contentsOfFile: packageRoot + "/README.md", encoding: .utf8)
+        guard let intro = readme.range(of: "In `/etc/obsd/obsd.toml`:\n\n```toml\n"),
+            let end = readme.range(of: "```", range: intro.upperBound..<readme.endIndex)
+        else { throw TestFailure("the README shows no access rule for the system instance") }
+        return String(readme[intro.upperBound..<end.lowerBound])
+    }
+
+    @Test func aGroupMemberMayWriteOnceTheRuleIsReloadedAndReachesTheSystemSocketThroughOBSDSocket() async throws {
+        let rule = try Self.accessRule()
+        #expect(rule.contains("groups = [\"obsd\"]"), "\(rule)")
+        let d = try await daemonForTwoUsers("")
+        let s = d.socketPath
+        #expect(try obsctlAsNobody(["set", "ui", "theme", "dark"], socket: s).status == 3, "forbidden without the rule")
+
+        let config = d.directory + "/obsd.toml"
+        let text = try String(contentsOfFile: config, encoding: .utf8) + rule.replacingOccurrences(of: "\"obsd\"", with: "\"nogroup\"")
+        try text.write(toFile: config, atomically: true, encoding: .utf8)
+        #expect(try run(BuildProducts.path("obsctl"), ["--socket", s, "reload", "--pid", String(d.pid)]).status == 0)
+
+        // A login session: XDG_RUNTIME_DIR is set, and is where obsctl looks.
+        let session = TestDaemon.makeTemporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: session) }
+        let asAlice = [which("setpriv")!, "--reuid=nobody", "--regid=nogroup", "--clear-groups", BuildProducts.path("obsctl")]
+        let login = ["PATH": "/usr/bin:/bin", "XDG_RUNTIME_DIR": session]
+        let own = try run(asAlice[0], Array(asAlice.dropFirst()) + ["set", "ui", "theme", "dark"], environment: login)
+        #expect(own.status == 69 && own.stderr.contains("cannot connect to obsd at \(session)/obsd.sock"), "\(own.stderr)")
+        let system = try run(
+            asAlice[0], Array(asAlice.dropFirst()) + ["set", "ui", "theme", "dark"], environment: login.merging(["OBSD_SOCKET": s]) { $1 })
+        #expect(system.status == 0 && system.stdout == "rev 1\n", "\(system.stderr)")
+        #expect(try obsctlAsNobody(["set", "other", "k", "1"], socket: s).status == 3, "the rule names ui only")
     }
 }
