@@ -280,16 +280,26 @@ func awaitNotify(_ listener: DatagramListener, within: Duration = .seconds(20), 
         for i in 0..<50 { _ = try client.call(["op": "set", "repo": "x", "key": .string("k\(i % 5)"), "value": .int(Int64(i))]) }
         _ = try client.call(["op": "list", "repo": "x", "values": true])
         _ = try client.call(["op": "stats"])
-        // strace blocks fatal signals (-o FILE PROG): stop obsd itself, gracefully, so the
-        // trace covers shutdown too. Its pid starts the trace's first line (its execve).
+        // obsd's pid starts the trace's first line (its execve).
         let first = try String(contentsOfFile: trace, encoding: .utf8).prefix { $0.isNumber }
         let pid = try #require(Int32(first))
+        // ExecReload= runs in the same sandbox, as the same user.
+        let reload = commandLine(try #require(unit["ExecReload"]?.last)).map { $0 == "$MAINPID" ? String(pid) : $0 }
+        let reloaded = try run(
+            which("setpriv")!, ["--reuid=nobody", "--regid=nogroup", "--clear-groups", which("strace")!, "-f", "-qq", "-o", dir + "/reload.trace"] + reload,
+            environment: ["OBSD_SOCKET": dir + "/s.sock", "PATH": "/usr/bin:/bin"])
+        #expect(reloaded.status == 0, "\(reloaded.stderr)")
+        // strace blocks fatal signals (-o FILE PROG): stop obsd itself, gracefully, so the
+        // trace covers shutdown too.
         kill(pid, SIGTERM)
         await process.exit(timeout: .seconds(30))
 
         let traced = try Trace(file: trace)
         #expect(traced.calls.count > 30, "the trace covers the run")
         try expectAllowed(by: unit, traced)
+        let reloadTrace = try Trace(file: dir + "/reload.trace")
+        #expect(reloadTrace.calls.contains("kill"), "the trace covers the reload")
+        try expectAllowed(by: unit, reloadTrace)
         if limit != nil || niceLimit(of: unit) == 0 {
             let stderr = (try? String(contentsOfFile: dir + "/stderr", encoding: .utf8)) ?? ""
             #expect(dispatchPriorityComplaints(stderr).isEmpty, "\(stderr)")
