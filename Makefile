@@ -3,7 +3,7 @@
 SWIFT ?= swift
 RELEASE := .build/release
 
-.PHONY: all build run test unit-test tsan fuzz fuzz-smoke bench bench-calibrate soak deps install uninstall clean
+.PHONY: all build run test unit-test tsan fuzz fuzz-smoke bench bench-calibrate soak deps test-deps etcd install uninstall clean
 
 # Install layout (make install PREFIX=/usr DESTDIR=/tmp/pkg).
 PREFIX ?= /usr/local
@@ -19,18 +19,46 @@ UNIT_PATHS := sed -e 's|/usr/local/bin/|$(BINDIR)/|g' -e 's|/etc/obsd/|$(SYSCONF
 
 all: build
 
-# Debian packages the build needs; installed when missing (apt lists refreshed if needed).
-DEB_PACKAGES := libsqlite3-dev libsystemd-dev pkg-config systemd strace socat netcat-openbsd python3-prometheus-client etcd-server etcd-client
+# Debian packages building and running obsd need (`make run`, `make build`, `make install`).
+DEB_PACKAGES := libsqlite3-dev libsystemd-dev pkg-config
+# What the tests use on top (`make test`): systemd-analyze and systemd-socket-activate, strace,
+# socat, nc, and Prometheus' reference parser. etcd is not among them: see `etcd` below.
+TEST_DEB_PACKAGES := systemd strace socat netcat-openbsd python3-prometheus-client
+
+SUDO = $$([ "$$(id -u)" -eq 0 ] || echo sudo)
+APT = DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get
+
+# Installs the Debian packages $(1) that are not installed (apt lists refreshed if needed).
+define apt_install
+@missing=""; for p in $(1); do \
+  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q ' installed$$' || missing="$$missing $$p"; done; \
+if [ -n "$$missing" ]; then \
+  echo "installing$$missing"; \
+  $(APT) install -y $$missing >/dev/null 2>&1 || { $(APT) update >/dev/null && $(APT) install -y $$missing; }; \
+fi
+endef
 
 deps:
 	@command -v $(SWIFT) >/dev/null || { echo "swift is not installed (expected Swift 6.x at /opt/swift)"; exit 1; }
-	@missing=""; for p in $(DEB_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
-	if [ -n "$$missing" ]; then \
-	  sudo=$$([ "$$(id -u)" -eq 0 ] || echo sudo); \
-	  echo "installing$$missing"; \
-	  DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y $$missing >/dev/null 2>&1 || \
-	  { DEBIAN_FRONTEND=noninteractive $$sudo apt-get update >/dev/null && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y $$missing; }; \
-	fi
+	$(call apt_install,$(DEB_PACKAGES))
+
+test-deps: deps etcd
+	$(call apt_install,$(TEST_DEB_PACKAGES))
+
+# etcd and etcdctl, for the suites that run an etcd cluster (Tests/TestSupport/EtcdCluster.swift
+# starts its own members on free ports), the README's "Several hosts" walk-through and
+# bench/etcd-*.sh: Debian's etcd-server and etcd-client unpacked into $(ETCD_DIR), not installed.
+# Installing etcd-server would enable and start a system etcd on 127.0.0.1:2379 (and create an
+# etcd user); unpacked, nothing runs until a test or a person starts it. Nothing to do when
+# both programs are installed already.
+ETCD_DIR := .build/etcd
+etcd:
+	@if { [ -x /usr/bin/etcd ] && [ -x /usr/bin/etcdctl ]; } || { [ -x $(ETCD_DIR)/usr/bin/etcd ] && [ -x $(ETCD_DIR)/usr/bin/etcdctl ]; }; then exit 0; fi; \
+	tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
+	{ (cd "$$tmp" && apt-get download etcd-server etcd-client >/dev/null 2>&1) || \
+	  { $(APT) update >/dev/null && (cd "$$tmp" && apt-get download etcd-server etcd-client); }; } && \
+	mkdir -p $(ETCD_DIR) && for deb in "$$tmp"/*.deb; do dpkg-deb -x "$$deb" $(ETCD_DIR) || exit 1; done && \
+	echo "etcd and etcdctl unpacked into $(ETCD_DIR)/usr/bin (not installed: no etcd service)"
 
 build: deps
 	$(SWIFT) build -c release
@@ -57,7 +85,7 @@ ALONE_SUITES := SoakTests EtcdClientTests ClusterTests
 # (109 s against 180 s on a loaded 2-CPU machine).
 export SWT_EXPERIMENTAL_MAXIMUM_PARALLELIZATION_WIDTH ?= 8
 
-unit-test: deps
+unit-test: test-deps
 	$(SWIFT) build --build-tests
 	$(SWIFT) test --skip-build $(foreach s,$(ALONE_SUITES),--skip $(s))
 	for suite in $(ALONE_SUITES); do $(SWIFT) test --skip-build --filter $$suite || exit 1; done

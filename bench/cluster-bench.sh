@@ -5,7 +5,7 @@
 #
 #   bench/cluster-bench.sh [COUNT] [SECONDS]
 #
-# Needs etcd-server and etcd-client (make deps). Every process is stopped by PID on exit.
+# Needs etcd and etcdctl (make etcd, or Debian's etcd-server and etcd-client). Every process is stopped by PID on exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 COUNT=${1:-1000}

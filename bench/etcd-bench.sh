@@ -4,7 +4,7 @@
 #
 #   bench/etcd-bench.sh [COUNT] [--check-perf]
 #
-# Needs etcd-server and etcd-client (make deps). The gRPC baseline (bench/etcd/grpc-baseline.go,
+# Needs etcd and etcdctl (make etcd, or Debian's etcd-server and etcd-client). The gRPC baseline (bench/etcd/grpc-baseline.go,
 # etcd's clientv3) runs when `go` and Debian's golang-etcd-server-dev are installed:
 #   apt-get install golang-go golang-etcd-server-dev
 # --check-perf also runs `etcdctl check perf --load=s` (60 s of etcd's own write benchmark).

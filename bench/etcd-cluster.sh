@@ -6,6 +6,9 @@
 #                              (http://host:port,…), `leader`, `follower` and
 #                              `healthy_after` (seconds from start to a healthy cluster)
 
+# etcd and etcdctl as `make etcd` unpacks them (not installed), else as installed.
+PATH="$PWD/.build/etcd/usr/bin:$PATH"
+
 start_etcd_cluster() {
   local dir=$1 i c p start
   # Six free loopback ports (bound together, then released).
@@ -18,7 +21,7 @@ print(" ".join(str(x.getsockname()[1]) for x in s))')
   start=$(date +%s.%N)
   for i in 0 1 2; do
     c=${ports[$((2*i))]}; p=${ports[$((2*i+1))]}
-    env -i PATH=/usr/bin:/bin etcd --name m$i --data-dir "$dir/m$i" \
+    env -i PATH=/usr/bin:/bin "$(command -v etcd)" --name m$i --data-dir "$dir/m$i" \
       --listen-client-urls http://127.0.0.1:$c --advertise-client-urls http://127.0.0.1:$c \
       --listen-peer-urls http://127.0.0.1:$p --initial-advertise-peer-urls http://127.0.0.1:$p \
       --initial-cluster "$cluster" --initial-cluster-state new --initial-cluster-token bench-$$ \

@@ -61,6 +61,13 @@ public final class ObsServer: Service, Sendable {
         logger.info("limits and access policy reloaded", metadata: ["rules": "\(policy.rules.count)"])
     }
 
+    /// Records that a reload ended: `failure` says why the running settings were kept, nil if
+    /// the new ones apply. `stats` counts it (`reloads`, `reloadFailures`, `reloadError`), which
+    /// is how `obsctl reload` (the units' `ExecReload=`) knows the reload it asked for is done.
+    public func reloadEnded(failure: String?) {
+        runtime.reloadEnded(failure: failure)
+    }
+
     /// What the server is doing now (zeros before it serves).
     public var status: ServerStatus {
         guard let hub = hub.withLock({ $0 }) else { return ServerStatus(connections: 0, subscriptions: 0, repositories: 0) }

@@ -1,8 +1,8 @@
 // ObsServer — the settings that can change while the daemon runs: limits and the access
 // policy. A reload swaps them and bumps a generation number; each connection re-reads
-// them on its next request (one atomic load per request when nothing changed).
+// them on its next request (one atomic load per request when nothing changed). Each
+// reload's end is counted, for `stats` and whoever waits on it (`obsctl reload`).
 
-import NIOCore
 import ObsProtocol
 import ObservableKit
 import Synchronization
@@ -69,6 +69,11 @@ final class Runtime: Sendable {
 
     private let current: Locked<Snapshot>
     private let generationCounter = Atomic<UInt64>(0)
+    /// Reloads that ended, applied or not; those that kept the running settings; and why the
+    /// last one did, while it is the last.
+    private let reloadsEnded = Atomic<Int>(0)
+    private let reloadsFailed = Atomic<Int>(0)
+    private let lastReloadError = Locked<String?>(nil)
 
     init(limits: Limits, policy: AccessPolicy) {
         current = Locked(Snapshot(generation: 0, limits: limits, policy: policy))
@@ -77,6 +82,20 @@ final class Runtime: Sendable {
     var generation: UInt64 { generationCounter.load(ordering: .acquiring) }
 
     var snapshot: Snapshot { current.withLock { $0 } }
+
+    /// The reload counters, as `stats` shows them. A reload's failure and error are visible
+    /// to whoever sees it counted in `ended`.
+    var reloads: (ended: Int, failed: Int, error: String?) {
+        let ended = reloadsEnded.load(ordering: .acquiring)
+        return (ended, reloadsFailed.load(ordering: .relaxed), lastReloadError.withLock { $0 })
+    }
+
+    /// Counts a reload that ended: applied (`failure` nil) or not (`failure` says why).
+    func reloadEnded(failure: String?) {
+        lastReloadError.withLock { $0 = failure }
+        if failure != nil { reloadsFailed.add(1, ordering: .relaxed) }
+        reloadsEnded.add(1, ordering: .releasing)
+    }
 
     func update(limits: Limits, policy: AccessPolicy) {
         current.withLock { s in

@@ -187,10 +187,12 @@ extension Obsctl {
         static let configuration = CommandConfiguration(
             abstract: "Print the daemon's counters.",
             discussion: """
-                --prometheus prints them in the Prometheus text format (version 0.0.4), with each repository's revision \
-                and number of keys, for node_exporter's textfile collector (README, "Metrics"). When obsd cannot be \
-                reached or the connection fails, --prometheus prints obsd_up 0, says why on standard error and exits 0: the \
-                collector then shows the daemon down instead of the last numbers it read.
+                --prometheus prints them in the Prometheus text format (version 0.0.4), for node_exporter's textfile \
+                collector (README, "Metrics"): the daemon's totals only. --per-repository adds each repository's revision \
+                and number of keys, labelled with its name: every repository the caller may read is then named in the \
+                output, which node_exporter serves to whoever can scrape it, and each repository adds two series. When \
+                obsd cannot be reached or the connection fails, --prometheus prints obsd_up 0, says why on standard error \
+                and exits 0: the collector then shows the daemon down instead of the last numbers it read.
 
                 --output FILE replaces FILE atomically instead of printing: a reader sees the old file or the new one, \
                 whole, and no temporary file is left behind.
@@ -199,11 +201,14 @@ extension Obsctl {
         @OptionGroup var global: GlobalOptions
         @Flag(help: "Print one JSON object.") var json = false
         @Flag(help: "Print the Prometheus text exposition format (0.0.4).") var prometheus = false
+        @Flag(help: "With --prometheus: also each repository's revision and keys, labelled with its name.")
+        var perRepository = false
         @Option(help: ArgumentHelp("Write to this file, replaced atomically, instead of standard output.", valueName: "file"))
         var output: String?
 
         func validate() throws {
             if json && prometheus { throw ValidationError("use at most one of --json and --prometheus") }
+            if perRepository && !prometheus { throw ValidationError("--per-repository goes with --prometheus") }
             if let output, output.isEmpty || output.hasSuffix("/") { throw ValidationError("--output needs a file name") }
         }
 
@@ -222,8 +227,8 @@ extension Obsctl {
             }
         }
 
-        /// The daemon's metrics, read with `stats` and `repos` on one connection; `obsd_up 0`
-        /// (and the reason on standard error) if either fails.
+        /// The daemon's metrics, read with `stats` (and, with `--per-repository`, `repos`) on one
+        /// connection; `obsd_up 0` (and the reason on standard error) if either fails.
         private func scrape() async -> PrometheusExposition {
             let client: ObsClient
             do {
@@ -234,7 +239,7 @@ extension Obsctl {
             }
             do {
                 let stats = try await client.stats()
-                let repos = try await client.repos()
+                let repos = perRepository ? try await client.repos() : []
                 await client.close()
                 return StatsExposition.metrics(stats: stats, repos: repos) { printError($0) }
             } catch {

@@ -26,16 +26,17 @@ struct Obsctl: AsyncParsableCommand {
               1   not found (get of an absent key)
               2   conflict (an --if-rev condition failed)
               3   forbidden
-              4   the daemon refused the request (bad request, too large, compacted, overloaded, internal)
+              4   the daemon refused the request (bad request, too large, compacted, overloaded, internal),
+                  or, for reload, the configuration file (obsd kept its settings)
               64  usage error
               69  cannot connect to obsd, or the connection was lost (stats --prometheus prints obsd_up 0 and exits 0)
               70  the daemon broke the protocol
               74  cannot write to standard output, or the file given with --output
-              75  watch was cut off because it read too slowly (resume with --since)
+              75  watch was cut off because it read too slowly (resume with --since), or reload timed out
               141 (killed by SIGPIPE) standard output was closed, e.g. piped into head
             """,
         version: ObsRelease.version,
-        subcommands: [Set.self, Get.self, Del.self, Watch.self, List.self, Repos.self, Stats.self])
+        subcommands: [Set.self, Get.self, Del.self, Watch.self, List.self, Repos.self, Stats.self, Reload.self])
 
     /// Accepts the global options before the subcommand, too (`obsctl --socket P get …`).
     @OptionGroup var global: GlobalOptions

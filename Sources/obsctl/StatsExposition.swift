@@ -18,9 +18,10 @@ import Darwin
 /// Known `stats` fields have a name, a type and help of their own (`known`). A numeric
 /// field this obsctl does not know — one a newer daemon added — becomes the gauge
 /// `obsd_<field in snake_case>` with a generic help, so nothing is dropped silently;
-/// fields that are not numbers (`peer`, `server`, `storage`, `clients`) are left out, except
-/// `server`, which gives `obsd_info{version="…"}`. A field the reply does not have (an
-/// unprivileged caller gets only `connections`, `subscriptions` and `repos`) is not written.
+/// fields that are not numbers (`peer`, `server`, `storage`, `clients`, `reloadError`) are
+/// left out, except `server`, which gives `obsd_info{version="…"}`, and so is `pid` (an
+/// identity, not a measurement). A field the reply does not have (an unprivileged caller gets
+/// only `connections`, `subscriptions` and `repos`) is not written.
 enum StatsExposition {
     typealias MetricType = PrometheusExposition.MetricType
 
@@ -73,12 +74,20 @@ enum StatsExposition {
               help: "Batches of durable writes applied to the compacted state since obsd started."),
         Known(field: "storageCheckpointFailures", metric: "obsd_storage_checkpoint_failures_total", type: .counter,
               help: "Batches the compacted state could not take (retried; the log keeps them) since obsd started."),
+        Known(field: "reloads", metric: "obsd_reloads_total", type: .counter,
+              help: "Configuration reloads (SIGHUP) that ended since obsd started, applied or not."),
+        Known(field: "reloadFailures", metric: "obsd_reload_failures_total", type: .counter,
+              help: "Configuration reloads that kept the running settings (the file was invalid) since obsd started."),
     ]
+
+    /// Numeric `stats` fields that are not metrics.
+    static let notMetrics: Set<String> = ["pid"]
 
     static let upHelp = "Whether obsctl read obsd's counters (1) or not (0: obsd is down, or the connection failed)."
 
     /// The metrics of a daemon that answered: `obsd_up 1`, `obsd_info`, the counters in
-    /// `stats`, then each repository's revision and number of keys (label `repo`).
+    /// `stats`, then each repository of `repos` with its revision and number of keys (label
+    /// `repo`) — `stats --prometheus` passes none unless `--per-repository` asks for them.
     ///
     /// - Parameter warn: told, in a sentence, about each field left out for a reason other
     ///   than not being a number (a known field that is not one, a name already taken).
@@ -105,7 +114,7 @@ enum StatsExposition {
             }
             add(k.metric, k.type, k.help, [.init(number)])
         }
-        for member in stats.members where !knownFields.contains(member.name) {
+        for member in stats.members where !knownFields.contains(member.name) && !notMetrics.contains(member.name) {
             guard let number = member.value.doubleValue else { continue }
             add(
                 "obsd_" + snakeCase(member.name), .gauge,

@@ -97,7 +97,7 @@ struct Obsd: AsyncParsableCommand {
             throw ExitCode(78)
         }
         let reload = ReloadService(
-            server: server, logger: logger, level: level,
+            server: server, logger: logger, level: level, initial: settings,
             reread: { () throws(ConfigError) in try Self.load(file: configPath, environment: environment, flags: flags) })
         let group = ServiceGroup(
             configuration: .init(

@@ -46,7 +46,7 @@ import Glibc
         #expect(replies[3]["value"] == 2)
     }
 
-    @Test(.enabled(if: which("socat") != nil, "needs socat (make deps installs it)"))
+    @Test(.enabled(if: which("socat") != nil, "needs socat (make test-deps installs it)"))
     func socatGetsEveryReplyThenEndOfFile() async throws {
         let d = try await TestDaemon.start()
         let (status, messages) = try pipe(
@@ -56,7 +56,7 @@ import Glibc
         expectEveryReplyInOrder(messages, from: "socat")
     }
 
-    @Test(.enabled(if: which("nc") != nil, "needs nc (netcat-openbsd; make deps installs it)"))
+    @Test(.enabled(if: which("nc") != nil, "needs nc (netcat-openbsd; make test-deps installs it)"))
     func ncWithDashNGetsEveryReplyThenEndOfFile() async throws {
         let d = try await TestDaemon.start()
         // The last request without its newline: the end of the stream ends it.

@@ -1,8 +1,9 @@
 // End-to-end: `obsctl stats --prometheus` against the real obsd. The text read back by the
 // reference parser (Python's prometheus_client, Debian's python3-prometheus-client) and by
 // the format's line rules; counters after writes and each repository's revision; the
-// reduced reply of an unprivileged caller; `obsd_up 0` and exit 0 when the daemon is down;
-// `--output` replacing its file atomically, never leaving a temporary file.
+// reduced reply of an unprivileged caller; no repository named unless `--per-repository`
+// asks; `obsd_up 0` and exit 0 when the daemon is down; `--output` replacing its file
+// atomically, never leaving a temporary file.
 
 import Foundation
 import ObsProtocol
@@ -14,7 +15,7 @@ import Testing
 import Glibc
 #endif
 
-/// The interpreter Debian's python3-prometheus-client installs for (`make deps`); another
+/// The interpreter Debian's python3-prometheus-client installs for (`make test-deps`); another
 /// `python3` earlier on PATH (pyenv, a venv) would not see it.
 let systemPython = "/usr/bin/python3"
 
@@ -104,15 +105,18 @@ func checkExpositionLines(_ text: String) throws -> [(name: String, type: String
     return families
 }
 
-/// Every family obsctl writes for a privileged caller of a daemon with a store, in order.
+/// Every family obsctl writes by default for a privileged caller of a daemon with a store,
+/// in order: the daemon's totals, nothing per repository.
 let everyFamily = [
     "obsd_up", "obsd_info", "obsd_connections", "obsd_subscriptions", "obsd_repositories", "obsd_uptime_seconds",
     "obsd_connections_accepted_total", "obsd_connections_refused_total", "obsd_requests_total", "obsd_writes_total",
     "obsd_events_sent_total", "obsd_sent_bytes_total", "obsd_overflows_total", "obsd_writers_held_total", "obsd_repositories_held", "obsd_errors_total", "obsd_denied_total",
     "obsd_storage_commits_total", "obsd_storage_fsyncs_total", "obsd_storage_records_total", "obsd_storage_failures_total",
-    "obsd_storage_checkpoints_total", "obsd_storage_checkpoint_failures_total",
-    "obsd_repository_revision", "obsd_repository_keys",
+    "obsd_storage_checkpoints_total", "obsd_storage_checkpoint_failures_total", "obsd_reloads_total", "obsd_reload_failures_total",
 ]
+
+/// The families `--per-repository` adds after those (a series per repository each).
+let perRepositoryFamilies = ["obsd_repository_revision", "obsd_repository_keys"]
 
 /// A durable daemon with three writes to `ui` (three keys) and one to `cfg`.
 func daemonWithFourWrites() async throws -> TestDaemon {
@@ -143,21 +147,44 @@ func daemonWithFourWrites() async throws -> TestDaemon {
         #expect((samples["obsd_writes_total"] ?? 0) >= 4)
         #expect((samples["obsd_storage_records_total"] ?? 0) >= 4)
         #expect(samples["obsd_repositories"] == 2)
-        #expect(samples["obsd_repository_revision{repo=\"ui\"}"] == 3 && samples["obsd_repository_keys{repo=\"ui\"}"] == 3)
-        #expect(samples["obsd_repository_revision{repo=\"cfg\"}"] == 1 && samples["obsd_repository_keys{repo=\"cfg\"}"] == 1)
-        // At least obsctl's own (stats and repos go over one connection).
+        // At least obsctl's own.
         #expect((samples["obsd_connections"] ?? 0) >= 1)
     }
 
-    @Test(.enabled(if: hasPrometheusParser, "needs python3-prometheus-client for /usr/bin/python3 (make deps)"))
+    /// The textfile is world-readable and node_exporter serves it to anyone who can scrape
+    /// it: by default it names no repository (the access policy promises a peer learns
+    /// nothing of repositories it may not read) and holds a fixed number of series.
+    @Test func theDefaultExpositionNamesNoRepositoryAndPerRepositoryOptsIn() async throws {
+        let d = try await daemonWithFourWrites()
+        let plain = try obsctl(["stats", "--prometheus"], socket: d.socketPath)
+        #expect(plain.status == 0 && plain.stderr.isEmpty, "\(plain.status) \(plain.stderr)")
+        let families = try checkExpositionLines(plain.stdout)
+        #expect(!families.contains { $0.name.hasPrefix("obsd_repository_") }, "\(plain.stdout)")
+        #expect(families.allSatisfy { $0.samples.allSatisfy { !$0.series.contains("repo=") } })
+        #expect(!plain.stdout.contains("\"ui\"") && !plain.stdout.contains("\"cfg\""), "\(plain.stdout)")
+
+        let opted = try obsctl(["stats", "--prometheus", "--per-repository"], socket: d.socketPath)
+        #expect(opted.status == 0 && opted.stderr.isEmpty, "\(opted.status) \(opted.stderr)")
+        let all = try checkExpositionLines(opted.stdout)
+        #expect(all.map(\.name) == everyFamily + perRepositoryFamilies, "\(opted.stdout)")
+        let samples = Dictionary(uniqueKeysWithValues: all.flatMap(\.samples).map { ($0.series, $0.value) })
+        #expect(samples["obsd_repository_revision{repo=\"ui\"}"] == 3 && samples["obsd_repository_keys{repo=\"ui\"}"] == 3)
+        #expect(samples["obsd_repository_revision{repo=\"cfg\"}"] == 1 && samples["obsd_repository_keys{repo=\"cfg\"}"] == 1)
+        // Only with --prometheus.
+        #expect(try obsctl(["stats", "--per-repository"], socket: d.socketPath).status == 64)
+        #expect(try obsctl(["stats", "--json", "--per-repository"], socket: d.socketPath).status == 64)
+    }
+
+    @Test(.enabled(if: hasPrometheusParser, "needs python3-prometheus-client for /usr/bin/python3 (make test-deps)"))
     func theReferenceParserReadsFamiliesTypesAndValues() async throws {
         let d = try await daemonWithFourWrites()
-        let result = try obsctl(["stats", "--prometheus"], socket: d.socketPath)
+        let result = try obsctl(["stats", "--prometheus", "--per-repository"], socket: d.socketPath)
         #expect(result.status == 0)
         let families = try parseWithPrometheusClient(result.stdout)
         // The parser names a counter's family without `_total`; its sample keeps it.
-        #expect(Set(families.keys) == Set(everyFamily.map { $0.hasSuffix("_total") ? String($0.dropLast(6)) : $0 }))
-        for name in everyFamily {
+        let written = everyFamily + perRepositoryFamilies
+        #expect(Set(families.keys) == Set(written.map { $0.hasSuffix("_total") ? String($0.dropLast(6)) : $0 }))
+        for name in written {
             let family = try #require(families[name.hasSuffix("_total") ? String(name.dropLast(6)) : name])
             #expect(family.type == (name.hasSuffix("_total") ? "counter" : "gauge"), "\(name)")
             #expect(!family.help.isEmpty, "\(name) has help")
@@ -184,11 +211,12 @@ func daemonWithFourWrites() async throws -> TestDaemon {
         let families = try checkExpositionLines(result.stdout)
         #expect(families.map(\.name) == [
             "obsd_up", "obsd_info", "obsd_connections", "obsd_subscriptions", "obsd_repositories",
-            "obsd_repository_revision", "obsd_repository_keys",
         ], "\(result.stdout)")
         // Only what nobody may read.
         #expect(result.stdout.contains("obsd_repositories 1\n"))
-        #expect(result.stdout.contains("obsd_repository_revision{repo=\"public.news\"} 1\n") && !result.stdout.contains("secret"))
+        let opted = try obsctlAsNobody(["stats", "--prometheus", "--per-repository"], socket: s)
+        #expect(Array(try checkExpositionLines(opted.stdout).map(\.name).suffix(2)) == perRepositoryFamilies)
+        #expect(opted.stdout.contains("obsd_repository_revision{repo=\"public.news\"} 1\n") && !opted.stdout.contains("secret"))
     }
 
     @Test func whenTheDaemonIsDownPrometheusPrintsUpZeroAndExitsZero() async throws {
@@ -230,10 +258,12 @@ func daemonWithFourWrites() async throws -> TestDaemon {
         #expect(old >= 0)
         defer { close(old) }
 
-        let result = try obsctl(["stats", "--prometheus", "--output", path], socket: d.socketPath)
+        // --per-repository: the reader below checks that the last family is there too.
+        let command = ["stats", "--prometheus", "--per-repository", "--output", path]
+        let result = try obsctl(command, socket: d.socketPath)
         #expect(result.status == 0 && result.stdout.isEmpty && result.stderr.isEmpty, "\(result.stderr)")
         let text = try String(contentsOfFile: path, encoding: .utf8)
-        #expect(try checkExpositionLines(text).map(\.name) == everyFamily)
+        #expect(try checkExpositionLines(text).map(\.name) == everyFamily + perRepositoryFamilies)
         var buffer = [UInt8](repeating: 0, count: 16)
         #expect(pread(old, &buffer, 16, 0) == 4 && Array(buffer.prefix(4)) == Array("old\n".utf8))
         let attributes = try FileManager.default.attributesOfItem(atPath: path)
@@ -246,7 +276,7 @@ func daemonWithFourWrites() async throws -> TestDaemon {
         let thread = Thread { reader.run() }
         thread.start()
         for _ in 0..<15 {
-            #expect(try obsctl(["stats", "--prometheus", "--output", path], socket: d.socketPath).status == 0)
+            #expect(try obsctl(command, socket: d.socketPath).status == 0)
         }
         let seen = reader.finish()
         #expect(seen.reads > 0)

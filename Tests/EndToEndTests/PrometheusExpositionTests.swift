@@ -95,7 +95,7 @@ import Testing
         #expect(e.families.map(\.name) == ["x", "y_total"], "a refused family adds nothing")
     }
 
-    @Test(.enabled(if: hasPrometheusParser, "needs python3-prometheus-client for /usr/bin/python3 (make deps)"))
+    @Test(.enabled(if: hasPrometheusParser, "needs python3-prometheus-client for /usr/bin/python3 (make test-deps)"))
     func theReferenceParserReadsTrickyLabelValuesBackUnchanged() throws {
         let tricky = [#"back\slash"#, #"double "quote""#, "line\nfeed", #"\n literally"#, "\\\"\n\\", "", "tab\tand ✓ 🚀", "a,b=c}{"]
         var e = PrometheusExposition()
@@ -148,6 +148,8 @@ import Testing
             "connections": 1, "writes": 10, "server": "obsd/2.0.0",
             "queueHighWater": 4096, "loadAverage": 0.5, "p99LatencyMicros": 77,
             "tls": true, "storage": "sqlite /var/lib/obsd/obsd.db, sync always", "clients": [], "limits": ["x": 1], "nothing": nil,
+            // The daemon's pid is a number but no metric; the last reload's error is text.
+            "pid": 4242, "reloadError": "obsd.toml: unknown key x",
             // A known field whose type changed, and a new field whose name is taken: both reported.
             "requests": "many", "up": 3,
         ]

@@ -66,6 +66,7 @@ struct AccessControlTests {
         #expect(theirStats.objectValue?["peer"]?.objectValue?["uid"] == 65534)
         #expect(theirStats.objectValue?["peer"]?.objectValue?["privileged"] == false)
         #expect(theirStats.objectValue?["repos"] == 3 && theirStats.objectValue?["clients"] == nil && theirStats.objectValue?["writes"] == nil)
+        #expect(theirStats.objectValue?["pid"] == nil && theirStats.objectValue?["reloads"] == nil, "nor the daemon's pid and reloads")
         let rootStats = try JSONParser.parse(try obsctl(["stats", "--json"], socket: s).stdout)
         #expect(rootStats.objectValue?["repos"] == 4 && rootStats.objectValue?["denied"]?.int64Value == 4)
         #expect(rootStats.objectValue?["peer"]?.objectValue?["privileged"] == true)

@@ -2,7 +2,7 @@
 // activate), sd_notify to a test-owned NOTIFY_SOCKET (READY, STATUS, WATCHDOG cadence,
 // RELOADING on SIGHUP, STOPPING), journal records, the
 // configuration file, and the shipped units: systemd-analyze verify, and the sandbox
-// (system calls and W+X memory) checked against a traced run.
+// (system calls, W+X memory, the nice values libdispatch sets) checked against a traced run.
 
 import Foundation
 import ObsClient
@@ -200,6 +200,8 @@ func awaitNotify(_ listener: DatagramListener, within: Duration = .seconds(20), 
         let service = try unitSettings(String(contentsOfFile: root + "/obsd-metrics.service", encoding: .utf8))
         let exec = try #require(service["ExecStart"]?.first).split(separator: " ").map(String.init)
         #expect(exec.prefix(3) == ["/usr/local/bin/obsctl", "stats", "--prometheus"])
+        // The file is world-readable and served to any scraper: the shipped unit names no repository.
+        #expect(!exec.contains("--per-repository"), "per-repository series are the operator's choice (README, Metrics)")
         let output = try #require(exec.firstIndex(of: "--output").map { exec[$0 + 1] })
         let directory = URL(fileURLWithPath: output).deletingLastPathComponent().path
         #expect(output.hasSuffix(".prom"), "node_exporter reads *.prom only")
@@ -222,50 +224,50 @@ func awaitNotify(_ listener: DatagramListener, within: Duration = .seconds(20), 
         #expect(zip(times, times.dropFirst()).allSatisfy { ($1 - $0 + 86400) % 86400 == 15 }, "\(next)")
     }
 
-    /// obsctl, run as the metrics unit runs it, makes only the system calls its filter allows
-    /// and never maps memory writable and executable.
-    @Test(.enabled(if: which("strace") != nil && which("systemd-analyze") != nil))
+    /// obsctl, run as the metrics unit runs it (root without any capability, the unit's
+    /// RLIMIT_NICE), makes only the system calls its filter allows, never maps memory writable
+    /// and executable, and libdispatch may set every nice value it asks for: nothing is logged.
+    @Test(.enabled(if: which("strace") != nil && which("systemd-analyze") != nil && which("setpriv") != nil && getuid() == 0))
     func metricsUnitSandboxAllowsEverySystemCallObsctlMakes() async throws {
+        let unit = try shippedUnit("obsd-metrics.service")
         let d = try await TestDaemon.start(inMemory: true)
         _ = try d.connect().call(["op": "set", "repo": "ui", "key": "k", "value": 1])
         let trace = d.directory + "/trace"
+        let limit = prlimitArguments(nice: niceLimit(of: unit))
+        let command = (limit ?? []) + [
+            which("setpriv")!, "--inh-caps=-all", "--bounding-set=-all", which("strace")!, "-f", "-qq", "-o", trace,
+            BuildProducts.path("obsctl"), "--socket", d.socketPath, "stats", "--prometheus", "--output", d.directory + "/obsd.prom",
+        ]
         let result = try run(
-            which("strace")!,
-            ["-f", "-qq", "-o", trace, BuildProducts.path("obsctl"), "--socket", d.socketPath, "stats", "--prometheus", "--output", d.directory + "/obsd.prom"])
+            command[0], Array(command.dropFirst()),
+            environment: ProcessInfo.processInfo.environment.merging(["LIBDISPATCH_LOG": "stderr"]) { $1 })
         #expect(result.status == 0, "\(result.stderr)")
         #expect(try String(contentsOfFile: d.directory + "/obsd.prom", encoding: .utf8).contains("obsd_up 1\n"))
-        let lines = try String(contentsOfFile: trace, encoding: .utf8).split(separator: "\n")
-        var used = Set<String>()
-        for line in lines {
-            let call = line.drop { $0.isNumber }.drop { $0 == " " }
-            guard let paren = call.firstIndex(of: "(") else { continue }
-            let name = String(call[..<paren])
-            if !name.isEmpty, name.allSatisfy({ $0.isLowercase || $0.isNumber || $0 == "_" }) { used.insert(name) }
+        let traced = try Trace(file: trace)
+        #expect(traced.calls.contains("rename") || traced.calls.contains("renameat") || traced.calls.contains("renameat2"), "the trace covers the run")
+        try expectAllowed(by: unit, traced)
+        // Where this process may not give the child that limit, the trace's check above stands in.
+        if limit != nil || niceLimit(of: unit) == 0 {
+            #expect(dispatchPriorityComplaints(result.stderr).isEmpty, "\(result.stderr)")
         }
-        #expect(used.contains("rename") || used.contains("renameat") || used.contains("renameat2"), "the trace covers the run")
-        let writableExecutable = lines.filter {
-            ($0.contains("mmap(") || $0.contains("mprotect(")) && $0.contains("PROT_WRITE") && $0.contains("PROT_EXEC")
-        }
-        #expect(writableExecutable.isEmpty, "MemoryDenyWriteExecute=yes would kill: \(writableExecutable.prefix(3))")
-        let allowed = try syscallGroup("@system-service")
-        let denied = try syscallGroup("@privileged")
-        #expect(used.subtracting(allowed).isEmpty, "not in @system-service: \(used.subtracting(allowed).sorted())")
-        #expect(used.intersection(denied).isEmpty, "in ~@privileged: \(used.intersection(denied).sorted())")
     }
 
     @Test(.enabled(if: which("strace") != nil && which("setpriv") != nil && which("systemd-analyze") != nil && getuid() == 0))
     func sandboxAllowsEverySystemCallObsdMakesAndNoWritableExecutableMemory() async throws {
+        let unit = try shippedUnit("obsd.service")
         let dir = TestDaemon.makeTemporaryDirectory()
         defer { try? FileManager.default.removeItem(atPath: dir) }
         chmod(dir, 0o777)
         let trace = dir + "/trace"
-        // As the unit runs it: a non-root user, durable storage.
+        // As the unit runs it: a non-root user, the unit's RLIMIT_NICE, durable storage.
+        let limit = prlimitArguments(nice: niceLimit(of: unit))
+        let command = (limit ?? []) + [
+            which("setpriv")!, "--reuid=nobody", "--regid=nogroup", "--clear-groups", which("strace")!, "-f", "-qq", "-o", trace,
+            BuildProducts.path("obsd"), "--socket", dir + "/s.sock", "--data-dir", dir + "/data",
+        ]
         let process = try ChildProcess(
-            which("setpriv")!,
-            [
-                "--reuid=nobody", "--regid=nogroup", "--clear-groups", which("strace")!, "-f", "-qq", "-o", trace,
-                BuildProducts.path("obsd"), "--socket", dir + "/s.sock", "--data-dir", dir + "/data",
-            ])
+            command[0], Array(command.dropFirst()), environment: ProcessInfo.processInfo.environment.merging(["LIBDISPATCH_LOG": "stderr"]) { $1 },
+            stderr: .file(dir + "/stderr"))
         defer { process.stop(grace: .seconds(5)) }
         var c: WireConnection? = nil
         let deadline = ContinuousClock.now + .seconds(30)
@@ -278,32 +280,71 @@ func awaitNotify(_ listener: DatagramListener, within: Duration = .seconds(20), 
         for i in 0..<50 { _ = try client.call(["op": "set", "repo": "x", "key": .string("k\(i % 5)"), "value": .int(Int64(i))]) }
         _ = try client.call(["op": "list", "repo": "x", "values": true])
         _ = try client.call(["op": "stats"])
-        // strace blocks fatal signals (-o FILE PROG): stop obsd itself, gracefully, so the
-        // trace covers shutdown too. Its pid starts the trace's first line (its execve).
+        // obsd's pid starts the trace's first line (its execve).
         let first = try String(contentsOfFile: trace, encoding: .utf8).prefix { $0.isNumber }
         let pid = try #require(Int32(first))
+        // ExecReload= runs in the same sandbox, as the same user.
+        let reload = commandLine(try #require(unit["ExecReload"]?.last)).map { $0 == "$MAINPID" ? String(pid) : $0 }
+        let reloaded = try run(
+            which("setpriv")!, ["--reuid=nobody", "--regid=nogroup", "--clear-groups", which("strace")!, "-f", "-qq", "-o", dir + "/reload.trace"] + reload,
+            environment: ["OBSD_SOCKET": dir + "/s.sock", "PATH": "/usr/bin:/bin"])
+        #expect(reloaded.status == 0, "\(reloaded.stderr)")
+        // strace blocks fatal signals (-o FILE PROG): stop obsd itself, gracefully, so the
+        // trace covers shutdown too.
         kill(pid, SIGTERM)
         await process.exit(timeout: .seconds(30))
 
-        let lines = try String(contentsOfFile: trace, encoding: .utf8).split(separator: "\n")
-        var used = Set<String>()
+        let traced = try Trace(file: trace)
+        #expect(traced.calls.count > 30, "the trace covers the run")
+        try expectAllowed(by: unit, traced)
+        let reloadTrace = try Trace(file: dir + "/reload.trace")
+        #expect(reloadTrace.calls.contains("kill"), "the trace covers the reload")
+        try expectAllowed(by: unit, reloadTrace)
+        if limit != nil || niceLimit(of: unit) == 0 {
+            let stderr = (try? String(contentsOfFile: dir + "/stderr", encoding: .utf8)) ?? ""
+            #expect(dispatchPriorityComplaints(stderr).isEmpty, "\(stderr)")
+        }
+    }
+}
+
+/// An strace log (`strace -f -qq -o FILE`): its lines, and the names of the system calls made.
+struct Trace {
+    let lines: [Substring]
+    let calls: Set<String>
+
+    init(file: String) throws {
+        lines = try String(contentsOfFile: file, encoding: .utf8).split(separator: "\n")
+        var calls = Set<String>()
         for line in lines {
             // "<pid> <spaces> name(args) = result"
             let call = line.drop { $0.isNumber }.drop { $0 == " " }
             guard let paren = call.firstIndex(of: "(") else { continue }
             let name = String(call[..<paren])
-            if !name.isEmpty, name.allSatisfy({ $0.isLowercase || $0.isNumber || $0 == "_" }) { used.insert(name) }
+            if !name.isEmpty, name.allSatisfy({ $0.isLowercase || $0.isNumber || $0 == "_" }) { calls.insert(name) }
         }
-        let writableExecutable = lines.filter {
-            ($0.contains("mmap(") || $0.contains("mprotect(")) && $0.contains("PROT_WRITE") && $0.contains("PROT_EXEC")
-        }
-        #expect(used.count > 30, "the trace covers the run")
-        #expect(writableExecutable.isEmpty, "MemoryDenyWriteExecute=yes would kill: \(writableExecutable.prefix(3))")
-        let allowed = try syscallGroup("@system-service")
-        let denied = try syscallGroup("@privileged")
-        #expect(used.subtracting(allowed).isEmpty, "not in @system-service: \(used.subtracting(allowed).sorted())")
-        #expect(used.intersection(denied).isEmpty, "in ~@privileged: \(used.intersection(denied).sorted())")
+        self.calls = calls
     }
+}
+
+/// Checks a traced run against a unit's sandbox: every system call its filter allows
+/// (`SystemCallFilter=@system-service` and `~@privileged`), no memory mapped writable and
+/// executable (`MemoryDenyWriteExecute=yes` would kill the process), and every nice value
+/// libdispatch asked for allowed by the unit's RLIMIT_NICE (`LimitNICE=`; else setpriority
+/// fails with EACCES and libdispatch logs it, each time a worker thread starts).
+func expectAllowed(by unit: [String: [String]], _ trace: Trace, sourceLocation: SourceLocation = #_sourceLocation) throws {
+    let writableExecutable = trace.lines.filter {
+        ($0.contains("mmap(") || $0.contains("mprotect(")) && $0.contains("PROT_WRITE") && $0.contains("PROT_EXEC")
+    }
+    #expect(writableExecutable.isEmpty, "MemoryDenyWriteExecute=yes would kill: \(writableExecutable.prefix(3))", sourceLocation: sourceLocation)
+    let allowed = try syscallGroup("@system-service")
+    let denied = try syscallGroup("@privileged")
+    #expect(unit["SystemCallFilter"] == ["@system-service", "~@privileged"], sourceLocation: sourceLocation)
+    #expect(trace.calls.subtracting(allowed).isEmpty, "not in @system-service: \(trace.calls.subtracting(allowed).sorted())", sourceLocation: sourceLocation)
+    #expect(trace.calls.intersection(denied).isEmpty, "in ~@privileged: \(trace.calls.intersection(denied).sorted())", sourceLocation: sourceLocation)
+    let requested = requestedNiceValues(trace.lines)
+    #expect(!requested.isEmpty, "libdispatch sets its worker threads' nice values", sourceLocation: sourceLocation)
+    let refused = niceValuesRefused(requested, limit: niceLimit(of: unit))
+    #expect(refused.isEmpty, "RLIMIT_NICE \(niceLimit(of: unit)) refuses nice \(Set(refused).sorted()): raise LimitNICE=", sourceLocation: sourceLocation)
 }
 
 /// A unit file's settings: each key's values, in order (comments and section headers left out).

@@ -19,7 +19,7 @@ import Glibc
 #endif
 
 /// The reason the suite is skipped where etcd is missing.
-let etcdMissing: Comment = "etcd is not installed (Debian package etcd-server; `make deps` installs it)"
+let etcdMissing: Comment = "etcd is not there (Debian's etcd-server; `make etcd` unpacks it into .build/etcd)"
 
 struct ClusterTestFailure: Error, CustomStringConvertible {
     let description: String

@@ -7,7 +7,7 @@ import Synchronization
 import TestSupport
 
 /// The reason the suites are skipped where etcd is missing.
-let etcdMissing: Comment = "etcd is not installed (Debian package etcd-server; `make deps` installs it)"
+let etcdMissing: Comment = "etcd is not there (Debian's etcd-server; `make etcd` unpacks it into .build/etcd)"
 
 func bytes(_ s: String) -> [UInt8] { Array(s.utf8) }
 

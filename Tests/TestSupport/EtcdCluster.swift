@@ -1,7 +1,8 @@
 // Test support: a real etcd cluster on loopback — N members (3 by default) on free ports with
 // their data in a temporary directory, started with `etcd` from Debian's etcd-server (the
-// Makefile's `deps` installs it; nothing is installed here), waited for until every member
-// says it is healthy, and stopped by PID when the cluster goes away.
+// Makefile's `etcd` target unpacks it into .build/etcd without installing the package, so no
+// system etcd runs; an installed one is used too; nothing is installed here), waited for until
+// every member says it is healthy, and stopped by PID when the cluster goes away.
 //
 // Measured on the 2-core machine (etcd 3.4.23, heartbeat 100 ms, election timeout 1000 ms):
 // from the first spawn to three healthy members 0.8–1.2 s idle, up to ~2.5 s with the machine
@@ -19,8 +20,11 @@ public struct EtcdClusterFailure: Error, CustomStringConvertible {
 
 /// A running etcd cluster for a test. Members are addressed by index (0..<count).
 public final class EtcdCluster: Sendable {
-    /// Where `etcd` is, if it is installed.
-    public static let etcdPath: String? = ["/usr/bin/etcd", "/usr/local/bin/etcd"].first { access($0, X_OK) == 0 }
+    /// Where `etcd` is: unpacked by `make etcd` (`.build/etcd` in the package), or installed.
+    public static let etcdPath: String? = {
+        let package = String(#filePath.dropLast("/Tests/TestSupport/EtcdCluster.swift".count))
+        return [package + "/.build/etcd/usr/bin/etcd", "/usr/bin/etcd", "/usr/local/bin/etcd"].first { access($0, X_OK) == 0 }
+    }()
 
     /// Whether tests can start a cluster here.
     public static var isAvailable: Bool { etcdPath != nil }
@@ -50,7 +54,7 @@ public final class EtcdCluster: Sendable {
     /// exits and the whole start is retried with new ports (three times at most).
     public static func start(count: Int = 3, timeout: Duration = .seconds(30)) async throws -> EtcdCluster {
         guard let etcd = etcdPath else {
-            throw EtcdClusterFailure(description: "etcd is not installed (Debian package etcd-server; `make deps` installs it)")
+            throw EtcdClusterFailure(description: "etcd is not there (Debian's etcd-server; `make etcd` unpacks it into .build/etcd)")
         }
         var lastFailure = ""
         for _ in 0..<3 {

@@ -4,6 +4,10 @@
 import ObsProtocol
 import Synchronization
 
+#if canImport(Glibc)
+import Glibc
+#endif
+
 extension Session {
     func stats(_ id: JSONValue) {
         let s = hub.stats
@@ -35,6 +39,11 @@ extension Session {
             b.writeMember(",\"errors\":", count(s.errors))
             b.writeMember(",\"denied\":", count(s.denied))
             b.writeMember(",\"uptimeSeconds\":", UInt64(max(0, uptime.components.seconds)))
+            b.writeMember(",\"pid\":", UInt64(max(0, getpid())))
+            let reloads = hub.runtime.reloads
+            b.writeMember(",\"reloads\":", UInt64(reloads.ended))
+            b.writeMember(",\"reloadFailures\":", UInt64(reloads.failed))
+            if let error = reloads.error { b.writeMember(",\"reloadError\":", error) }
             b.writeMember(",\"storage\":", hub.storage.summary)
             if let c = hub.storage.counters {
                 b.writeMember(",\"storageCommits\":", count(c.commits))
