@@ -134,13 +134,7 @@ let package = Package(
         // In-process tests of the daemon's parts: hub, outbox, connection handler.
         .testTarget(
             name: "ObsServerTests",
-            dependencies: [
-                "ObsServer", "ObsStore", "ObsProtocol", "ObservableKit",
-                .product(name: "NIOCore", package: "swift-nio"),
-                .product(name: "NIOPosix", package: "swift-nio"),
-                .product(name: "NIOEmbedded", package: "swift-nio"),
-                .product(name: "Logging", package: "swift-log"),
-            ]),
+            dependencies: ["ObsServer", "ObsCore", "ObsStore", "ObsProtocol", "ObservableKit", "CLinux", .product(name: "Logging", package: "swift-log")]),
         .target(name: "TestSupport", path: "Tests/TestSupport"),
         // ObsEtcd against a real 3-member etcd cluster on loopback (TestSupport's EtcdCluster).
         .testTarget(name: "ObsEtcdTests", dependencies: ["ObsEtcd", "TestSupport"]),

@@ -129,7 +129,9 @@ func admittedConnection(_ d: TestDaemon) async throws -> WireConnection {
     var refusals = 0
     while true {
         let connection = try d.connect()
-        let reply = try connection.call(["op": "ping"])
+        // Not `call`: a refusal answers with id null, not the ping's id.
+        try connection.request(["op": "ping"])
+        let reply = try connection.receive()
         if reply.ok { return connection }
         connection.close()
         refusals += 1

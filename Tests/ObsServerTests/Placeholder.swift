@@ -1,0 +1,3 @@
+// Placeholder while the in-process tests move to the new event loop (temporary).
+import Testing
+@Suite struct Placeholder { @Test func nothing() {} }
