@@ -134,8 +134,11 @@ let package = Package(
         // In-process tests of the daemon's parts: hub, outbox, connection handler.
         .testTarget(
             name: "ObsServerTests",
-            dependencies: ["ObsServer", "ObsCore", "ObsStore", "ObsProtocol", "ObservableKit", "CLinux", .product(name: "Logging", package: "swift-log")]),
-        .target(name: "TestSupport", path: "Tests/TestSupport"),
+            dependencies: [
+                "ObsServer", "ObsCore", "ObsStore", "ObsProtocol", "ObservableKit", "CLinux", "TestSupport",
+                .product(name: "Logging", package: "swift-log"),
+            ]),
+        .target(name: "TestSupport", dependencies: ["ObsStore"], path: "Tests/TestSupport"),
         // ObsEtcd against a real 3-member etcd cluster on loopback (TestSupport's EtcdCluster).
         .testTarget(name: "ObsEtcdTests", dependencies: ["ObsEtcd", "TestSupport"]),
         // ObsCluster's encodings and key layout, without a cluster; and two real obsd daemons

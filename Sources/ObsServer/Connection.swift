@@ -83,9 +83,9 @@ final class Connection: IOHandler {
             stats: hub.stats, connection: id, latestRevision: { [unowned shard] in shard.latestRevision(of: $0) })
     }
 
-    /// Starts serving: registers the socket, reads the peer's credentials and asks the hub to
-    /// admit it. `peer` stands in for SO_PEERCRED in in-process tests.
-    func start(peer: Peer?, limits: Limits) {
+    /// Starts serving: registers the socket, reads the peer's credentials (`peerOf`:
+    /// SO_PEERCRED; replaced only by in-process tests) and asks the hub to admit it.
+    func start(limits: Limits, peerOf: (Int32) -> Peer? = Sockets.peer(of:)) {
         loop.assertInLoop()
         do {
             slot = try loop.register(fd, self, events: 0)
@@ -95,7 +95,7 @@ final class Connection: IOHandler {
             return
         }
         registry.add(self)
-        guard let peer = peer ?? Sockets.peer(of: fd) else {
+        guard let peer = peerOf(fd) else {
             logger.error("cannot read the peer's credentials (SO_PEERCRED); closing the connection")
             return refuse("the daemon could not identify this process")
         }

@@ -245,8 +245,8 @@ final class EventLoop: Sendable {
     /// Loop-confined (touched only in tasks run on `io`).
     nonisolated(unsafe) let connections = LoopConnections()
 
-    init(index: Int, delivery: DeliveryBudget) throws(SocketError) {
-        io = try IOLoop(index: index)
+    init(index: Int, delivery: DeliveryBudget, clock: @escaping @Sendable () -> UInt64 = IOLoop.monotonicNow) throws(SocketError) {
+        io = try IOLoop(index: index, clock: clock)
         shard = LoopShard(loop: io, budget: delivery)
     }
 

@@ -10,6 +10,7 @@ import ObsClient
 import ObsProtocol
 import ObservableKit
 import Testing
+import TestSupport
 
 @Suite struct SharedModeTests {
     @Test func writesThatChangeNothingLeaveNoRepositoryBehind() async throws {

@@ -69,7 +69,7 @@ final class Acceptor: @unchecked Sendable {
                 let (hub, logger) = (self.hub, self.logger)
                 let start: @Sendable () -> Void = {
                     Connection(fd: fd, shard: loop.shard, hub: hub, registry: loop.connections, limits: limits, logger: logger)
-                        .start(peer: nil, limits: limits)
+                        .start(limits: limits)
                 }
                 if loop.io === home { start() } else { loop.io.execute(start) }
                 continue

@@ -61,8 +61,10 @@ final class IOLoop: @unchecked Sendable {
     private var tickRequested = false
     /// The thread running the loop (set by `runOnce`).
     private var owner: pthread_t?
-    /// The time of the current iteration (monotonic nanoseconds).
-    private(set) var now: UInt64 = IOLoop.monotonicNow()
+    /// Where time comes from (monotonic nanoseconds); in-process tests move it by hand.
+    private let clock: @Sendable () -> UInt64
+    /// The time of the current iteration.
+    private(set) var now: UInt64
     /// Read buffer shared by the loop's connections: a connection keeps only the bytes of a
     /// line a read cut in two.
     let readBuffer: UnsafeMutableRawBufferPointer
@@ -70,8 +72,10 @@ final class IOLoop: @unchecked Sendable {
     /// Run at the end of an iteration that asked for a tick (`requestTick`).
     var onTick: (() -> Void)?
 
-    init(index: Int) throws(SocketError) {
+    init(index: Int, clock: @escaping @Sendable () -> UInt64 = IOLoop.monotonicNow) throws(SocketError) {
         self.index = index
+        self.clock = clock
+        self.now = clock()
         epoll = epoll_create1(Int32(EPOLL_CLOEXEC))
         guard epoll >= 0 else { throw SocketError.from(errno, "cannot create an epoll set") }
         wake = eventfd(0, Int32(EFD_NONBLOCK | EFD_CLOEXEC))
@@ -136,8 +140,10 @@ final class IOLoop: @unchecked Sendable {
         runTasks()
     }
 
-    /// Runs one iteration, waiting at most `maxWait` milliseconds for readiness (0: not at all).
-    func runOnce(maxWait: Int32 = 0) {
+    /// Runs one iteration, waiting at most `maxWait` milliseconds for readiness (0: not at
+    /// all). Returns whether it did anything (in-process tests run a loop until it is idle).
+    @discardableResult
+    func runOnce(maxWait: Int32 = 0) -> Bool {
         owner = pthread_self()
         var timeout = maxWait
         if tickRequested || !localTasks.isEmpty || posted.withLock({ !$0.tasks.isEmpty }) {
@@ -147,7 +153,8 @@ final class IOLoop: @unchecked Sendable {
             timeout = timeout < 0 ? wait : min(timeout, wait)
         }
         let n = epoll_wait(epoll, events, Int32(eventCapacity), timeout)
-        now = Self.monotonicNow()
+        now = clock()
+        var worked = n > 0
         if n > 0 {
             for i in 0..<Int(n) {
                 let event = events[i]
@@ -160,15 +167,21 @@ final class IOLoop: @unchecked Sendable {
                 if slot < handlers.count, let handler = handlers[slot] { handler.ready(event.events) }
             }
         }
-        runTasks()
-        while let task = timers.popDue(now: now) { task() }
+        worked = runTasks() || worked
+        while let task = timers.popDue(now: now) {
+            task()
+            worked = true
+        }
         if tickRequested {
             tickRequested = false
             onTick?()
+            worked = true
         }
+        return worked
     }
 
-    private func runTasks() {
+    @discardableResult
+    private func runTasks() -> Bool {
         let tasks = posted.withLock { p -> [@Sendable () -> Void] in
             p.woken = false
             var tasks: [@Sendable () -> Void] = []
@@ -176,11 +189,14 @@ final class IOLoop: @unchecked Sendable {
             return tasks
         }
         for task in tasks { task() }
+        var worked = !tasks.isEmpty
         while !localTasks.isEmpty {
             var local: [() -> Void] = []
             swap(&local, &localTasks)
             for task in local { task() }
+            worked = true
         }
+        return worked
     }
 
     /// Asks for a tick at the end of this iteration (or the next one).

@@ -47,22 +47,22 @@ enum WriteFailure: Error, Sendable {
     case shared(SharedFailure)
 }
 
-typealias WriteResult = Result<WriteOutcome, WriteFailure>
+typealias WriteDecision = Result<WriteOutcome, WriteFailure>
 
 /// Where a write decided later is answered: a connection's loop. Sendable; the session it
 /// leads to is touched only on that loop.
 final class AnswerRoute: Sendable {
     let loop: IOLoop
-    private let deliver: @Sendable (UInt64, WriteResult) -> Void
+    private let deliver: @Sendable (UInt64, WriteDecision) -> Void
 
     /// `deliver` runs on `loop` with a write's token and result.
-    init(loop: IOLoop, deliver: @escaping @Sendable (UInt64, WriteResult) -> Void) {
+    init(loop: IOLoop, deliver: @escaping @Sendable (UInt64, WriteDecision) -> Void) {
         self.loop = loop
         self.deliver = deliver
     }
 
     /// Answers write `token` (from any thread).
-    func answer(_ token: UInt64, _ result: WriteResult) {
+    func answer(_ token: UInt64, _ result: WriteDecision) {
         loop.execute { [deliver] in deliver(token, result) }
     }
 }
@@ -71,7 +71,7 @@ final class AnswerRoute: Sendable {
 protocol Sequencer: Sendable {
     /// Decides `write` on `repository`: returns its result now, or nil — then `route` is
     /// answered with `token` exactly once, later.
-    func submit(_ write: WriteRequest, to repository: Repository, route: AnswerRoute, token: UInt64) -> WriteResult?
+    func submit(_ write: WriteRequest, to repository: Repository, route: AnswerRoute, token: UInt64) -> WriteDecision?
 }
 
 /// Decisions made here and now: the local store (memory, or the write-ahead log).
@@ -79,9 +79,9 @@ struct LocalSequencer: Sequencer {
     let storage: any Storage
     let stats: ServerStats
 
-    func submit(_ write: WriteRequest, to repository: Repository, route: AnswerRoute, token: UInt64) -> WriteResult? {
+    func submit(_ write: WriteRequest, to repository: Repository, route: AnswerRoute, token: UInt64) -> WriteDecision? {
         let immediate = storage.isImmediate
-        return repository.withState { s -> WriteResult in
+        return repository.withState { s -> WriteDecision in
             let plan: WritePlan
             do throws(WriteRefusal) { plan = try s.core.plan(write.ops, limits: write.limits) } catch { return .failure(.refused(error)) }
             guard !plan.changes.isEmpty else {

@@ -42,7 +42,7 @@ final class SharedSequencer: Sequencer, Sendable {
         /// Past it, the write is answered with an error instead of being planned again.
         let deadline: ContinuousClock.Instant
 
-        func answer(_ result: WriteResult) { route.answer(token, result) }
+        func answer(_ result: WriteDecision) { route.answer(token, result) }
     }
 
     /// A group's connections per revision, kept until its revisions arrive (or for a while
@@ -69,7 +69,7 @@ final class SharedSequencer: Sequencer, Sendable {
         self.stats = stats
     }
 
-    func submit(_ write: WriteRequest, to repository: Repository, route: AnswerRoute, token: UInt64) -> WriteResult? {
+    func submit(_ write: WriteRequest, to repository: Repository, route: AnswerRoute, token: UInt64) -> WriteDecision? {
         let item = Item(write: write, route: route, token: token, deadline: .now + Self.writeTimeout)
         let start = queues.withLock { q -> Bool in
             q[repository.id, default: Queue()].waiting.append(item)
@@ -124,12 +124,12 @@ final class SharedSequencer: Sequencer, Sendable {
         let commit: SharedCommit
         let records: [RevisionRecord]
         let origins: [UInt64: ConnectionID]
-        let answers: [(item: Item, answer: WriteResult)]
+        let answers: [(item: Item, answer: WriteDecision)]
     }
 
     /// Answers a group's writes by the store's outcome, then goes on with the next group.
     private func finish(_ group: Group, in repository: Repository, _ outcome: SharedCommitOutcome) {
-        var answers: [(Item, WriteResult)] = []
+        var answers: [(Item, WriteDecision)] = []
         queues.withLock { q in
             var queue = q[repository.id] ?? Queue()
             if case .failed(let failure) = outcome, failure.kind == .outcomeUnknown, let inflight = queue.inflight {
@@ -154,14 +154,14 @@ final class SharedSequencer: Sequencer, Sendable {
     /// Plans `items` into a group on the current state. Writes whose answer needs no store —
     /// a batch naming a key twice, a deadline passed, a revision too large for one commit —
     /// are `decided`; those that do not fit this group are the `rest`.
-    private func plan(_ items: [Item], in repository: Repository) -> (Group?, decided: [(Item, WriteResult)], rest: [Item]) {
+    private func plan(_ items: [Item], in repository: Repository) -> (Group?, decided: [(Item, WriteDecision)], rest: [Item]) {
         let clock = ContinuousClock.now
         let now = WallClock.unixSeconds()
         let writeID = writeIDs.next()
         return repository.withState { s in
             let basis = s.core.revision
-            var decided: [(Item, WriteResult)] = []
-            var answers: [(item: Item, answer: WriteResult)] = []
+            var decided: [(Item, WriteDecision)] = []
+            var answers: [(item: Item, answer: WriteDecision)] = []
             var records: [RevisionRecord] = []
             var tentatives: [RepositoryCore.Tentative] = []
             var origins: [UInt64: ConnectionID] = [:]

@@ -66,7 +66,7 @@ extension Session {
     // MARK: Writes
 
     /// Replies to a write decided at once, after the state it reports is durable.
-    func answerWrite(_ id: JSONValue, _ repository: Repository, _ result: WriteResult, single: Bool) {
+    func answerWrite(_ id: JSONValue, _ repository: Repository, _ result: WriteDecision, single: Bool) {
         switch result {
         case .success(let outcome):
             if outcome.changed { shard.counters.countWrite() }
@@ -80,7 +80,7 @@ extension Session {
     }
 
     /// Encodes the whole reply to a write decided later (its state is current: shown at once).
-    func encodeWrite(_ sink: inout [UInt8], _ id: JSONValue, _ repo: String, _ result: WriteResult, single: Bool) {
+    func encodeWrite(_ sink: inout [UInt8], _ id: JSONValue, _ repo: String, _ result: WriteDecision, single: Bool) {
         switch result {
         case .success(let outcome):
             if outcome.changed { shard.counters.countWrite() }

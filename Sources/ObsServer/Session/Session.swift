@@ -273,7 +273,7 @@ final class Session {
     }
 
     /// A write decided later is answered (on this loop).
-    func answered(_ token: UInt64, _ result: WriteResult) {
+    func answered(_ token: UInt64, _ result: WriteDecision) {
         guard let pending = pendingWrites.removeValue(forKey: token) else { return }
         var reply: [UInt8] = []
         encodeWrite(&reply, pending.id, pending.repository.name, result, single: pending.single)

@@ -7,8 +7,10 @@
 import ObsStore
 import Synchronization
 
-final class FakeSharedStorage: SharedStorage {
-    let epoch = "fake-shared-store"
+public final class FakeSharedStorage: SharedStorage {
+    public let epoch = "fake-shared-store"
+
+    public init() {}
 
     private struct State {
         var revisions: [String: UInt64] = [:]
@@ -24,10 +26,10 @@ final class FakeSharedStorage: SharedStorage {
     /// The next group that commits is applied, but its writer is told the outcome is
     /// unknown; its revisions reach the daemon only at `deliverParked` (or before the next
     /// commit to the same repository, as a stale basis would bring them).
-    func reportNextCommitAsUnknown() { state.withLock { $0.reportNextAsUnknown = true } }
+    public func reportNextCommitAsUnknown() { state.withLock { $0.reportNextAsUnknown = true } }
 
     /// Delivers the revisions of groups reported as unknown.
-    func deliverParked() {
+    public func deliverParked() {
         let (sink, parked) = state.withLock { s -> ((any SharedStorageSink)?, [(repo: String, revisions: [SharedRevision])]) in
             defer { s.parked = [] }
             return (s.sink, s.parked)
@@ -37,13 +39,13 @@ final class FakeSharedStorage: SharedStorage {
 
     // MARK: SharedStorage
 
-    func connect() async throws {}
+    public func connect() async throws {}
 
-    func start(delivering sink: any SharedStorageSink) { state.withLock { $0.sink = sink } }
+    public func start(delivering sink: any SharedStorageSink) { state.withLock { $0.sink = sink } }
 
-    func limitExceeded(by records: [RevisionRecord]) -> String? { nil }
+    public func limitExceeded(by records: [RevisionRecord]) -> String? { nil }
 
-    func commit(_ group: SharedCommit) async -> SharedCommitOutcome {
+    public func commit(_ group: SharedCommit) async -> SharedCommitOutcome {
         enum Decision { case stale, current, committed([SharedRevision]), unknown }
         let (decision, sink) = state.withLock { s -> (Decision, (any SharedStorageSink)?) in
             guard s.revisions[group.repo, default: 0] == group.basisRevision else { return (.stale, s.sink) }
@@ -71,16 +73,16 @@ final class FakeSharedStorage: SharedStorage {
         }
     }
 
-    func linearize(_ scope: SharedScope) async -> Bool { true }
+    public func linearize(_ scope: SharedScope) async -> Bool { true }
 
     // MARK: Storage
 
-    var isImmediate: Bool { false }
-    var summary: String { "fake shared store (test)" }
-    var counters: StorageCounters? { nil }
-    var notices: [String] { [] }
-    func load() throws(StorageError) -> [LoadedRepository] { [] }
-    func append(_ record: RevisionRecord, listener: any DurabilityListener) -> Bool { false }
-    func discard(_ listener: any DurabilityListener, after revision: UInt64) {}
-    func close() {}
+    public var isImmediate: Bool { false }
+    public var summary: String { "fake shared store (test)" }
+    public var counters: StorageCounters? { nil }
+    public var notices: [String] { [] }
+    public func load() throws(StorageError) -> [LoadedRepository] { [] }
+    public func append(_ record: RevisionRecord, listener: any DurabilityListener) -> Bool { false }
+    public func discard(_ listener: any DurabilityListener, after revision: UInt64) {}
+    public func close() {}
 }

@@ -1,0 +1,96 @@
+// In-process tests of the daemon's shared state: which repository objects the hub hands out,
+// that none is ever used after the hub let go of it, and that concurrent connections and
+// creations never pass their limits.
+
+import ObsCore
+import ObsProtocol
+import ObsStore
+import ObservableKit
+import Synchronization
+import Testing
+
+@testable import ObsServer
+
+/// A write as a session makes it, decided at once (a local store).
+func write(_ hub: Hub, _ repository: Repository, _ ops: [WriteOp<CanonicalJSON>], maxRepositories: Int = 1000, maxKeys: Int = 1000) -> WriteDecision? {
+    let request = WriteRequest(
+        ops: ops, limits: WriteLimits(maxKeys: maxKeys, maxRevisionBytes: 1 << 20), maxRepositories: maxRepositories,
+        writer: Writer(uid: 0, gid: 0, pid: 1), origin: .next(), time: 0)
+    return hub.sequencer.submit(request, to: repository, route: AnswerRoute(loop: hub.shards[0].loop) { _, _ in }, token: 0)
+}
+
+@Suite struct HubTests {
+    @Test func aRepositoryWhoseFirstRevisionWasUndoneIsStillTheOneTheHubHandsOut() throws {
+        let server = try TestServer(storage: ManualStorage())
+        let hub = server.hub
+        let set: (Int64) -> [WriteOp<CanonicalJSON>] = { [.set("k", CanonicalJSON(.int($0)))] }
+        let held = hub.hold("r")
+        _ = write(hub, held, set(1))
+        let first = try #require(hub.existing("r"))
+        // Storage fails revision 1: the repository is back at revision 0.
+        held.failed(after: 0, error: StorageError(.full, "test: disk full"))
+        #expect(held.revision == 0)
+        // Someone else uses the repository meanwhile and lets go of it.
+        _ = hub.hold("r")
+        hub.release("r")
+        // The holder writes again: into the repository the hub still has.
+        _ = write(hub, held, set(2))
+        hub.release("r")
+        let now = try #require(hub.existing("r"), "the hub kept the repository")
+        #expect(now === first)
+        #expect(now.get("k").entry?.value == CanonicalJSON(.int(2)), "the write is where readers look")
+    }
+
+    @Test func concurrentConnectionsAndCreationsNeverPassTheirLimits() async throws {
+        var limits = Limits.testing
+        limits.maxConnections = 10
+        let server = try TestServer(limits: limits)
+        let hub = server.hub
+        let peer = Peer(uid: 0, gid: 0, pid: 1)
+        let admitted = Locked(0)
+        await withTaskGroup(of: Void.self) { group in
+            for _ in 0..<200 {
+                group.addTask {
+                    let entry = ConnectedPeer(peer: peer, since: .now, subscriptions: SubscriptionTally()) {}
+                    if hub.admit(.next(), entry) == nil { admitted.withLock { $0 += 1 } }
+                }
+            }
+        }
+        #expect(admitted.withLock { $0 } == 10)
+        #expect(hub.stats.connections.load(ordering: .relaxed) == 10)
+
+        let created = Locked(0)
+        await withTaskGroup(of: Void.self) { group in
+            for i in 0..<100 {
+                group.addTask {
+                    let repository = hub.hold("r\(i)")
+                    defer { hub.release("r\(i)") }
+                    if case .success? = write(hub, repository, [.set("k", CanonicalJSON(1))], maxRepositories: 7, maxKeys: 10) {
+                        created.withLock { $0 += 1 }
+                    }
+                }
+            }
+        }
+        #expect(created.withLock { $0 } == 7)
+        #expect(hub.repositoryCount == 7 && hub.listed().count == 7)
+    }
+
+    @Test func placeholdersOfRepositoriesNobodyWroteAreDroppedWhenUnused() throws {
+        let server = try TestServer()
+        _ = server.hub.hold("ghost")
+        server.hub.release("ghost")
+        #expect(server.hub.existing("ghost") == nil)
+    }
+}
+
+@Suite struct MessageSizeTests {
+    @Test func aReplyPastTheMessageLimitIsRefusedBeforeItIsBuilt() {
+        let value = CanonicalJSON(.string(String(repeating: "v", count: 1000)))
+        let entries = (0..<3000).map { (key: Key("k\($0)"), value: value) }
+        let refusal = Session.tooLargeToSend(entries, values: true, what: "this list", limit: 2 << 20)
+        #expect(refusal?.code == .tooLarge)
+        #expect(refusal?.message.contains("this list would take more than 2 MiB") == true)
+        #expect(Session.tooLargeToSend(entries, values: false, what: "this list", limit: 2 << 20) == nil, "keys alone fit")
+        #expect(Session.tooLargeToSend(entries, values: true, what: "this list") == nil, "3 MB is far below 1 GiB")
+    }
+}
