@@ -60,7 +60,11 @@ public struct RepositoryCore: Sendable {
     /// changed key held before (to undo them).
     public private(set) var pending = RecordBatch<Void>()
     private var undo: [[(key: Key, entry: Entry<CanonicalJSON>?)]] = []
-    /// The record of the revision committed last (reused: a write allocates no buffer for it).
+    /// How every revision's body begins (`,"repo":<name>,"rev":`), encoded once.
+    private let prefix: [UInt8]
+    /// Where the record of the revision committed last is: the history's newest, or — when the
+    /// history keeps none — `scratch` (reused: a write allocates no buffer for it).
+    private var lastInHistory = false
     private var scratch: [UInt8] = []
     private var scratchPlace: RecordPlace?
     private var scratchInfo: RevisionInfo?
@@ -70,10 +74,12 @@ public struct RepositoryCore: Sendable {
         self.name = name
         self.epoch = epoch
         self.data = loaded?.state ?? KeyedState()
+        let prefix = RevisionRecordLayout.prefix(repo: name)
+        self.prefix = prefix
         var history = History(limits: historyLimits)
         for record in loaded?.history ?? [] {
             history.append(
-                repo: name,
+                prefix: prefix,
                 info: RevisionInfo(revision: record.revision, time: record.time, writer: record.writer, origin: 0, weight: record.byteSize),
                 changes: record.changes)
         }
@@ -166,20 +172,29 @@ public struct RepositoryCore: Sendable {
         return true
     }
 
+    /// Encodes the revision once: into the history (or `scratch`, when it keeps none), and
+    /// — not durable yet — copies it to `pending`.
     private mutating func record(_ info: RevisionInfo, _ changes: [Change<CanonicalJSON>], durable: Bool) {
-        scratch.removeAll(keepingCapacity: scratch.capacity <= 1 << 20)
-        let place = RevisionRecordLayout.append(repo: name, revision: info.revision, changes: changes, into: &scratch)
-        scratchPlace = place
-        scratchInfo = info
-        scratch.withUnsafeBytes { raw in
-            let view = RevisionView(info: info, place: place, bytes: raw)
-            history.append(view)
-            if !durable { pending.append(view, tag: ()) }
+        if history.keepsRevisions {
+            history.append(prefix: prefix, info: info, changes: changes)
+            lastInHistory = true
+        } else {
+            scratch.removeAll(keepingCapacity: scratch.capacity <= 1 << 20)
+            scratchPlace = RevisionRecordLayout.append(prefix: prefix, revision: info.revision, changes: changes, into: &scratch)
+            scratchInfo = info
+            lastInHistory = false
+        }
+        if !durable {
+            var pending = self.pending
+            self.pending = RecordBatch()  // `pending` the only owner while it grows
+            withLastRecord { pending.append($0, tag: ()) }
+            self.pending = pending
         }
     }
 
     /// Reads the record of the revision committed or installed last.
     public func withLastRecord<R>(_ body: (RevisionView) -> R) -> R? {
+        if lastInHistory { return history.withNewest(body) }
         guard let place = scratchPlace, let info = scratchInfo else { return nil }
         return scratch.withUnsafeBytes { body(RevisionView(info: info, place: place, bytes: $0)) }
     }

@@ -84,19 +84,28 @@ public enum RevisionRecordLayout {
     /// keys area), key length — four little-endian `UInt32`, relative to the record's start.
     public static let tableEntry = 16
 
-    /// Appends the record of a revision of `repo` with `changes` (and, for a lease's end,
-    /// `tail` written before the closing brace) to `bytes`; returns where its parts lie.
+    /// `,"repo":<name>,"rev":` — how every body of repository `repo` begins (made once).
+    public static func prefix(repo: String) -> [UInt8] {
+        var bytes: [UInt8] = []
+        bytes.writeMember(",\"repo\":", repo)
+        bytes.writeRaw(",\"rev\":")
+        return bytes
+    }
+
+    /// Appends the record of a revision with `changes` (of the repository whose `prefix` this
+    /// is; and, for a lease's end, `tail` written before the closing brace) to `bytes`; returns
+    /// where its parts lie.
     @inlinable
     public static func append(
-        repo: String, revision: UInt64, changes: [Change<CanonicalJSON>], into bytes: inout [UInt8],
+        prefix: [UInt8], revision: UInt64, changes: [Change<CanonicalJSON>], into bytes: inout [UInt8],
         tail: ((inout [UInt8]) -> Void)? = nil
     ) -> RecordPlace {
         let start = bytes.count
         let count = changes.count
         bytes.append(contentsOf: repeatElement(0, count: count * tableEntry))
         let bodyStart = bytes.count
-        bytes.writeMember(",\"repo\":", repo)
-        bytes.writeMember(",\"rev\":", revision)
+        bytes.writeRaw(prefix)
+        bytes.writeDecimal(revision)
         bytes.writeRaw(",\"changes\":[")
         let prefixEnd = bytes.count
         for i in 0..<count {
@@ -201,7 +210,7 @@ public struct RevisionView {
 
     /// Writes the body with the changes `selected` picks (all: the body as it is).
     @inlinable
-    public func writeBody<S: JSONSink>(_ sink: inout S, selected: SelectedChanges) {
+    public func writeBody<S: JSONSink & ~Copyable>(_ sink: inout S, selected: SelectedChanges) {
         switch selected {
         case .all:
             sink.writeBytes(body)
@@ -217,7 +226,7 @@ public struct RevisionView {
 
     /// Writes the whole `change` event for subscription `sub` (with `by` when `writers`).
     @inlinable
-    public func writeEvent<S: JSONSink>(_ sink: inout S, sub: UInt64, writers: Bool, selected: SelectedChanges) {
+    public func writeEvent<S: JSONSink & ~Copyable>(_ sink: inout S, sub: UInt64, writers: Bool, selected: SelectedChanges) {
         EventEncoder.writeChangeHead(&sink, sub: sub)
         if writers, let writer = info.writer { EventEncoder.writeBy(&sink, writer) }
         writeBody(&sink, selected: selected)

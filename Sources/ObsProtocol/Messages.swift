@@ -13,7 +13,7 @@ public enum ReplyEncoder {
     /// Writes `{"id":<id>,"ok":true`. Follow with members, each starting with a comma,
     /// then `end(_:)`.
     @inlinable
-    public static func begin<S: JSONSink>(_ sink: inout S, id: JSONValue) {
+    public static func begin<S: JSONSink & ~Copyable>(_ sink: inout S, id: JSONValue) {
         sink.writeRaw("{\"id\":")
         sink.writeJSON(id)
         sink.writeRaw(",\"ok\":true")
@@ -21,19 +21,19 @@ public enum ReplyEncoder {
 
     /// Closes a reply begun with `begin(_:id:)`.
     @inlinable
-    public static func end<S: JSONSink>(_ sink: inout S) {
+    public static func end<S: JSONSink & ~Copyable>(_ sink: inout S) {
         sink.writeRaw("}\n")
     }
 
     /// Writes a success reply with no members.
     @inlinable
-    public static func ok<S: JSONSink>(_ sink: inout S, id: JSONValue) {
+    public static func ok<S: JSONSink & ~Copyable>(_ sink: inout S, id: JSONValue) {
         begin(&sink, id: id)
         end(&sink)
     }
 
     /// Writes an error reply.
-    public static func error<S: JSONSink>(_ sink: inout S, id: JSONValue, _ error: ProtocolError) {
+    public static func error<S: JSONSink & ~Copyable>(_ sink: inout S, id: JSONValue, _ error: ProtocolError) {
         sink.writeRaw("{\"id\":")
         sink.writeJSON(id)
         sink.writeRaw(",\"ok\":false,\"error\":{\"code\":")
@@ -46,13 +46,13 @@ public enum ReplyEncoder {
 /// Writes events.
 public enum EventEncoder {
     /// Writes one change object: `{"key":…[,"old":…][,"new":…]}`.
-    public static func writeChange<S: JSONSink>(_ sink: inout S, _ change: Change<JSONValue>) {
+    public static func writeChange<S: JSONSink & ~Copyable>(_ sink: inout S, _ change: Change<JSONValue>) {
         writeChange(&sink, change) { sink, value in sink.writeJSON(value) }
     }
 
     /// Writes one change object of any value type, each value written by `writeValue`.
     @inlinable
-    public static func writeChange<S: JSONSink, V>(
+    public static func writeChange<S: JSONSink & ~Copyable, V>(
         _ sink: inout S, _ change: Change<V>, writeValue: (inout S, V) -> Void
     ) {
         sink.writeRaw("{\"key\":")
@@ -71,13 +71,13 @@ public enum EventEncoder {
     /// Writes `{"event":"change","sub":<sub>` — the part of a change event that differs
     /// between subscriptions. Follow with `writeChangeBody`.
     @inlinable
-    public static func writeChangeHead<S: JSONSink>(_ sink: inout S, sub: UInt64) {
+    public static func writeChangeHead<S: JSONSink & ~Copyable>(_ sink: inout S, sub: UInt64) {
         sink.writeMember("{\"event\":\"change\",\"sub\":", sub)
     }
 
     /// Writes `,"by":{"uid":…,"gid":…,"pid":…}`: who wrote a revision (`writers: true`).
     @inlinable
-    public static func writeBy<S: JSONSink>(_ sink: inout S, _ writer: Writer) {
+    public static func writeBy<S: JSONSink & ~Copyable>(_ sink: inout S, _ writer: Writer) {
         sink.writeMember(",\"by\":{\"uid\":", UInt64(writer.uid))
         sink.writeMember(",\"gid\":", UInt64(writer.gid))
         sink.writeRaw(",\"pid\":")
@@ -89,7 +89,7 @@ public enum EventEncoder {
     /// coalesced event covers), the `count` change objects written in order by `writeChange`
     /// (given each one's position; see `writeChange(_:_:writeValue:)`).
     @inlinable
-    public static func writeChangeBody<S: JSONSink>(
+    public static func writeChangeBody<S: JSONSink & ~Copyable>(
         _ sink: inout S, repo: String, rev: UInt64, from: UInt64? = nil, count: Int, writeChange: (inout S, Int) -> Void
     ) {
         sink.writeMember(",\"repo\":", repo)
@@ -104,7 +104,7 @@ public enum EventEncoder {
     }
 
     /// Writes a whole `snapshot` event.
-    public static func writeSnapshot<S: JSONSink>(
+    public static func writeSnapshot<S: JSONSink & ~Copyable>(
         _ sink: inout S, sub: UInt64, repo: String, rev: UInt64, values: some Sequence<(Key, JSONValue)>
     ) {
         sink.writeMember("{\"event\":\"snapshot\",\"sub\":", sub)
@@ -123,7 +123,7 @@ public enum EventEncoder {
     }
 
     /// Writes a whole `synced` event.
-    public static func writeSynced<S: JSONSink>(_ sink: inout S, sub: UInt64, repo: String, rev: UInt64) {
+    public static func writeSynced<S: JSONSink & ~Copyable>(_ sink: inout S, sub: UInt64, repo: String, rev: UInt64) {
         sink.writeMember("{\"event\":\"synced\",\"sub\":", sub)
         sink.writeMember(",\"repo\":", repo)
         sink.writeMember(",\"rev\":", rev)
@@ -131,7 +131,7 @@ public enum EventEncoder {
     }
 
     /// Writes a whole `overflow` event.
-    public static func writeOverflow<S: JSONSink>(_ sink: inout S, revs: some Sequence<(sub: UInt64, rev: UInt64)>) {
+    public static func writeOverflow<S: JSONSink & ~Copyable>(_ sink: inout S, revs: some Sequence<(sub: UInt64, rev: UInt64)>) {
         sink.writeRaw("{\"event\":\"overflow\",\"revs\":{")
         var first = true
         for (sub, rev) in revs {
@@ -148,7 +148,7 @@ public enum EventEncoder {
 
 extension Command {
     /// The request line with `id` and `op`, ended by `\n` (client side).
-    public func encodeRequest<S: JSONSink>(into sink: inout S, id: JSONValue) {
+    public func encodeRequest<S: JSONSink & ~Copyable>(into sink: inout S, id: JSONValue) {
         sink.writeMember("{\"id\":", id)
         sink.writeMember(",\"op\":", op)
         switch self {

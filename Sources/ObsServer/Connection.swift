@@ -32,12 +32,12 @@ final class Connection: IOHandler {
     let outbox: Outbox
     private(set) var session: Session?
     private let hub: Hub
-    private let registry: LoopConnections
+    let registry: LoopConnections
     private let logger: Logger
     /// Where writes decided later are answered (the shared store's): this connection's loop.
     private(set) lazy var answers: AnswerRoute = {
-        let bound = LoopBound(self, loop: loop)
-        return AnswerRoute(loop: loop) { token, result in bound.value?.session?.answered(token, result) }
+        let ref = ConnectionRef(self)
+        return AnswerRoute(loop: loop) { token, result in ref.session?.answered(token, result) }
     }()
 
     /// What happens to the client's input.
@@ -80,7 +80,7 @@ final class Connection: IOHandler {
             limits: OutboxLimits(
                 maxBytes: limits.queueBytes, maxEvents: limits.queueEvents,
                 grace: UInt64(limits.overflowGrace.components.seconds) * 1_000_000_000 + UInt64(limits.overflowGrace.components.attoseconds / 1_000_000_000)),
-            stats: hub.stats, connection: id, latestRevision: { [unowned shard] in shard.latestRevision(of: $0) })
+            stats: hub.stats, connection: id, latestRevision: { [unowned(unsafe) shard] in shard.latestRevision(of: $0) })
     }
 
     /// Starts serving: registers the socket, reads the peer's credentials (`peerOf`:
@@ -100,9 +100,9 @@ final class Connection: IOHandler {
             return refuse("the daemon could not identify this process")
         }
         let session = Session(connection: self, hub: hub, peer: peer, limits: limits, logger: logger)
-        let bound = LoopBound(self, loop: loop)
-        let entry = ConnectedPeer(peer: peer, since: .now, subscriptions: outbox.tally) { [loop] in
-            loop.execute { bound.value?.session?.revalidate() }
+        let ref = ConnectionRef(self)
+        let entry = ConnectedPeer(peer: peer, since: .now, subscriptions: outbox.tally) {
+            ref.loop.execute { ref.session?.revalidate() }
         }
         if let reason = hub.admit(id, entry) {
             hub.stats.connectionsRefused.add(1, ordering: .relaxed)
@@ -277,7 +277,8 @@ final class Connection: IOHandler {
         input = .stopped
         held = []
         updateInterest()
-        closeTimer = loop.schedule(in: outbox.limits.grace) { [weak self] in self?.close() }
+        let ref = ConnectionRef(self)
+        closeTimer = loop.schedule(in: outbox.limits.grace) { ref.connection?.close() }
     }
 
     /// One error message, then a lingering close: the write side is shut down at once (the
@@ -291,7 +292,8 @@ final class Connection: IOHandler {
         message.withUnsafeBytes { _ = obs_send(fd, $0.baseAddress, UInt($0.count)) }
         shutdown(fd, Int32(SHUT_WR))
         updateInterest()
-        closeTimer = loop.schedule(in: 1_000_000_000) { [weak self] in self?.close() }
+        let ref = ConnectionRef(self)
+        closeTimer = loop.schedule(in: 1_000_000_000) { ref.connection?.close() }
     }
 
     /// Shutdown: takes no more requests.

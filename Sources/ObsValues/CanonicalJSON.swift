@@ -61,7 +61,7 @@ extension CanonicalJSON: Equatable {
     }
 }
 
-extension JSONSink {
+extension JSONSink where Self: ~Copyable {
     /// Writes a canonical value's encoding.
     @inlinable
     public mutating func writeCanonical(_ value: CanonicalJSON) { writeRaw(value.bytes) }

@@ -8,7 +8,7 @@
 import ObservableKit
 
 /// A destination for encoded bytes.
-public protocol JSONSink {
+public protocol JSONSink: ~Copyable {
     mutating func writeByte(_ byte: UInt8)
     mutating func writeBytes(_ bytes: UnsafeRawBufferPointer)
 }
@@ -20,7 +20,7 @@ extension Array: JSONSink where Element == UInt8 {
     public mutating func writeBytes(_ bytes: UnsafeRawBufferPointer) { append(contentsOf: bytes) }
 }
 
-extension JSONSink {
+extension JSONSink where Self: ~Copyable {
     /// Writes ASCII text verbatim (punctuation and known field names).
     @inlinable
     public mutating func writeRaw(_ text: StaticString) {

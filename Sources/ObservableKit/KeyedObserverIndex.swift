@@ -109,20 +109,20 @@ public struct KeyedRoutes<Element> {
     /// Calls `body` for each observer that selects any of `keys` (one revision's keys, in
     /// application order) — once per observer, with the positions it selects.
     @inlinable
-    public func route(_ keys: some RandomAccessCollection<Key>, _ body: (ObserverID, Element, SelectedChanges) -> Void) {
+    public func route(_ keys: some RandomAccessCollection<Key>, _ body: (ObserverID, borrowing Element, SelectedChanges) -> Void) {
         if keys.count == 1, let key = keys.first {
-            forEachMatch(of: key) { slot in body(slot.id, slot.element, .all) }
+            forEachMatch(of: key) { (slot: borrowing SlotList<Element>.Slot) in body(slot.id, slot.element, .all) }
             return
         }
         var position: [ObserverID: Int] = [:]
         var matches: [(slot: SlotList<Element>.Slot, indices: [Int])] = []
         for (i, key) in keys.enumerated() {
-            forEachMatch(of: key) { slot in
+            forEachMatch(of: key) { (slot: borrowing SlotList<Element>.Slot) in
                 if let j = position[slot.id] {
                     matches[j].indices.append(i)
                 } else {
                     position[slot.id] = matches.count
-                    matches.append((slot, [i]))
+                    matches.append((copy slot, [i]))
                 }
             }
         }
@@ -140,19 +140,28 @@ public struct KeyedRoutes<Element> {
     }
 
     @inlinable
-    func forEachMatch(of key: Key, _ body: (SlotList<Element>.Slot) -> Void) {
-        if let list = exact[key] { list.slots.forEach(body) }
+    func forEachMatch(of key: Key, _ body: (borrowing SlotList<Element>.Slot) -> Void) {
+        if let list = exact[key] { Self.visit(list, body) }
         if !prefixLengths.isEmpty {
             key.withUTF8 { bytes in
                 for length in prefixLengths.keys where length <= bytes.count {
                     // A prefix is valid UTF-8: it cannot end just before a continuation byte.
                     if length < bytes.count, bytes[length] & 0xC0 == 0x80 { continue }
                     let candidate = Key(String(decoding: UnsafeBufferPointer(rebasing: bytes[..<length]), as: UTF8.self))
-                    prefixes[candidate]?.slots.forEach(body)
+                    if let list = prefixes[candidate] { Self.visit(list, body) }
                 }
             }
         }
-        all.slots.forEach(body)
+        Self.visit(all, body)
+    }
+
+    /// Calls `body` with each slot, borrowed from the list's storage (no copy of its element:
+    /// at fan-out, a retain and release of each observer per revision would be most of the cost).
+    @inlinable
+    static func visit(_ list: SlotList<Element>, _ body: (borrowing SlotList<Element>.Slot) -> Void) {
+        list.slots.withUnsafeBufferPointer { slots in
+            for i in slots.indices { body(slots[i]) }
+        }
     }
 }
 
@@ -208,7 +217,7 @@ public final class KeyedObserverIndex<Element: Sendable>: Sendable {
     public func route(_ keys: [Key]) -> [Routed<Element>] {
         storage.withLock { s in
             var out: [Routed<Element>] = []
-            s.route(keys) { id, element, selected in out.append(Routed(id: id, observer: element, selected: selected)) }
+            s.route(keys) { id, element, selected in out.append(Routed(id: id, observer: copy element, selected: selected)) }
             return out
         }
     }

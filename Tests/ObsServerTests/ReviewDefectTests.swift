@@ -110,25 +110,25 @@ import TestSupport
     /// etcd mode: a write's answer comes from the shared store, later. While the subscriber's
     /// loop is behind, the writer is held after its write — as a local writer is — and goes on
     /// as that loop catches up.
-    @Test func aWriterInEtcdModeIsHeldWhileTheFanOutLoopIsBehind() throws {
+    @Test func aWriterInEtcdModeIsHeldWhileTheFanOutLoopIsBehind() async throws {
         let server = try TestServer(storage: FakeSharedStorage(), loops: 2, delivery: DeliveryBudget(eventsPerTick: 1000, maxBacklog: 8))
         let hub = server.hub
         let subscriber = try TestConnection(server, loop: 1)
         // Ten subscriptions: each revision weighs ten events on the subscriber's loop.
         try subscriber.send((1...10).map { #"{"id":\#($0),"op":"subscribe","repo":"r"}"# + "\n" }.joined())
-        #expect(try subscriber.receive(running: 1, count: 10).count == 10, "subscribing reads the store first")
+        #expect(try await subscriber.receive(running: 1, count: 10).count == 10, "subscribing reads the store first")
 
         let writer = try TestConnection(server, loop: 0)
         try writer.send(lines((1...3).map { #"{"id":\#($0),"op":"set","repo":"r","key":"k","value":\#($0)}"# }.joined(separator: "\n")), run: false)
         // The store answers from another thread: loop 0 runs until the first reply is in.
-        let first = try writer.receive(running: 0, count: 1)
+        let first = try await writer.receive(running: 0, count: 1)
         #expect(first.map(\.["id"]) == [.int(1)])
         #expect(hub.stats.writersHeld.load(ordering: .relaxed) == 1, "held after the write that made the backlog")
         server.run(0)
         #expect(try writer.received(running: 0).isEmpty, "nothing more while the subscriber's loop is behind")
 
         server.run(1)
-        let rest = try writer.receive(running: 0, count: 2, alsoRunning: 1)
+        let rest = try await writer.receive(running: 0, count: 2, alsoRunning: 1)
         #expect(rest.map(\.["id"]) == [.int(2), .int(3)])
         #expect(try subscriber.received().filter { $0["event"] == .string("change") }.count == 30)
     }

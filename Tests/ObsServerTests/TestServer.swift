@@ -171,15 +171,17 @@ final class TestConnection {
     }
 
     /// Runs loop `running` (and `alsoRunning`, if given) until `count` messages arrived, for
-    /// answers that come from another thread (the shared store's); at most ten seconds.
-    func receive(running: Int, count: Int, alsoRunning other: Int? = nil) throws -> [JSONValue] {
+    /// answers that come from another thread (the shared store's tasks); at most ten seconds.
+    /// Suspends between looks, so the tasks it waits for get the thread this test runs on.
+    func receive(running: Int, count: Int, alsoRunning other: Int? = nil) async throws -> [JSONValue] {
         let deadline = ContinuousClock.now + .seconds(10)
         var messages: [JSONValue] = []
         while messages.count < count {
             guard ContinuousClock.now < deadline else { throw TestError("got \(messages.count) of \(count) messages: \(messages)") }
-            server.loops[running].io.runOnce(maxWait: 10)
+            server.loops[running].io.runOnce(maxWait: 0)
             if let other { server.run(other) }
             messages += try received(running: running)
+            if messages.count < count { try await Task.sleep(for: .milliseconds(1)) }
         }
         return messages
     }

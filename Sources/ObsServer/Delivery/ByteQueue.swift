@@ -1,7 +1,8 @@
 // ObsServer — a connection's unsent bytes: one growable buffer, appended at the end, sent
 // from the front. Replies and events are encoded straight into it (it is a `JSONSink`); a
-// `send` takes what the socket accepts and the rest waits. Its storage is reused, so a
-// connection that keeps up allocates nothing per message.
+// `send` takes what the socket accepts and the rest waits. Its memory is its own (noncopyable:
+// no copy-on-write checks, no reference counting per write) and reused, so a connection that
+// keeps up allocates nothing per message.
 
 import CLinux
 import ObsValues
@@ -10,33 +11,59 @@ import ObsValues
 import Glibc
 #endif
 
-struct ByteQueue: JSONSink {
-    private(set) var storage: [UInt8] = []
-    /// Bytes before this offset were sent.
+struct ByteQueue: JSONSink, ~Copyable {
+    private var base: UnsafeMutableRawPointer?
+    private var capacity = 0
+    /// Bytes before `start` were sent; bytes up to `end` are written.
     private var start = 0
-
-    /// Bytes waiting to be sent.
-    var count: Int { storage.count - start }
-    var isEmpty: Bool { start == storage.count }
-
+    private var end = 0
     /// Bytes ever appended (a position in the stream of everything this queue carried).
     private(set) var appended = 0
 
-    @inlinable
+    init() {}
+
+    deinit { base?.deallocate() }
+
+    /// Bytes waiting to be sent.
+    var count: Int { end - start }
+    var isEmpty: Bool { start == end }
+
+    @inline(__always)
     mutating func writeByte(_ byte: UInt8) {
-        storage.append(byte)
+        if end == capacity { grow(1) }
+        base.unsafelyUnwrapped.storeBytes(of: byte, toByteOffset: end, as: UInt8.self)
+        end += 1
         appended += 1
     }
 
-    @inlinable
+    @inline(__always)
     mutating func writeBytes(_ bytes: UnsafeRawBufferPointer) {
-        storage.append(contentsOf: bytes)
-        appended += bytes.count
+        let n = bytes.count
+        guard n > 0 else { return }
+        if end + n > capacity { grow(n) }
+        (base.unsafelyUnwrapped + end).copyMemory(from: bytes.baseAddress.unsafelyUnwrapped, byteCount: n)
+        end += n
+        appended += n
     }
 
-    /// Appends another queue's unsent bytes.
-    mutating func append(_ other: ByteQueue) {
-        other.storage.withUnsafeBytes { writeBytes(UnsafeRawBufferPointer(rebasing: $0[other.start...])) }
+    /// Makes room for `n` more bytes: moves the unsent bytes to the front, or doubles.
+    @inline(never)
+    private mutating func grow(_ n: Int) {
+        let unsent = end - start
+        if let base, start > 0, unsent + n <= capacity / 2 {
+            base.copyMemory(from: base + start, byteCount: unsent)
+        } else {
+            let size = max(1024, (unsent + n) * 2)
+            let fresh = UnsafeMutableRawPointer.allocate(byteCount: size, alignment: 16)
+            if let base {
+                fresh.copyMemory(from: base + start, byteCount: unsent)
+                base.deallocate()
+            }
+            base = fresh
+            capacity = size
+        }
+        start = 0
+        end = unsent
     }
 
     /// What `send` did.
@@ -52,8 +79,8 @@ struct ByteQueue: JSONSink {
     /// Sends what the socket takes.
     mutating func send(to fd: Int32) -> Sent {
         var sent = 0
-        while start < storage.count {
-            let n = storage.withUnsafeBytes { raw in obs_send(fd, raw.baseAddress! + start, UInt(raw.count - start)) }
+        while start < end {
+            let n = obs_send(fd, base.unsafelyUnwrapped + start, UInt(end - start))
             if n > 0 {
                 start += n
                 sent += n
@@ -61,32 +88,26 @@ struct ByteQueue: JSONSink {
             }
             let e = errno
             if n < 0 && e == EINTR { continue }
-            if n < 0 && (e == EAGAIN || e == EWOULDBLOCK) {
-                compact()
-                return .some(sent)
-            }
+            if n < 0 && (e == EAGAIN || e == EWOULDBLOCK) { return .some(sent) }
             return .failed(n < 0 ? e : EPIPE)
         }
         clear()
         return .all(sent)
     }
 
-    /// Drops everything queued.
+    /// Drops everything queued (a large buffer a burst left behind is freed).
     mutating func clear() {
-        storage.removeAll(keepingCapacity: storage.capacity <= 256 << 10)
         start = 0
-    }
-
-    /// Moves the unsent bytes to the front once the sent ones take most of the buffer.
-    private mutating func compact() {
-        if start >= 64 << 10, start * 2 >= storage.count {
-            storage.removeFirst(start)
-            start = 0
+        end = 0
+        if capacity > 256 << 10 {
+            base?.deallocate()
+            base = nil
+            capacity = 0
         }
     }
 
-    /// Reads the unsent bytes (tests, and a write that moves them elsewhere).
+    /// Reads the unsent bytes.
     func withUnsentBytes<R>(_ body: (UnsafeRawBufferPointer) -> R) -> R {
-        storage.withUnsafeBytes { body(UnsafeRawBufferPointer(rebasing: $0[start...])) }
+        body(UnsafeRawBufferPointer(start: base.map { $0 + start }, count: end - start))
     }
 }

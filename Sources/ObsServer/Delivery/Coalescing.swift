@@ -78,14 +78,14 @@ extension Outbox {
         for subscription in subscriptions {
             guard let lag = subscription.lag else { continue }
             subscription.lag = nil
-            guard live[subscription.id] === subscription else { continue }  // ended meanwhile
+            guard subscription.isLive else { continue }  // ended meanwhile
             let changes = lag.changes
             let revision = max(lag.revision, latestRevision(subscription.repository))
             subscription.completeThrough = revision
             // Changed and changed back (its own writes under echo: false included): nothing to say.
             guard !changes.isEmpty else { continue }
             appendEvent { sink in
-                sink.writeRaw(subscription.head)
+                subscription.writeHead(&sink)
                 if subscription.writers, let writer = lag.writer { EventEncoder.writeBy(&sink, writer) }
                 EventEncoder.writeChangeBody(
                     &sink, repo: subscription.repository.name, rev: revision, from: lag.from, count: changes.count

@@ -90,7 +90,10 @@ final class LoopShard: @unchecked Sendable {
     /// in place.
     final class RepositoryRoutes {
         let repository: Repository
-        var routes = KeyedRoutes<Subscription>()
+        /// Unmanaged: a routed subscription is always held strongly elsewhere — by its outbox
+        /// while it is live, and by whoever ends it until it is unrouted — so routing a
+        /// revision to a thousand subscribers retains and releases none of them.
+        var routes = KeyedRoutes<Unmanaged<Subscription>>()
         /// The newest revision delivered to this loop.
         var revision: UInt64 = 0
 
@@ -121,7 +124,7 @@ final class LoopShard: @unchecked Sendable {
     init(loop: IOLoop, budget: DeliveryBudget = DeliveryBudget()) {
         self.loop = loop
         self.budget = budget
-        loop.onTick = { [unowned self] in self.tick() }
+        loop.onTick = { [unowned(unsafe) self] in self.tick() }
     }
 
     /// Set once by the hub that owns this shard, before it serves.
@@ -187,7 +190,7 @@ final class LoopShard: @unchecked Sendable {
         let id = subscription.repository.id
         let entry = routes[id] ?? RepositoryRoutes(repository: subscription.repository)
         routes[id] = entry
-        entry.routes.insert(subscription, for: subscription.selection, id: subscription.routeID)
+        entry.routes.insert(.passUnretained(subscription), for: subscription.selection, id: subscription.routeID)
     }
 
     /// Stops routing to `subscription`. Idempotent.
@@ -210,7 +213,7 @@ final class LoopShard: @unchecked Sendable {
     func lags(ofRepository name: String) -> [Lag] {
         var lags: [Lag] = []
         for entry in routes.values where entry.repository.name == name {
-            entry.routes.forEachRegistration { subscription in if let lag = subscription.lag { lags.append(lag) } }
+            entry.routes.forEachRegistration { subscription in if let lag = subscription.takeUnretainedValue().lag { lags.append(lag) } }
         }
         return lags
     }
@@ -307,21 +310,25 @@ final class LoopShard: @unchecked Sendable {
         entry.revision = revision.revision
         var delivered = 0
         var ended: [Subscription] = []
-        let visit: (ObserverID, Subscription, SelectedChanges) -> Void = { _, subscription, selected in
-            guard revision.revision > subscription.after else { return }
-            switch subscription.connection.outbox.deliver(revision, selected: selected, to: subscription) {
-            case .delivered:
-                delivered += 1
-            case .skipped:
-                return
-            case .ended:
-                delivered += 1
-                ended.append(subscription)
-            case .overflowed(let victims):
-                ended.append(contentsOf: victims)
-                subscription.connection.overflowed()
+        let visit: (ObserverID, borrowing Unmanaged<Subscription>, SelectedChanges) -> Void = { _, routed, selected in
+            routed._withUnsafeGuaranteedRef { subscription in
+                guard revision.revision > subscription.after else { return }
+                subscription.withConnection { connection, outbox in
+                    switch outbox.deliver(revision, selected: selected, to: subscription) {
+                    case .delivered:
+                        delivered += 1
+                    case .skipped:
+                        return
+                    case .ended:
+                        delivered += 1
+                        ended.append(subscription)
+                    case .overflowed(let victims):
+                        ended.append(contentsOf: victims)
+                        connection.overflowed()
+                    }
+                    if !connection.isDirty { self.markDirty(connection) }
+                }
             }
-            self.markDirty(subscription.connection)
         }
         if revision.changeCount == 1 {
             entry.routes.route(CollectionOfOne(revision.key(0)), visit)

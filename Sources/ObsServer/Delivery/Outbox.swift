@@ -45,7 +45,7 @@ final class Outbox {
     }
 
     private enum Chunk {
-        case bytes(ByteQueue, events: Int)
+        case bytes([UInt8], events: Int)
         case pending(Slot)
     }
 
@@ -113,9 +113,7 @@ final class Outbox {
     /// Fills a reserved slot; what it held back becomes ready as far as the next pending slot.
     func fill(_ slot: Slot, with bytes: UnsafeRawBufferPointer, events: Int = 0) {
         guard phase != .closed, let index = blocked.firstIndex(where: { if case .pending(slot) = $0 { true } else { false } }) else { return }
-        var queue = ByteQueue()
-        queue.writeBytes(bytes)
-        blocked[index] = .bytes(queue, events: events)
+        blocked[index] = .bytes(Array(bytes), events: events)
         queuedBytes += bytes.count - Self.slotBytes
         queuedEvents += events
         releaseBlocked()
@@ -125,8 +123,8 @@ final class Outbox {
     private func releaseBlocked() {
         var released = 0
         for chunk in blocked {
-            guard case .bytes(let queue, let events) = chunk else { break }
-            ready.append(queue)
+            guard case .bytes(let bytes, let events) = chunk else { break }
+            bytes.withUnsafeBytes { ready.writeBytes($0) }
             if events > 0 { eventEnds.append((ready.appended, events)) }
             released += 1
         }
@@ -142,17 +140,16 @@ final class Outbox {
             if events > 0 { eventEnds.append((ready.appended, events)) }
         } else {
             var queue = ByteQueue()
+            write(&queue)
+            queuedBytes += queue.count
+            var bytes: [UInt8] = []
             var count = 0
             if case .bytes(let last, let n) = blocked[blocked.count - 1] {
-                queue = last
-                count = n
-                blocked[blocked.count - 1] = .bytes(ByteQueue(), events: 0)  // `queue` the only owner while it grows
+                (bytes, count) = (last, n)
                 blocked.removeLast()
             }
-            let before = queue.count
-            write(&queue)
-            queuedBytes += queue.count - before
-            blocked.append(.bytes(queue, events: count + events))
+            queue.withUnsentBytes { bytes.append(contentsOf: $0) }
+            blocked.append(.bytes(bytes, events: count + events))
         }
         queuedEvents += events
     }
@@ -163,6 +160,7 @@ final class Outbox {
     func register(_ subscription: Subscription) -> Bool {
         guard phase == .open else { return false }
         live[subscription.id] = subscription
+        subscription.isLive = true
         count(subscriptions: 1)
         return true
     }
@@ -171,6 +169,7 @@ final class Outbox {
     /// `once`, or by overflow). No event of it is queued after this returns.
     func unregister(_ id: UInt64) -> Subscription? {
         guard let subscription = live.removeValue(forKey: id) else { return nil }
+        subscription.isLive = false
         count(subscriptions: -1)
         return subscription
     }
@@ -178,6 +177,7 @@ final class Outbox {
     /// Ends every live subscription (the connection stays open for its replies); returns them.
     func unregisterAll() -> [Subscription] {
         let ended = Array(live.values)
+        for subscription in ended { subscription.isLive = false }
         count(subscriptions: -ended.count)
         live.removeAll()
         return ended
@@ -190,6 +190,7 @@ final class Outbox {
     /// event of it follows. Returns it, or nil if it was not live.
     func revoke(_ id: UInt64, notice: [UInt8]) -> Subscription? {
         guard phase == .open, let subscription = live.removeValue(forKey: id) else { return nil }
+        subscription.isLive = false
         count(subscriptions: -1)
         notice.withUnsafeBytes { append($0, events: 1) }
         return subscription
@@ -204,7 +205,7 @@ final class Outbox {
     /// Queues the change event of `revision` for `subscription`, folds it into the
     /// subscription's lag (coalescing), skips it (`echo: false`), or overflows.
     func deliver(_ revision: RevisionView, selected: SelectedChanges, to subscription: Subscription) -> Delivery {
-        guard phase == .open, live[subscription.id] === subscription else { return .skipped }
+        guard phase == .open, subscription.isLive else { return .skipped }
         if subscription.coalesce, subscription.lag != nil || isFull {
             fold(revision, selected: selected, into: subscription)
             return .skipped
@@ -214,13 +215,25 @@ final class Outbox {
             return .skipped
         }
         if isFull { return .overflowed(overflow()) }
-        appendToOpenEnd(events: 1) { sink in
-            sink.writeRaw(subscription.head)
-            if subscription.writers, let writer = revision.info.writer { EventEncoder.writeBy(&sink, writer) }
-            revision.writeBody(&sink, selected: selected)
+        if blocked.isEmpty {
+            // The common case, written in place: no closure, nothing retained.
+            let before = ready.count
+            subscription.writeHead(&ready)
+            if subscription.writers, let writer = revision.info.writer { EventEncoder.writeBy(&ready, writer) }
+            revision.writeBody(&ready, selected: selected)
+            queuedBytes += ready.count - before
+            queuedEvents += 1
+            eventEnds.append((ready.appended, 1))
+        } else {
+            appendToOpenEnd(events: 1) { sink in
+                subscription.writeHead(&sink)
+                if subscription.writers, let writer = revision.info.writer { EventEncoder.writeBy(&sink, writer) }
+                revision.writeBody(&sink, selected: selected)
+            }
         }
         if subscription.once {
             live[subscription.id] = nil
+            subscription.isLive = false
             count(subscriptions: -1)
             return .ended
         }
@@ -239,6 +252,7 @@ final class Outbox {
         phase = .overflowed
         let revs = live.map { (sub: $0.key, rev: $0.value.completeThrough) }.sorted { $0.sub < $1.sub }
         let victims = Array(live.values)
+        for subscription in victims { subscription.isLive = false }
         count(subscriptions: -victims.count)
         live.removeAll()
         lagging.removeAll()

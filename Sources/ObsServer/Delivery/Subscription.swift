@@ -2,6 +2,7 @@
 
 import ObsCore
 import ObsProtocol
+import ObsValues
 import ObservableKit
 import Synchronization
 
@@ -23,8 +24,15 @@ final class Subscription {
     /// The subscription number on its connection.
     let id: UInt64
     let repository: Repository
-    unowned let connection: Connection
-    var outbox: Outbox { connection.outbox }
+    // Unmanaged (unowned(unsafe)): a connection's subscriptions end (are unrouted) when it
+    // closes, before it goes, and nothing reaches one but on their loop. Not strong references,
+    // and not unowned ones: delivery touches a thousand subscriptions per revision at fan-out,
+    // and a retain and release of each one's connection and outbox per event were a third of
+    // the daemon's time (cache misses on cold reference counts).
+    private let connectionRef: Unmanaged<Connection>
+    private let outboxRef: Unmanaged<Outbox>
+    var connection: Connection { connectionRef.takeUnretainedValue() }
+    var outbox: Outbox { outboxRef.takeUnretainedValue() }
     let selection: Selection
     /// Ends after its first change event.
     let once: Bool
@@ -36,8 +44,11 @@ final class Subscription {
     let echo: Bool
     /// Its registration in the loop's routes.
     let routeID = ObserverID.next()
-    /// `{"event":"change","sub":<id>` — the part of its change events that is its own.
-    let head: [UInt8]
+    /// `{"event":"change","sub":<id>` — the part of its change events that is its own, kept
+    /// inline (written for every event: no array to retain).
+    private let head: InlineBytes
+    /// Live on its connection (registered, not ended).
+    var isLive = false
     /// Revisions up to here were covered by the subscribe reply (snapshot or replay); set
     /// when it is registered.
     var after: UInt64 = 0
@@ -50,7 +61,8 @@ final class Subscription {
     init(id: UInt64, repository: Repository, connection: Connection, request: SubscribeRequest) {
         self.id = id
         self.repository = repository
-        self.connection = connection
+        self.connectionRef = .passUnretained(connection)
+        self.outboxRef = .passUnretained(connection.outbox)
         self.selection = request.selection
         self.once = request.once
         self.coalesce = request.coalesce
@@ -58,7 +70,19 @@ final class Subscription {
         self.echo = request.echo
         var head: [UInt8] = []
         EventEncoder.writeChangeHead(&head, sub: id)
-        self.head = head
+        self.head = InlineBytes(head)
+    }
+
+    /// Calls `body` with the connection and its outbox, retaining neither (see above).
+    @inline(__always)
+    func withConnection<R>(_ body: (Connection, Outbox) -> R) -> R {
+        connectionRef._withUnsafeGuaranteedRef { connection in outboxRef._withUnsafeGuaranteedRef { body(connection, $0) } }
+    }
+
+    /// Writes `{"event":"change","sub":<id>`.
+    @inline(__always)
+    func writeHead(_ sink: inout some JSONSink & ~Copyable) {
+        head.write(&sink)
     }
 
     /// The origin a replay skips (`echo: false`), if any.
@@ -72,3 +96,20 @@ final class Subscription {
 
 @available(*, unavailable)
 extension Subscription: Sendable {}
+
+/// Up to 48 bytes stored inline.
+struct InlineBytes {
+    private var storage: (UInt64, UInt64, UInt64, UInt64, UInt64, UInt64) = (0, 0, 0, 0, 0, 0)
+    private let count: Int
+
+    init(_ bytes: [UInt8]) {
+        precondition(bytes.count <= 48, "inline bytes hold 48")
+        count = bytes.count
+        withUnsafeMutableBytes(of: &storage) { $0.copyBytes(from: bytes) }
+    }
+
+    @inline(__always)
+    func write(_ sink: inout some JSONSink & ~Copyable) {
+        withUnsafeBytes(of: storage) { sink.writeBytes(UnsafeRawBufferPointer(rebasing: $0[..<count])) }
+    }
+}

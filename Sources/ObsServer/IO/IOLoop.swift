@@ -26,6 +26,15 @@ protocol IOHandler: AnyObject {
     func ready(_ events: UInt32)
 }
 
+// An event loop is a task executor too: the daemon's own asynchronous work (waiting for a
+// shared store) runs on the loop that asked for it, not on the global cooperative pool.
+extension IOLoop: TaskExecutor {
+    func enqueue(_ job: consuming ExecutorJob) {
+        let job = UnownedJob(job)
+        execute { [unowned(unsafe) self] in job.runSynchronously(on: self.asUnownedTaskExecutor()) }
+    }
+}
+
 /// Identifies a scheduled timer, to cancel it.
 struct TimerID: Hashable {
     fileprivate let value: UInt64
@@ -65,6 +74,9 @@ final class IOLoop: @unchecked Sendable {
     private let clock: @Sendable () -> UInt64
     /// The time of the current iteration.
     private(set) var now: UInt64
+    /// The wall clock at the current iteration, in seconds since 1970 (revisions' times): read
+    /// once per iteration, not once per write.
+    private(set) var wallSeconds: Int64 = WallClock.unixSeconds()
     /// Read buffer shared by the loop's connections: a connection keeps only the bytes of a
     /// line a read cut in two.
     let readBuffer: UnsafeMutableRawBufferPointer
@@ -154,6 +166,9 @@ final class IOLoop: @unchecked Sendable {
         }
         let n = epoll_wait(epoll, events, Int32(eventCapacity), timeout)
         now = clock()
+        var wall = timespec()
+        clock_gettime(CLOCK_REALTIME_COARSE, &wall)
+        wallSeconds = Int64(wall.tv_sec)
         var worked = n > 0
         if n > 0 {
             for i in 0..<Int(n) {

@@ -106,7 +106,7 @@ final class SharedSequencer: Sequencer, Sendable {
                 q[repository.id] = queue
                 return items
             }
-            guard !items.isEmpty else { return }
+            guard let loop = items.first?.route.loop else { return }
             let (group, decided, rest) = plan(items, in: repository)
             for (item, result) in decided { item.answer(result) }
             if !rest.isEmpty { queues.withLock { q in q[repository.id, default: Queue()].waiting.insert(contentsOf: rest, at: 0) } }
@@ -115,7 +115,8 @@ final class SharedSequencer: Sequencer, Sendable {
                 queues.withLock { q in q[repository.id, default: Queue()].inflight = (group.commit.writeID, group.origins) }
             }
             let store = self.store
-            Task { self.finish(group, in: repository, await store.commit(group.commit)) }
+            // On the first writer's loop (not the global pool): the loops run the daemon's work.
+            Task(executorPreference: loop) { self.finish(group, in: repository, await store.commit(group.commit)) }
             return
         }
     }

@@ -93,7 +93,7 @@ extension Session {
         }
     }
 
-    private static func writeMembers<S: JSONSink>(_ sink: inout S, _ outcome: WriteOutcome, single: Bool) {
+    private static func writeMembers<S: JSONSink & ~Copyable>(_ sink: inout S, _ outcome: WriteOutcome, single: Bool) {
         sink.writeMember(",\"rev\":", outcome.revision)
         sink.writeMember(",\"changed\":", outcome.changed)
         if single, let previous = outcome.previous {
@@ -141,13 +141,12 @@ extension Session {
     /// connection's later requests meanwhile.
     func afterLinearizing(_ scope: SharedScope, _ shared: any SharedStorage, _ body: @escaping (Session) -> Void) {
         wait(for: .cluster)
-        let loop = shard.loop
-        let session = LoopBound(self, loop: loop)
+        let ref = ConnectionRef(connection)
         let run = UncheckedSendableBox(body)
-        Task {
+        Task(executorPreference: ref.loop) {
             _ = await shared.linearize(scope)
-            loop.execute {
-                guard let session = session.value else { return }
+            ref.loop.execute {
+                guard let session = ref.session else { return }
                 run.value(session)
                 session.resume(from: .cluster)
             }

@@ -11,7 +11,7 @@ extension Session {
     func subscribe(_ id: JSONValue, _ request: SubscribeRequest) {
         let number = nextSub
         nextSub += 1
-        let now = WallClock.unixSeconds()
+        let now = shard.loop.wallSeconds
         let repository = hub.hold(request.repo)
         defer { hub.release(request.repo) }
         let subscription = Subscription(id: number, repository: repository, connection: connection, request: request)

@@ -13,7 +13,9 @@ import ObsStore
 import ObservableKit
 
 final class Session {
-    unowned let connection: Connection
+    // unowned(unsafe): the connection owns its session and ends it in `close()`; nothing
+    // reaches a session but through its connection, on their loop.
+    unowned(unsafe) let connection: Connection
     let hub: Hub
     let peer: Peer
     /// The peer as the writer of revisions (`by`).
@@ -246,7 +248,7 @@ final class Session {
         let limits = self.limits
         let request = WriteRequest(
             ops: ops, limits: WriteLimits(maxKeys: limits.maxKeysPerRepository, maxRevisionBytes: limits.maxRevisionBytes),
-            maxRepositories: limits.maxRepositories, writer: writer, origin: outbox.connection, time: WallClock.unixSeconds())
+            maxRepositories: limits.maxRepositories, writer: writer, origin: outbox.connection, time: shard.loop.wallSeconds)
         // A repository the hub keeps for good needs no hold; any other is held while the
         // write is under way (a write that changes nothing leaves no repository behind).
         let repository: Repository
@@ -290,10 +292,9 @@ final class Session {
         guard let backlogged = hub.backloggedShard else { return false }
         wait(for: .delivery)
         hub.stats.writersHeld.add(1, ordering: .relaxed)
-        let loop = shard.loop
-        let session = LoopBound(self, loop: loop)
+        let ref = ConnectionRef(connection)
         backlogged.whenDrained {
-            loop.execute { session.value?.resume(from: .delivery) }
+            ref.loop.execute { ref.session?.resume(from: .delivery) }
         }
         return true
     }
@@ -382,20 +383,28 @@ final class Session {
 @available(*, unavailable)
 extension Session: Sendable {}
 
-/// A loop-confined object carried across threads, touched only back on its loop.
-struct LoopBound<Value: AnyObject>: @unchecked Sendable {
-    // @unchecked Sendable: `value` is only read on `loop` (asserted), where the object lives;
-    // the reference is weak, so carrying it keeps nothing alive.
-    private weak var object: Value?
+/// A connection named across threads: its loop, and its id in the loop's registry. Resolved
+/// only back on that loop, to the connection if it is still open. (Not a weak reference: one
+/// moves an object's reference counts to a side table, and every retain and release of it —
+/// a connection's, thousands of times a second — then takes the slow path.)
+struct ConnectionRef: @unchecked Sendable {
+    // @unchecked Sendable: `registry` is only read on `loop` (asserted in `connection`), where
+    // it lives; the id and the loop are Sendable.
     let loop: IOLoop
+    private let registry: LoopConnections
+    private let id: ConnectionID
 
-    init(_ value: Value, loop: IOLoop) {
-        self.object = value
-        self.loop = loop
+    init(_ connection: Connection) {
+        self.loop = connection.loop
+        self.registry = connection.registry
+        self.id = connection.id
     }
 
-    var value: Value? {
+    /// The connection, if it is still open (on its loop only).
+    var connection: Connection? {
         loop.assertInLoop()
-        return object
+        return registry.all[id]
     }
+
+    var session: Session? { connection?.session }
 }
