@@ -93,16 +93,40 @@ public enum RevisionRecordLayout {
     }
 
     /// Appends the record of a revision with `changes` (of the repository whose `prefix` this
-    /// is; and, for a lease's end, `tail` written before the closing brace) to `bytes`; returns
-    /// where its parts lie.
-    @inlinable
+    /// is; and, for a lease's end, `tail` — its `,"lease":{…}` member — before the closing
+    /// brace) to `bytes`; returns where its parts lie.
+    ///
+    /// A record is written through a pointer into a stack buffer sized for it, then appended
+    /// with one copy (an array written a byte at a time checks its capacity and uniqueness at
+    /// every byte: that was most of a write's cost).
     public static func append(
-        prefix: [UInt8], revision: UInt64, changes: [Change<CanonicalJSON>], into bytes: inout [UInt8],
-        tail: ((inout [UInt8]) -> Void)? = nil
+        prefix: [UInt8], revision: UInt64, changes: [Change<CanonicalJSON>], into bytes: inout [UInt8], tail: [UInt8] = []
+    ) -> RecordPlace {
+        var bound = prefix.count + tail.count + 64
+        for change in changes {
+            bound += tableEntry + 32 + 7 * change.key.utf8Count + (change.old?.bytes.count ?? 0) + (change.new?.bytes.count ?? 0)
+        }
+        guard bound <= 4096 else {
+            return encode(prefix: prefix, revision: revision, changes: changes, into: &bytes, tail: tail)
+        }
+        let offset = bytes.count
+        return withUnsafeTemporaryAllocation(byteCount: bound, alignment: 8) { buffer in
+            var sink = PointerSink(buffer.baseAddress.unsafelyUnwrapped)
+            let place = encode(prefix: prefix, revision: revision, changes: changes, into: &sink, tail: tail)
+            assert(sink.count <= bound, "a record's bound was too small")
+            bytes.append(contentsOf: UnsafeRawBufferPointer(start: buffer.baseAddress, count: sink.count))
+            return place.moved(to: offset)
+        }
+    }
+
+    /// Writes the record into `sink` (see `append`).
+    @inlinable
+    static func encode<S: RecordSink>(
+        prefix: [UInt8], revision: UInt64, changes: [Change<CanonicalJSON>], into bytes: inout S, tail: [UInt8]
     ) -> RecordPlace {
         let start = bytes.count
         let count = changes.count
-        bytes.append(contentsOf: repeatElement(0, count: count * tableEntry))
+        bytes.writeZeros(count * tableEntry)
         let bodyStart = bytes.count
         bytes.writeRaw(prefix)
         bytes.writeDecimal(revision)
@@ -112,33 +136,78 @@ public enum RevisionRecordLayout {
             if i > 0 { bytes.writeByte(UInt8(ascii: ",")) }
             let changeStart = bytes.count
             EventEncoder.writeChange(&bytes, changes[i]) { sink, value in sink.writeCanonical(value) }
-            setTable(&bytes, start, i, 0, changeStart - start)
-            setTable(&bytes, start, i, 1, bytes.count - start)
+            bytes.setTable(start, i, 0, changeStart - start)
+            bytes.setTable(start, i, 1, bytes.count - start)
         }
         let suffixStart = bytes.count
         bytes.writeByte(UInt8(ascii: "]"))
-        tail?(&bytes)
+        bytes.writeRaw(tail)
         bytes.writeRaw("}\n")
         let bodyEnd = bytes.count
         for i in 0..<count {
             let keyStart = bytes.count
-            changes[i].key.withUTF8 { bytes.append(contentsOf: $0) }
-            setTable(&bytes, start, i, 2, keyStart - start)
-            setTable(&bytes, start, i, 3, bytes.count - keyStart)
+            changes[i].key.withUTF8 { bytes.writeBytes(UnsafeRawBufferPointer($0)) }
+            bytes.setTable(start, i, 2, keyStart - start)
+            bytes.setTable(start, i, 3, bytes.count - keyStart)
         }
         return RecordPlace(
             start: start, changeCount: count, bodyStart: bodyStart, prefixEnd: prefixEnd, suffixStart: suffixStart, bodyEnd: bodyEnd,
             end: bytes.count)
     }
+}
+
+/// Where a record is written: a growable array, or a pointer into a buffer sized for it.
+public protocol RecordSink: JSONSink {
+    /// Bytes written so far.
+    var count: Int { get }
+    mutating func writeZeros(_ n: Int)
+    /// Sets field `field` of table entry `entry` of the record that starts at `start`.
+    mutating func setTable(_ start: Int, _ entry: Int, _ field: Int, _ value: Int)
+}
+
+extension Array: RecordSink where Element == UInt8 {
+    @inlinable
+    public mutating func writeZeros(_ n: Int) { append(contentsOf: repeatElement(0, count: n)) }
 
     @inlinable
-    static func setTable(_ bytes: inout [UInt8], _ start: Int, _ entry: Int, _ field: Int, _ value: Int) {
-        let at = start + entry * tableEntry + field * 4
-        let v = UInt32(truncatingIfNeeded: value)
-        bytes[at] = UInt8(truncatingIfNeeded: v)
-        bytes[at + 1] = UInt8(truncatingIfNeeded: v >> 8)
-        bytes[at + 2] = UInt8(truncatingIfNeeded: v >> 16)
-        bytes[at + 3] = UInt8(truncatingIfNeeded: v >> 24)
+    public mutating func setTable(_ start: Int, _ entry: Int, _ field: Int, _ value: Int) {
+        let at = start + entry * RevisionRecordLayout.tableEntry + field * 4
+        withUnsafeMutableBytes { $0.storeBytes(of: UInt32(truncatingIfNeeded: value).littleEndian, toByteOffset: at, as: UInt32.self) }
+    }
+}
+
+/// Writes through a pointer, with no checks: the caller sized the buffer (`append`'s bound).
+@usableFromInline
+struct PointerSink: RecordSink {
+    @usableFromInline let base: UnsafeMutableRawPointer
+    @usableFromInline var count = 0
+
+    @inlinable
+    init(_ base: UnsafeMutableRawPointer) { self.base = base }
+
+    @inlinable
+    mutating func writeByte(_ byte: UInt8) {
+        base.storeBytes(of: byte, toByteOffset: count, as: UInt8.self)
+        count += 1
+    }
+
+    @inlinable
+    mutating func writeBytes(_ bytes: UnsafeRawBufferPointer) {
+        guard let source = bytes.baseAddress else { return }
+        (base + count).copyMemory(from: source, byteCount: bytes.count)
+        count += bytes.count
+    }
+
+    @inlinable
+    mutating func writeZeros(_ n: Int) {
+        (base + count).initializeMemory(as: UInt8.self, repeating: 0, count: n)
+        count += n
+    }
+
+    @inlinable
+    mutating func setTable(_ start: Int, _ entry: Int, _ field: Int, _ value: Int) {
+        let at = start + entry * RevisionRecordLayout.tableEntry + field * 4
+        base.storeBytes(of: UInt32(truncatingIfNeeded: value).littleEndian, toByteOffset: at, as: UInt32.self)
     }
 }
 
