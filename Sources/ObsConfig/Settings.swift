@@ -34,6 +34,7 @@ public struct DaemonSettings: Sendable, Equatable {
     public var maxRepositories = 10_000
     public var maxConnections = 16_384
     public var maxConnectionsPerUID = 1024
+    public var maxLeasesPerUID = 1024
     public var maxSubscriptionsPerConnection = 1024
     public var maxKeysPerRequest = 4096
     /// What peers no access rule matches may do: none, read or write.
@@ -170,6 +171,8 @@ public struct Setting: Sendable {
                 "Most connections."),
         integer("limits.max-connections-per-uid", "OBSD_MAX_CONNECTIONS_PER_UID", "max-connections-per-uid", 1...10_000_000,
                 \.maxConnectionsPerUID, "n", "Most connections per uid, root and obsd's uid exempt."),
+        integer("limits.max-leases-per-uid", "OBSD_MAX_LEASES_PER_UID", "max-leases-per-uid", 1...10_000_000,
+                \.maxLeasesPerUID, "n", "Most live leases per uid, root and obsd's uid exempt (past it, grant is overloaded)."),
         integer("limits.max-subscriptions-per-connection", "OBSD_MAX_SUBSCRIPTIONS", "max-subscriptions", 1...10_000_000,
                 \.maxSubscriptionsPerConnection, "n", "Most live subscriptions per connection."),
         integer("limits.max-keys-per-request", "OBSD_MAX_KEYS_PER_REQUEST", "max-keys-per-request", 1...10_000_000, \.maxKeysPerRequest,

@@ -64,7 +64,7 @@ public struct History: Sendable {
 
     /// Appends the next revision (`changes`, made at `info.revision`), dropping the oldest
     /// beyond the limits.
-    public mutating func append(prefix: [UInt8], info: RevisionInfo, changes: [Change<CanonicalJSON>]) {
+    public mutating func append(prefix: [UInt8], info: RevisionInfo, changes: [Change<CanonicalJSON>], tail: [UInt8] = []) {
         guard limits.count > 0 else { return }
         if chunks.isEmpty || chunks[chunks.count - 1].count >= Self.chunkSize {
             var chunk: [UInt8] = []
@@ -72,7 +72,7 @@ public struct History: Sendable {
             chunks.append(chunk)
         }
         let last = chunks.count - 1
-        let place = RevisionRecordLayout.append(prefix: prefix, revision: info.revision, changes: changes, into: &chunks[last])
+        let place = RevisionRecordLayout.append(prefix: prefix, revision: info.revision, changes: changes, into: &chunks[last], tail: tail)
         entries.append(Entry(info: info, chunk: firstChunk + last, place: place))
         weight += info.weight
         while count > limits.count || (weight > limits.maxBytes && count > 1) { dropOldest() }

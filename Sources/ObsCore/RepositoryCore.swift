@@ -53,6 +53,9 @@ public struct RepositoryCore: Sendable {
     public let epoch: String
     public private(set) var data: KeyedState<CanonicalJSON>
     public private(set) var history: History
+    /// The lease each attached key is attached to: not part of the state that revisions
+    /// count, nor of the history (the contract's leases).
+    public private(set) var attachments: [Key: UInt64] = [:]
     /// The time of the newest revision: revisions are stamped no earlier, so their times
     /// never go back whatever the clock does.
     private var lastTime: Int64
@@ -130,18 +133,53 @@ public struct RepositoryCore: Sendable {
     }
 
     /// Commits a plan that changes something as the next revision: installs it, records it
-    /// in the history, and — `durable: false` — keeps it pending with what it replaced until
-    /// `confirm` or `undo`. Returns its info; `withLastRecord` reads its record.
+    /// in the history (with `tail`, a lease's end, in its event), and — `durable: false` —
+    /// keeps it pending with what it replaced until `confirm` or `undo`. Returns its info;
+    /// `withLastRecord` reads its record.
     @discardableResult
-    public mutating func commit(_ plan: WritePlan, time now: Int64, writer: Writer?, origin: UInt64, durable: Bool) -> RevisionInfo {
+    public mutating func commit(
+        _ plan: WritePlan, time now: Int64, writer: Writer?, origin: UInt64, durable: Bool, tail: [UInt8] = []
+    ) -> RevisionInfo {
         let revision = data.revision + 1
         let time = max(now, lastTime)
         let info = RevisionInfo(revision: revision, time: time, writer: writer, origin: origin, weight: plan.weight)
         if !durable { undo.append(plan.changes.map { ($0.key, data[$0.key]) }) }
         data.install(ChangeSet(revision: revision, changes: plan.changes))
         lastTime = time
-        record(info, plan.changes, durable: durable)
+        record(info, plan.changes, durable: durable, tail: tail)
         return info
+    }
+
+    // MARK: Leases
+
+    /// The lease `key` is attached to, if any.
+    public func lease(of key: Key) -> UInt64? { attachments.isEmpty ? nil : attachments[key] }
+
+    /// A write was accepted: each `set` attaches its key to the lease it names (`leases[i]`,
+    /// nil: none) — even when its value was equal — and each `delete` detaches. Returns the
+    /// moves, for the lease table: (key, lease before, lease after).
+    public mutating func attach(_ ops: [WriteOp<CanonicalJSON>], leases: [UInt64?]) -> [(key: Key, from: UInt64?, to: UInt64?)] {
+        var moves: [(key: Key, from: UInt64?, to: UInt64?)] = []
+        for (i, op) in ops.enumerated() {
+            let key = op.key
+            let to: UInt64? = if case .set = op, i < leases.count { leases[i] } else { nil }
+            let from = attachments[key]
+            guard from != to else { continue }
+            attachments[key] = to
+            moves.append((key, from, to))
+        }
+        return moves
+    }
+
+    /// Of `keys`, those still attached to `lease` and existing, in byte order — what the
+    /// lease's end deletes.
+    public func attached(_ keys: Set<Key>, to lease: UInt64) -> [Key] {
+        keys.filter { attachments[$0] == lease && data[$0] != nil }.sorted()
+    }
+
+    /// Detaches `keys` (their lease ended).
+    public mutating func detach(_ keys: some Sequence<Key>) {
+        for key in keys { attachments[key] = nil }
     }
 
     /// What a tentative install replaced, to take it back.
@@ -174,13 +212,13 @@ public struct RepositoryCore: Sendable {
 
     /// Encodes the revision once: into the history (or `scratch`, when it keeps none), and
     /// — not durable yet — copies it to `pending`.
-    private mutating func record(_ info: RevisionInfo, _ changes: [Change<CanonicalJSON>], durable: Bool) {
+    private mutating func record(_ info: RevisionInfo, _ changes: [Change<CanonicalJSON>], durable: Bool, tail: [UInt8] = []) {
         if history.keepsRevisions {
-            history.append(prefix: prefix, info: info, changes: changes)
+            history.append(prefix: prefix, info: info, changes: changes, tail: tail)
             lastInHistory = true
         } else {
             scratch.removeAll(keepingCapacity: scratch.capacity <= 1 << 20)
-            scratchPlace = RevisionRecordLayout.append(prefix: prefix, revision: info.revision, changes: changes, into: &scratch)
+            scratchPlace = RevisionRecordLayout.append(prefix: prefix, revision: info.revision, changes: changes, into: &scratch, tail: tail)
             scratchInfo = info
             lastInHistory = false
         }

@@ -163,18 +163,19 @@ extension Command {
         case .get(let repo, let key):
             sink.writeMember(",\"repo\":", repo)
             sink.writeMember(",\"key\":", key.string)
-        case .set(let repo, let key, let value, let ifRev, let force):
+        case .set(let repo, let key, let value, let ifRev, let force, let lease):
             sink.writeMember(",\"repo\":", repo)
             sink.writeMember(",\"key\":", key.string)
             sink.writeRaw(",\"value\":")
             sink.writeCanonical(value)
             if let ifRev { sink.writeMember(",\"ifRev\":", ifRev) }
             if force { sink.writeMember(",\"force\":", true) }
+            if let lease { sink.writeMember(",\"lease\":", lease) }
         case .delete(let repo, let key, let ifRev):
             sink.writeMember(",\"repo\":", repo)
             sink.writeMember(",\"key\":", key.string)
             if let ifRev { sink.writeMember(",\"ifRev\":", ifRev) }
-        case .batch(let repo, let ops):
+        case .batch(let repo, let ops, let leases):
             sink.writeMember(",\"repo\":", repo)
             sink.writeRaw(",\"ops\":[")
             for (i, op) in ops.enumerated() {
@@ -186,6 +187,7 @@ extension Command {
                     sink.writeCanonical(value)
                     if let ifRev { sink.writeMember(",\"ifRev\":", ifRev) }
                     if force { sink.writeMember(",\"force\":", true) }
+                    if i < leases.count, let lease = leases[i] { sink.writeMember(",\"lease\":", lease) }
                 case .delete(let key, let ifRev):
                     sink.writeMember("{\"op\":\"delete\",\"key\":", key.string)
                     if let ifRev { sink.writeMember(",\"ifRev\":", ifRev) }
@@ -219,8 +221,13 @@ extension Command {
             if s.coalesce { sink.writeMember(",\"coalesce\":", true) }
             if s.writers { sink.writeMember(",\"writers\":", true) }
             if !s.echo { sink.writeMember(",\"echo\":", false) }
+            if s.progress { sink.writeMember(",\"progress\":", true) }
         case .unsubscribe(let sub):
             sink.writeMember(",\"sub\":", sub)
+        case .grant(let ttl):
+            if let ttl { sink.writeMember(",\"ttl\":", UInt64(max(0, ttl))) }
+        case .keepalive(let lease), .revoke(let lease):
+            sink.writeMember(",\"lease\":", lease)
         }
         sink.writeRaw("}\n")
     }

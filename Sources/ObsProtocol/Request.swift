@@ -26,14 +26,20 @@ public enum Command: Sendable, Equatable {
     case hello(protocol: Int64?, client: String?)
     case ping
     case get(repo: String, key: Key)
-    case set(repo: String, key: Key, value: CanonicalJSON, ifRev: UInt64?, force: Bool)
+    /// `lease`: the key is attached to that lease (nil: to none).
+    case set(repo: String, key: Key, value: CanonicalJSON, ifRev: UInt64?, force: Bool, lease: UInt64? = nil)
     case delete(repo: String, key: Key, ifRev: UInt64?)
-    case batch(repo: String, ops: [WriteOp<CanonicalJSON>])
+    /// `leases`: the lease each op names, by position (empty: none names one).
+    case batch(repo: String, ops: [WriteOp<CanonicalJSON>], leases: [UInt64?] = [])
     case list(repo: String, prefix: String?, values: Bool)
     case repos
     case subscribe(SubscribeRequest)
     case unsubscribe(sub: UInt64)
     case stats
+    /// A lease: with `ttl` seconds, or (nil) bound to the connection.
+    case grant(ttl: Int64?)
+    case keepalive(lease: UInt64)
+    case revoke(lease: UInt64)
 
     /// The operation's name on the wire.
     public var op: String {
@@ -49,17 +55,20 @@ public enum Command: Sendable, Equatable {
         case .subscribe: return "subscribe"
         case .unsubscribe: return "unsubscribe"
         case .stats: return "stats"
+        case .grant: return "grant"
+        case .keepalive: return "keepalive"
+        case .revoke: return "revoke"
         }
     }
 
     /// The repository the command addresses, if any.
     public var repo: String? {
         switch self {
-        case .get(let repo, _), .set(let repo, _, _, _, _), .delete(let repo, _, _), .batch(let repo, _),
+        case .get(let repo, _), .set(let repo, _, _, _, _, _), .delete(let repo, _, _), .batch(let repo, _, _),
             .list(let repo, _, _):
             return repo
         case .subscribe(let s): return s.repo
-        case .hello, .ping, .repos, .unsubscribe, .stats: return nil
+        case .hello, .ping, .repos, .unsubscribe, .stats, .grant, .keepalive, .revoke: return nil
         }
     }
 }
@@ -83,10 +92,13 @@ public struct SubscribeRequest: Sendable, Equatable {
     public var writers: Bool
     /// `false`: no event for revisions written by this connection.
     public var echo: Bool
+    /// `progress` events: the revision up to which everything selected was delivered, kept
+    /// up to date while the selected keys are quiet.
+    public var progress: Bool
 
     public init(
         repo: String, selection: Selection = .all, initial: Bool = false, since: UInt64? = nil, epoch: String? = nil,
-        once: Bool = false, coalesce: Bool = false, writers: Bool = false, echo: Bool = true
+        once: Bool = false, coalesce: Bool = false, writers: Bool = false, echo: Bool = true, progress: Bool = false
     ) {
         self.repo = repo
         self.selection = selection
@@ -97,6 +109,7 @@ public struct SubscribeRequest: Sendable, Equatable {
         self.coalesce = coalesce
         self.writers = writers
         self.echo = echo
+        self.progress = progress
     }
 }
 
@@ -173,11 +186,12 @@ extension Request {
         case "set":
             command = .set(
                 repo: try fields.repo(), key: try fields.key(), value: try fields.value(),
-                ifRev: try fields.optionalRevision("ifRev"), force: try fields.optionalBool("force") ?? false)
+                ifRev: try fields.optionalRevision("ifRev"), force: try fields.optionalBool("force") ?? false, lease: try fields.lease())
         case "delete":
             command = .delete(repo: try fields.repo(), key: try fields.key(), ifRev: try fields.optionalRevision("ifRev"))
         case "batch":
-            command = .batch(repo: try fields.repo(), ops: try fields.batchOps())
+            let (ops, leases) = try fields.batchOps()
+            command = .batch(repo: try fields.repo(), ops: ops, leases: leases)
         case "list":
             command = .list(
                 repo: try fields.repo(), prefix: try fields.optionalString("prefix"),
@@ -191,6 +205,18 @@ extension Request {
             command = .unsubscribe(sub: sub)
         case "stats":
             command = .stats
+        case "grant":
+            let ttl = try fields.optionalInt("ttl")
+            if let ttl, !(1...31_536_000).contains(ttl) {
+                throw fields.fail("field \"ttl\" must be from 1 to 31536000 seconds, not \(ttl)")
+            }
+            command = .grant(ttl: ttl)
+        case "keepalive":
+            guard let lease = try fields.lease() else { throw fields.fail("missing field \"lease\"") }
+            command = .keepalive(lease: lease)
+        case "revoke":
+            guard let lease = try fields.lease() else { throw fields.fail("missing field \"lease\"") }
+            command = .revoke(lease: lease)
         default:
             throw RequestFailure(id: id, .unknownOp, "unknown op \(JSONValue.string(op).jsonText)")
         }
@@ -278,10 +304,19 @@ private struct Fields {
         return Key(s)
     }
 
-    func batchOps() throws(RequestFailure) -> [WriteOp<CanonicalJSON>] {
+    /// A lease id: an integer from 1.
+    func lease() throws(RequestFailure) -> UInt64? {
+        guard let v = value("lease") else { return nil }
+        guard let id = v.uint64Value, id >= 1 else { throw fail("field \"lease\" must be a lease id (an integer from 1), not \(v.jsonText.prefix(40))") }
+        return id
+    }
+
+    /// The batch's operations, and the lease each names (empty when none does).
+    func batchOps() throws(RequestFailure) -> ([WriteOp<CanonicalJSON>], [UInt64?]) {
         guard let v = value("ops") else { throw fail("missing field \"ops\"") }
         guard case .array(let elements) = v else { throw fail("field \"ops\" must be an array, not \(v.typeName)") }
         var ops: [WriteOp<CanonicalJSON>] = []
+        var leases: [UInt64?] = []
         ops.reserveCapacity(elements.count)
         var seen = Set<Key>(minimumCapacity: elements.count)
         for (i, element) in elements.enumerated() {
@@ -299,13 +334,20 @@ private struct Fields {
             case "set":
                 ops.append(
                     .set(key, try f.value(), ifRevision: try f.optionalRevision("ifRev"), force: try f.optionalBool("force") ?? false))
+                if let lease = try f.lease() {
+                    if leases.isEmpty { leases = Array(repeating: nil, count: i) }
+                    leases.append(lease)
+                } else if !leases.isEmpty {
+                    leases.append(nil)
+                }
             case "delete":
                 ops.append(.delete(key, ifRevision: try f.optionalRevision("ifRev")))
+                if !leases.isEmpty { leases.append(nil) }
             default:
                 throw f.fail("op must be \"set\" or \"delete\" inside a batch, not \(JSONValue.string(op).jsonText)")
             }
         }
-        return ops
+        return (ops, leases)
     }
 
     func subscribe() throws(RequestFailure) -> SubscribeRequest {
@@ -340,6 +382,7 @@ private struct Fields {
         }
         return SubscribeRequest(
             repo: repo, selection: selection, initial: initial, since: since, epoch: epoch, once: once, coalesce: coalesce,
-            writers: try optionalBool("writers") ?? false, echo: try optionalBool("echo") ?? true)
+            writers: try optionalBool("writers") ?? false, echo: try optionalBool("echo") ?? true,
+            progress: try optionalBool("progress") ?? false)
     }
 }

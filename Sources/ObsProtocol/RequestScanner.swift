@@ -198,6 +198,8 @@ extension Parser {
             }
         case 4 where Self.equal(name, "keys"): f.keys = try optionalKeys()
         case 3 where Self.equal(name, "ops"): throw NotFast()  // a batch: the general decoder
+        case 5 where Self.equal(name, "lease"): throw NotFast()  // leases and progress: the general decoder
+        case 8 where Self.equal(name, "progress"): throw NotFast()
         default:
             _ = try parseValue(depth: 1)  // validated, ignored
         }

@@ -322,6 +322,7 @@ final class Connection: IOHandler {
         if let session {
             session.close()
             hub.leave(id)
+            hub.connectionClosed(id, time: loop.wallSeconds)
             logger.debug("disconnected", metadata: session.peer.metadata)
         }
         session = nil

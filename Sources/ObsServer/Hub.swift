@@ -82,6 +82,10 @@ final class Hub: Sendable {
     private let onHistoryLost: @Sendable (String) -> Void
     let runtime: Runtime
     let users = UserDatabase()
+    /// Every lease, and which keys each holds.
+    let leases = LeaseTable()
+    /// Expires leases with a TTL (on the first loop).
+    let leaseClock: LeaseClock
 
     private struct Slot {
         let repository: Repository
@@ -106,13 +110,14 @@ final class Hub: Sendable {
         self.shards = shards
         self.runtime = runtime
         self.onHistoryLost = onHistoryLost
+        self.leaseClock = LeaseClock(loop: shards[0].loop)
         if let shared = storage as? any SharedStorage {
             self.shared = shared
             self.sequencer = SharedSequencer(store: shared, stats: stats)
             self.freshEpoch = shared.epoch
         } else {
             self.shared = nil
-            self.sequencer = LocalSequencer(storage: storage, stats: stats)
+            self.sequencer = LocalSequencer(storage: storage, stats: stats, leases: leases)
             self.freshEpoch = Epoch.random()
         }
         let loaded = try storage.load()
@@ -122,6 +127,7 @@ final class Hub: Sendable {
         }
         stats.repositories.store(loaded.filter { $0.state.revision > 0 }.count, ordering: .relaxed)
         for shard in shards { shard.attach(to: self) }
+        leaseClock.attach(to: self)
     }
 
     private func makeRepository(_ name: String) -> Repository {

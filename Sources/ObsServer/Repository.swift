@@ -106,6 +106,9 @@ final class Repository: DurabilityListener, Sendable {
         state.withLock { s in (s.core.revision, s.core.entries(.prefix(prefix ?? "")), s.current) }
     }
 
+    /// The lease `key` is attached to, if any.
+    func lease(of key: Key) -> UInt64? { state.withLock { $0.core.lease(of: key) } }
+
     /// The current state, for replies that report it (a conflict, say).
     var sequence: StateSequence { state.withLock { $0.current } }
 

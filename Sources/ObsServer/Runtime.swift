@@ -38,11 +38,13 @@ public struct Limits: Sendable, Equatable {
     public var maxConnections: Int
     /// Not applied to root and the daemon's own uid.
     public var maxConnectionsPerUID: Int
+    /// The most live leases of one uid (root and the daemon's uid exempt).
+    public var maxLeasesPerUID: Int
 
     public init(
         maxLine: Int, queueBytes: Int, queueEvents: Int, overflowGrace: Duration, maxValueBytes: Int, maxRevisionBytes: Int,
         maxKeysPerRequest: Int, maxSubscriptionsPerConnection: Int, maxKeysPerRepository: Int, maxRepositories: Int,
-        maxConnections: Int, maxConnectionsPerUID: Int
+        maxConnections: Int, maxConnectionsPerUID: Int, maxLeasesPerUID: Int = 1024
     ) {
         self.maxLine = maxLine
         self.queueBytes = queueBytes
@@ -56,6 +58,7 @@ public struct Limits: Sendable, Equatable {
         self.maxRepositories = maxRepositories
         self.maxConnections = maxConnections
         self.maxConnectionsPerUID = maxConnectionsPerUID
+        self.maxLeasesPerUID = maxLeasesPerUID
     }
 }
 

@@ -59,6 +59,7 @@ enum StatsExposition {
               help: "Times a writer was held until the fan-out caught up (delivery backlog) since obsd started."),
         Known(field: "repositoriesHeld", metric: "obsd_repositories_held", type: .gauge,
               help: "Repository objects in memory: those that exist, and placeholders for subscriptions and writes under way."),
+        Known(field: "leases", metric: "obsd_leases", type: .gauge, help: "Live leases (keys that live as long as their owner)."),
         Known(field: "errors", metric: "obsd_errors_total", type: .counter, help: "Error replies since obsd started."),
         Known(field: "denied", metric: "obsd_denied_total", type: .counter,
               help: "Requests refused as forbidden since obsd started."),

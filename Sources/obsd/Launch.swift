@@ -85,7 +85,8 @@ enum Launch {
             maxLine: s.maxLine, queueBytes: s.queueBytes, queueEvents: s.queueEvents, overflowGrace: .seconds(s.overflowGraceSeconds),
             maxValueBytes: s.maxValueBytes, maxRevisionBytes: s.maxRevisionBytes, maxKeysPerRequest: s.maxKeysPerRequest,
             maxSubscriptionsPerConnection: s.maxSubscriptionsPerConnection, maxKeysPerRepository: s.maxKeysPerRepository,
-            maxRepositories: s.maxRepositories, maxConnections: s.maxConnections, maxConnectionsPerUID: s.maxConnectionsPerUID)
+            maxRepositories: s.maxRepositories, maxConnections: s.maxConnections, maxConnectionsPerUID: s.maxConnectionsPerUID,
+            maxLeasesPerUID: s.maxLeasesPerUID)
     }
 
     /// Raises the soft descriptor limit to the hard one (the soft default of 1024 would cap

@@ -110,7 +110,7 @@ func checkExpositionLines(_ text: String) throws -> [(name: String, type: String
 let everyFamily = [
     "obsd_up", "obsd_info", "obsd_connections", "obsd_subscriptions", "obsd_repositories", "obsd_uptime_seconds",
     "obsd_connections_accepted_total", "obsd_connections_refused_total", "obsd_requests_total", "obsd_writes_total",
-    "obsd_events_sent_total", "obsd_sent_bytes_total", "obsd_overflows_total", "obsd_writers_held_total", "obsd_repositories_held", "obsd_errors_total", "obsd_denied_total",
+    "obsd_events_sent_total", "obsd_sent_bytes_total", "obsd_overflows_total", "obsd_writers_held_total", "obsd_repositories_held", "obsd_leases", "obsd_errors_total", "obsd_denied_total",
     "obsd_storage_commits_total", "obsd_storage_fsyncs_total", "obsd_storage_records_total", "obsd_storage_failures_total",
     "obsd_storage_checkpoints_total", "obsd_storage_checkpoint_failures_total", "obsd_reloads_total", "obsd_reload_failures_total",
 ]

@@ -51,6 +51,14 @@ struct DeliveryBudget: Sendable {
     var maxBacklog = 262_144
 }
 
+/// A reply that waits for several repositories' states (a `revoke` that deleted keys in
+/// several): how many are still pending, and whether one failed (its error was sent).
+final class WaitGroup {
+    var remaining: Int
+    var failed = false
+    init(remaining: Int) { self.remaining = remaining }
+}
+
 /// Durability news for a loop.
 enum DurabilityNews: Sendable {
     /// Every state of the repository up to this sequence is durable.
@@ -110,6 +118,8 @@ final class LoopShard: @unchecked Sendable {
         let id: JSONValue
         /// Ends with the reply if the state is undone.
         let subscription: Subscription?
+        /// A reply that waits for several repositories: sent when the last is durable.
+        var group: WaitGroup? = nil
     }
 
     private var routes: [UInt64: RepositoryRoutes] = [:]
@@ -120,6 +130,9 @@ final class LoopShard: @unchecked Sendable {
     private var takenWeight = 0
     private var dirty: [Connection] = []
     private(set) var hub: Hub?
+    /// Subscriptions that asked for `progress`, and the timer that sends them (while any).
+    private var progressing: [ObserverID: Subscription] = [:]
+    private var progressTimer: TimerID?
 
     init(loop: IOLoop, budget: DeliveryBudget = DeliveryBudget()) {
         self.loop = loop
@@ -191,6 +204,11 @@ final class LoopShard: @unchecked Sendable {
         let entry = routes[id] ?? RepositoryRoutes(repository: subscription.repository)
         routes[id] = entry
         entry.routes.insert(.passUnretained(subscription), for: subscription.selection, id: subscription.routeID)
+        if subscription.progress {
+            subscription.lastProgress = loop.now
+            progressing[subscription.routeID] = subscription
+            if progressTimer == nil { scheduleProgress() }
+        }
     }
 
     /// Stops routing to `subscription`. Idempotent.
@@ -199,6 +217,7 @@ final class LoopShard: @unchecked Sendable {
         let id = subscription.repository.id
         guard let entry = routes[id], entry.routes.remove(subscription.routeID) != nil else { return }
         if entry.routes.count == 0 { routes[id] = nil }
+        if subscription.progress { progressing[subscription.routeID] = nil }
         subscription.repository.subscriberLeft(self)
         hub?.subscriptionEnded(subscription.repository)
     }
@@ -216,6 +235,42 @@ final class LoopShard: @unchecked Sendable {
             entry.routes.forEachRegistration { subscription in if let lag = subscription.takeUnretainedValue().lag { lags.append(lag) } }
         }
         return lags
+    }
+
+    // MARK: Progress (on the loop)
+
+    /// Once a second, while any subscription here asked for `progress`: each live one whose
+    /// repository moved past what it was last told, with nothing of its own waiting (a
+    /// lagging coalescing subscription gets none), is told the newest revision delivered on
+    /// this loop — every change it selects up to there is queued before the event.
+    private func scheduleProgress() {
+        progressTimer = loop.schedule(in: 1_000_000_000) { [unowned(unsafe) self] in
+            progressTimer = nil
+            sendProgress()
+            if !progressing.isEmpty { scheduleProgress() }
+        }
+    }
+
+    private func sendProgress() {
+        let now = loop.now
+        for subscription in progressing.values {
+            guard subscription.isLive, subscription.lag == nil, now &- subscription.lastProgress >= 1_000_000_000,
+                let entry = routes[subscription.repository.id], entry.revision > subscription.completeThrough
+            else { continue }
+            let revision = entry.revision
+            subscription.withConnection { connection, outbox in
+                guard outbox.isOpen, !outbox.isFull else { return }
+                outbox.appendEvent { sink in
+                    sink.writeMember("{\"event\":\"progress\",\"sub\":", subscription.id)
+                    sink.writeMember(",\"repo\":", subscription.repository.name)
+                    sink.writeMember(",\"rev\":", revision)
+                    sink.writeRaw("}\n")
+                }
+                subscription.completeThrough = revision
+                subscription.lastProgress = now
+                markDirty(connection)
+            }
+        }
     }
 
     // MARK: Durability waits (on the loop)
@@ -345,9 +400,13 @@ final class LoopShard: @unchecked Sendable {
         var released = 0
         for waiter in queue {
             guard waiter.sequence <= sequence else { break }
+            released += 1
+            if let group = waiter.group {
+                group.remaining -= 1
+                guard group.remaining == 0, !group.failed else { continue }
+            }
             waiter.bytes.withUnsafeBytes { waiter.connection.outbox.fill(waiter.slot, with: $0, events: waiter.events) }
             markDirty(waiter.connection)
-            released += 1
         }
         queue.removeFirst(released)
         if !queue.isEmpty { waiters[repository.id] = queue }
@@ -365,6 +424,10 @@ final class LoopShard: @unchecked Sendable {
             }
             if let subscription = waiter.subscription, waiter.connection.outbox.unregister(subscription.id) != nil {
                 unroute(subscription)
+            }
+            if let group = waiter.group {
+                guard !group.failed else { continue }
+                group.failed = true
             }
             let reply = Replies.storageFailure(id: waiter.id, error, repo: repository.name)
             reply.withUnsafeBytes { waiter.connection.outbox.fill(waiter.slot, with: $0) }

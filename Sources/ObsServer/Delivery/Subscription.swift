@@ -42,6 +42,10 @@ final class Subscription {
     let writers: Bool
     /// `false`: revisions its own connection wrote are not sent.
     let echo: Bool
+    /// Gets `progress` events (a resume position that keeps up).
+    let progress: Bool
+    /// When its last `progress` event was queued (the loop's clock), at most one a second.
+    var lastProgress: UInt64 = 0
     /// Its registration in the loop's routes.
     let routeID = ObserverID.next()
     /// `{"event":"change","sub":<id>` — the part of its change events that is its own, kept
@@ -68,6 +72,7 @@ final class Subscription {
         self.coalesce = request.coalesce
         self.writers = request.writers
         self.echo = request.echo
+        self.progress = request.progress
         var head: [UInt8] = []
         EventEncoder.writeChangeHead(&head, sub: id)
         self.head = InlineBytes(head)

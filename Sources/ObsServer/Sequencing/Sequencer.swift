@@ -19,10 +19,14 @@ struct WriteRequest: Sendable {
     let ops: [WriteOp<CanonicalJSON>]
     let limits: WriteLimits
     let maxRepositories: Int
+    /// Who writes (for the leases it names).
+    let peer: Peer
     let writer: Writer
     let origin: ConnectionID
     /// The wall clock, in seconds since 1970.
     let time: Int64
+    /// The lease each `set` names (by position in `ops`; empty: none names one).
+    var leases: [UInt64?] = []
 }
 
 /// What a write did, for its reply.
@@ -45,6 +49,8 @@ enum WriteFailure: Error, Sendable {
     case storageClosed
     /// The shared store could not commit it, or could not say whether it did.
     case shared(SharedFailure)
+    /// It names a lease that does not exist (or ended), or one of another uid.
+    case lease(LeaseRefusal)
 }
 
 typealias WriteDecision = Result<WriteOutcome, WriteFailure>
@@ -72,18 +78,43 @@ protocol Sequencer: Sendable {
     /// Decides `write` on `repository`: returns its result now, or nil — then `route` is
     /// answered with `token` exactly once, later.
     func submit(_ write: WriteRequest, to repository: Repository, route: AnswerRoute, token: UInt64) -> WriteDecision?
+
+    /// A lease ended: deletes its `keys` of `repository` that are still attached to it, in
+    /// one revision whose event says which lease and why — a write like any other, written
+    /// by no connection, by the lease's owner. `done` is called once with the outcome (nil:
+    /// nothing was attached any more), from any thread.
+    func end(_ lease: EndedLease, keys: Set<Key>, in repository: Repository, time: Int64, done: @escaping @Sendable (WriteOutcome?) -> Void)
+}
+
+extension EndedLease {
+    /// The lease member of its deletion events: `,"lease":{"id":L,"end":E}`.
+    var eventMember: [UInt8] {
+        var bytes: [UInt8] = []
+        bytes.writeMember(",\"lease\":{\"id\":", id)
+        bytes.writeMember(",\"end\":", end.rawValue)
+        bytes.writeByte(UInt8(ascii: "}"))
+        return bytes
+    }
 }
 
 /// Decisions made here and now: the local store (memory, or the write-ahead log).
 struct LocalSequencer: Sequencer {
     let storage: any Storage
     let stats: ServerStats
+    let leases: LeaseTable
 
     func submit(_ write: WriteRequest, to repository: Repository, route: AnswerRoute, token: UInt64) -> WriteDecision? {
-        let immediate = storage.isImmediate
-        return repository.withState { s -> WriteDecision in
+        repository.withState { s -> WriteDecision in
             let plan: WritePlan
             do throws(WriteRefusal) { plan = try s.core.plan(write.ops, limits: write.limits) } catch { return .failure(.refused(error)) }
+            // A lease named must exist and be the writer's (checked under this lock: a lease
+            // that ends meanwhile ends either before — refused — or after, taking the key).
+            for case let lease? in write.leases {
+                if let refusal = leases.check(lease, by: write.peer) { return .failure(.lease(refusal)) }
+            }
+            if !write.leases.isEmpty || !s.core.attachments.isEmpty {
+                for move in s.core.attach(write.ops, leases: write.leases) { leases.move(move.key, of: repository.name, from: move.from, to: move.to) }
+            }
             guard !plan.changes.isEmpty else {
                 return .success(WriteOutcome(revision: s.core.revision, changed: false, previous: plan.previous, sequence: s.current))
             }
@@ -92,26 +123,50 @@ struct LocalSequencer: Sequencer {
             if plan.creates, !stats.reserveRepository(limit: write.maxRepositories) {
                 return .failure(.tooManyRepositories(limit: write.maxRepositories))
             }
-            let info = s.core.commit(plan, time: write.time, writer: write.writer, origin: write.origin.value, durable: immediate)
-            if !immediate {
-                // Storage never calls back from inside `append` (this lock is held); a store
-                // that no longer takes revisions says so, and the revision is taken back.
-                let record = RevisionRecord(
-                    repo: repository.name, changeSet: ChangeSet(revision: info.revision, changes: plan.changes), time: info.time,
-                    writer: info.writer)
-                guard storage.append(record, listener: repository) else {
-                    s.core.undo(after: info.revision - 1)
-                    if plan.creates { stats.repositories.subtract(1, ordering: .relaxed) }
-                    return .failure(.storageClosed)
-                }
-            }
-            if plan.creates { repository.makePermanent() }
-            let sequence = Repository.applied(&s, revision: info.revision, durable: immediate, on: repository)
-            if immediate {
-                let loops = s.subscriberLoops
-                if !loops.isEmpty { s.core.withLastRecord { Repository.publish($0, to: loops, of: repository) } }
-            }
-            return .success(WriteOutcome(revision: info.revision, changed: true, previous: plan.previous, sequence: sequence))
+            return commit(plan, &s, repository, time: write.time, writer: write.writer, origin: write.origin.value)
         }
+    }
+
+    func end(_ lease: EndedLease, keys: Set<Key>, in repository: Repository, time: Int64, done: @escaping @Sendable (WriteOutcome?) -> Void) {
+        let outcome = repository.withState { s -> WriteOutcome? in
+            let doomed = s.core.attached(keys, to: lease.id)
+            s.core.detach(keys.filter { s.core.lease(of: $0) == lease.id })
+            guard !doomed.isEmpty else { return nil }
+            let ops = doomed.map { WriteOp<CanonicalJSON>.delete($0) }
+            guard let plan = try? s.core.plan(ops, limits: WriteLimits(maxKeys: .max, maxRevisionBytes: .max)), !plan.changes.isEmpty else { return nil }
+            guard case .success(let outcome) = commit(plan, &s, repository, time: time, writer: lease.owner, origin: 0, tail: lease.eventMember) else {
+                return nil
+            }
+            return outcome
+        }
+        done(outcome)
+    }
+
+    /// Commits a planned revision and hands it to storage; shows it at once if storage is
+    /// immediate (memory), else once storage says it is durable.
+    private func commit(
+        _ plan: WritePlan, _ s: inout Repository.State, _ repository: Repository, time: Int64, writer: Writer?, origin: UInt64,
+        tail: [UInt8] = []
+    ) -> WriteDecision {
+        let immediate = storage.isImmediate
+        let info = s.core.commit(plan, time: time, writer: writer, origin: origin, durable: immediate, tail: tail)
+        if !immediate {
+            // Storage never calls back from inside `append` (this lock is held); a store that
+            // no longer takes revisions says so, and the revision is taken back.
+            let record = RevisionRecord(
+                repo: repository.name, changeSet: ChangeSet(revision: info.revision, changes: plan.changes), time: info.time, writer: info.writer)
+            guard storage.append(record, listener: repository) else {
+                s.core.undo(after: info.revision - 1)
+                if plan.creates { stats.repositories.subtract(1, ordering: .relaxed) }
+                return .failure(.storageClosed)
+            }
+        }
+        if plan.creates { repository.makePermanent() }
+        let sequence = Repository.applied(&s, revision: info.revision, durable: immediate, on: repository)
+        if immediate {
+            let loops = s.subscriberLoops
+            if !loops.isEmpty { s.core.withLastRecord { Repository.publish($0, to: loops, of: repository) } }
+        }
+        return .success(WriteOutcome(revision: info.revision, changed: true, previous: plan.previous, sequence: sequence))
     }
 }

@@ -81,6 +81,11 @@ final class SharedSequencer: Sequencer, Sendable {
         return nil
     }
 
+    /// Leases are not granted when the store is shared (see `Session.grant`): none ends here.
+    func end(_ lease: EndedLease, keys: Set<Key>, in repository: Repository, time: Int64, done: @escaping @Sendable (WriteOutcome?) -> Void) {
+        done(nil)
+    }
+
     /// The connection of this daemon that wrote `revision` of group `writeID` (0: none).
     func origin(of writeID: String?, revision: UInt64, in repository: Repository) -> UInt64 {
         guard let writeID else { return 0 }

@@ -63,6 +63,35 @@ extension Session {
         shard.markDirty(connection)
     }
 
+    /// Queues `bytes` in a slot, sent once every listed state is durable (or replaced by an
+    /// error if one is undone) — a reply that reports revisions of several repositories.
+    func hold(_ bytes: [UInt8], id: JSONValue, until states: [(Repository, StateSequence)]) {
+        let pending = states.filter { !$0.0.isDurable($0.1) }
+        if pending.isEmpty {
+            bytes.withUnsafeBytes { outbox.append($0) }
+            return shard.markDirty(connection)
+        }
+        if pending.count == 1 { return hold(bytes, id: id, until: pending[0].1, in: pending[0].0) }
+        let slot = outbox.reserveSlot()
+        let group = WaitGroup(remaining: pending.count)
+        for (repository, sequence) in pending {
+            switch repository.awaitDurable(sequence, on: shard) {
+            case .durable:
+                group.remaining -= 1
+            case .pending:
+                shard.wait(
+                    LoopShard.Waiter(
+                        sequence: sequence, connection: connection, slot: slot, bytes: bytes, events: 0, id: id, subscription: nil, group: group),
+                    on: repository)
+            case .failed(let error):
+                group.failed = true
+                Replies.storageFailure(id: id, error, repo: repository.name).withUnsafeBytes { outbox.fill(slot, with: $0) }
+            }
+        }
+        if group.remaining == 0, !group.failed { bytes.withUnsafeBytes { outbox.fill(slot, with: $0) } }
+        shard.markDirty(connection)
+    }
+
     // MARK: Writes
 
     /// Replies to a write decided at once, after the state it reports is durable.
@@ -120,6 +149,8 @@ extension Session {
             return ProtocolError(.internal, "the daemon is stopping and takes no more writes; nothing was applied")
         case .shared(let failure):
             return ProtocolError(failure.kind == .tooLarge ? .tooLarge : .internal, failure.message)
+        case .lease(let refusal):
+            return refusal.protocolError
         }
     }
 

@@ -147,19 +147,19 @@ final class Session {
             reply(id) { _ in }
         case .get(let repo, let key):
             get(id, repo: repo, key: key)
-        case .set(let repo, let key, let value, let ifRev, let force):
+        case .set(let repo, let key, let value, let ifRev, let force, let lease):
             guard withinValueLimit(value, key: key, id: id) else { return }
-            write(id, repo: repo, [.set(key, value, ifRevision: ifRev, force: force)], single: true)
+            write(id, repo: repo, [.set(key, value, ifRevision: ifRev, force: force)], leases: lease.map { [$0] } ?? [], single: true)
         case .delete(let repo, let key, let ifRev):
             write(id, repo: repo, [.delete(key, ifRevision: ifRev)], single: true)
-        case .batch(let repo, let ops):
+        case .batch(let repo, let ops, let leases):
             guard ops.count <= limits.maxKeysPerRequest else {
                 return fail(id: id, ProtocolError(.tooLarge, "the batch has \(ops.count) operations; the limit is \(limits.maxKeysPerRequest)"))
             }
             for case .set(let key, let value, _, _) in ops {
                 guard withinValueLimit(value, key: key, id: id) else { return }
             }
-            write(id, repo: repo, ops, single: false)
+            write(id, repo: repo, ops, leases: leases, single: false)
         case .list(let repo, let prefix, let values):
             list(id, repo: repo, prefix: prefix, values: values)
         case .repos:
@@ -194,6 +194,12 @@ final class Session {
             reply(id) { _ in }
         case .stats:
             stats(id)
+        case .grant(let ttl):
+            grant(id, ttl: ttl)
+        case .keepalive(let lease):
+            keepAlive(id, lease)
+        case .revoke(let lease):
+            revoke(id, lease)
         }
     }
 
@@ -207,10 +213,12 @@ final class Session {
                 id: id, ProtocolError(.notFound, "key \(key.debugDescription) does not exist in repository \(repo)"), after: sequence,
                 in: repository)
         }
+        let lease = repository.lease(of: key)
         reply(id, after: sequence, in: repository) { b in
             b.writeRaw(",\"value\":")
             b.writeCanonical(entry.value)
             b.writeMember(",\"rev\":", entry.revision)
+            if let lease { b.writeMember(",\"lease\":", lease) }
         }
     }
 
@@ -244,11 +252,12 @@ final class Session {
 
     // MARK: Writing
 
-    private func write(_ id: JSONValue, repo: String, _ ops: [WriteOp<CanonicalJSON>], single: Bool) {
+    private func write(_ id: JSONValue, repo: String, _ ops: [WriteOp<CanonicalJSON>], leases: [UInt64?] = [], single: Bool) {
         let limits = self.limits
         let request = WriteRequest(
             ops: ops, limits: WriteLimits(maxKeys: limits.maxKeysPerRepository, maxRevisionBytes: limits.maxRevisionBytes),
-            maxRepositories: limits.maxRepositories, writer: writer, origin: outbox.connection, time: shard.loop.wallSeconds)
+            maxRepositories: limits.maxRepositories, peer: peer, writer: writer, origin: outbox.connection, time: shard.loop.wallSeconds,
+            leases: leases)
         // A repository the hub keeps for good needs no hold; any other is held while the
         // write is under way (a write that changes nothing leaves no repository behind).
         let repository: Repository

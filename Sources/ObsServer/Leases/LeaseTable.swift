@@ -1,0 +1,229 @@
+// ObsServer — leases: keys that live as long as their owner (the contract's "Keys with a
+// lifetime"). This table owns who holds which lease, their TTL deadlines, and which keys of
+// which repositories each one has attached; repositories own the other half of the link
+// (key → lease, `RepositoryCore`), kept in step under the repository's lock.
+//
+// A lease granted without a TTL is bound to its connection and ends when that connection
+// closes; one with a TTL ends when its deadline passes without a keep-alive. Deadlines sit
+// in a heap — an idle lease costs nothing until it is due, a keep-alive pushes its new
+// deadline and the old entry is skipped when it comes up. Ending a lease marks it ended here
+// first (a write that names it from then on is `not_found`), then its keys are deleted
+// through the same write path as any write (see `LeaseEnds`).
+
+import ObsCore
+import ObsProtocol
+import ObsValues
+import ObservableKit
+import Synchronization
+
+/// Why a lease ended (the `end` of the lease member of its deletion events).
+enum LeaseEnd: String, Sendable {
+    case expired, revoked, closed
+}
+
+/// Why a lease operation or a write naming a lease was refused.
+enum LeaseRefusal: Error, Sendable, Equatable {
+    case notFound(UInt64)
+    case forbidden(UInt64, owner: UInt32)
+    case tooMany(limit: Int)
+}
+
+/// A lease that ended: whose it was and the keys it still held, per repository.
+struct EndedLease: Sendable {
+    let id: UInt64
+    let owner: Writer
+    let end: LeaseEnd
+    let keys: [String: Set<Key>]
+}
+
+final class LeaseTable: Sendable {
+    struct Lease: Sendable {
+        let id: UInt64
+        let owner: Writer
+        /// Seconds (nil: bound to `connection`).
+        let ttl: Int64?
+        let connection: ConnectionID?
+        /// When it expires (monotonic nanoseconds), for a lease with a TTL.
+        var deadline: UInt64
+        var keys: [String: Set<Key>] = [:]
+    }
+
+    private struct State: Sendable {
+        var leases: [UInt64: Lease] = [:]
+        var nextID: UInt64 = 1
+        var perUID: [UInt32: Int] = [:]
+        /// Deadlines of leases with a TTL (a heap; stale entries skipped).
+        var deadlines = DeadlineHeap()
+        var byConnection: [ConnectionID: Set<UInt64>] = [:]
+    }
+
+    private let state = Mutex(State())
+
+    /// A table whose ids continue after `nextID` (ids are never reused while data persists).
+    init(nextID: UInt64 = 1) {
+        state.withLock { $0.nextID = max(1, nextID) }
+    }
+
+    /// The next id a grant would hand out (persisted with the data, so ids are never reused).
+    var nextID: UInt64 { state.withLock { $0.nextID } }
+
+    /// Live leases, for `stats`.
+    var count: Int { state.withLock { $0.leases.count } }
+
+    // MARK: Granting, keeping alive
+
+    /// Grants a lease to `owner` — with `ttl` seconds, or bound to `connection`.
+    func grant(owner: Writer, privileged: Bool, ttl: Int64?, connection: ConnectionID, now: UInt64, limit: Int) -> Result<UInt64, LeaseRefusal> {
+        state.withLock { s in
+            if !privileged, s.perUID[owner.uid, default: 0] >= limit { return .failure(.tooMany(limit: limit)) }
+            let id = s.nextID
+            s.nextID += 1
+            let deadline = ttl.map { now &+ UInt64($0) * 1_000_000_000 } ?? .max
+            s.leases[id] = Lease(id: id, owner: owner, ttl: ttl, connection: ttl == nil ? connection : nil, deadline: deadline)
+            s.perUID[owner.uid, default: 0] += 1
+            if ttl == nil {
+                s.byConnection[connection, default: []].insert(id)
+            } else {
+                s.deadlines.push(deadline, id)
+            }
+            return .success(id)
+        }
+    }
+
+    /// Starts lease `id`'s TTL again in full; its TTL (nil: bound to its connection).
+    func keepAlive(_ id: UInt64, by peer: Peer, now: UInt64) -> Result<Int64?, LeaseRefusal> {
+        state.withLock { s in
+            guard var lease = s.leases[id] else { return .failure(.notFound(id)) }
+            if let refusal = Self.refusal(lease, peer) { return .failure(refusal) }
+            if let ttl = lease.ttl {
+                lease.deadline = now &+ UInt64(ttl) * 1_000_000_000
+                s.leases[id] = lease
+                s.deadlines.push(lease.deadline, id)
+            }
+            return .success(lease.ttl)
+        }
+    }
+
+    /// Whether `peer` may name lease `id` in a write (nil: yes).
+    func check(_ id: UInt64, by peer: Peer) -> LeaseRefusal? {
+        state.withLock { s in
+            guard let lease = s.leases[id] else { return .notFound(id) }
+            return Self.refusal(lease, peer)
+        }
+    }
+
+    private static func refusal(_ lease: Lease, _ peer: Peer) -> LeaseRefusal? {
+        lease.owner.uid == peer.uid || peer.uid == 0 ? nil : .forbidden(lease.id, owner: lease.owner.uid)
+    }
+
+    // MARK: Attachments (under the repository's lock)
+
+    /// Key `key` of `repo` is now attached to `lease` (nil: to none), and no longer to `previous`.
+    func move(_ key: Key, of repo: String, from previous: UInt64?, to lease: UInt64?) {
+        guard previous != lease else { return }
+        state.withLock { s in
+            if let previous, s.leases[previous] != nil {
+                s.leases[previous]!.keys[repo]?.remove(key)
+                if s.leases[previous]!.keys[repo]?.isEmpty == true { s.leases[previous]!.keys[repo] = nil }
+            }
+            if let lease, s.leases[lease] != nil { s.leases[lease]!.keys[repo, default: []].insert(key) }
+        }
+    }
+
+    // MARK: Ending
+
+    /// Ends lease `id` (`revoke`), if `peer` may: what it held.
+    func revoke(_ id: UInt64, by peer: Peer) -> Result<EndedLease, LeaseRefusal> {
+        state.withLock { s in
+            guard let lease = s.leases[id] else { return .failure(.notFound(id)) }
+            if let refusal = Self.refusal(lease, peer) { return .failure(refusal) }
+            return .success(Self.end(&s, id, .revoked)!)
+        }
+    }
+
+    /// Ends the leases bound to `connection` (it closed).
+    func connectionClosed(_ connection: ConnectionID) -> [EndedLease] {
+        state.withLock { s in
+            guard let ids = s.byConnection.removeValue(forKey: connection) else { return [] }
+            return ids.sorted().compactMap { Self.end(&s, $0, .closed) }
+        }
+    }
+
+    /// Ends the leases whose deadline passed by `now`.
+    func expire(now: UInt64) -> [EndedLease] {
+        state.withLock { s in
+            var ended: [EndedLease] = []
+            while let (deadline, id) = s.deadlines.top, deadline <= now {
+                s.deadlines.pop()
+                guard let lease = s.leases[id], lease.deadline == deadline else { continue }  // kept alive since, or ended
+                if let end = Self.end(&s, id, .expired) { ended.append(end) }
+            }
+            return ended
+        }
+    }
+
+    /// The earliest deadline of a lease with a TTL, if any.
+    var nextDeadline: UInt64? {
+        state.withLock { s in
+            while let (deadline, id) = s.deadlines.top, s.leases[id]?.deadline != deadline { s.deadlines.pop() }
+            return s.deadlines.top?.deadline
+        }
+    }
+
+    private static func end(_ s: inout State, _ id: UInt64, _ end: LeaseEnd) -> EndedLease? {
+        guard let lease = s.leases.removeValue(forKey: id) else { return nil }
+        let left = s.perUID[lease.owner.uid, default: 1] - 1
+        s.perUID[lease.owner.uid] = left > 0 ? left : nil
+        if let connection = lease.connection {
+            s.byConnection[connection]?.remove(id)
+            if s.byConnection[connection]?.isEmpty == true { s.byConnection[connection] = nil }
+        }
+        return EndedLease(id: id, owner: lease.owner, end: end, keys: lease.keys)
+    }
+}
+
+/// Deadlines by time: a binary min-heap of (deadline, lease id).
+struct DeadlineHeap: Sendable {
+    private var heap: [(deadline: UInt64, id: UInt64)] = []
+
+    var top: (deadline: UInt64, id: UInt64)? { heap.first }
+
+    mutating func push(_ deadline: UInt64, _ id: UInt64) {
+        heap.append((deadline, id))
+        var i = heap.count - 1
+        while i > 0 {
+            let parent = (i - 1) / 2
+            guard heap[parent].deadline > heap[i].deadline else { break }
+            heap.swapAt(parent, i)
+            i = parent
+        }
+    }
+
+    mutating func pop() {
+        guard !heap.isEmpty else { return }
+        heap.swapAt(0, heap.count - 1)
+        heap.removeLast()
+        var i = 0
+        while true {
+            let l = 2 * i + 1
+            let r = l + 1
+            var smallest = i
+            if l < heap.count, heap[l].deadline < heap[smallest].deadline { smallest = l }
+            if r < heap.count, heap[r].deadline < heap[smallest].deadline { smallest = r }
+            guard smallest != i else { return }
+            heap.swapAt(i, smallest)
+            i = smallest
+        }
+    }
+}
+
+extension LeaseRefusal {
+    /// The error reply for it.
+    var protocolError: ProtocolError {
+        switch self {
+        case .notFound(let id): ProtocolError(.notFound, "lease \(id) does not exist (it ended, or was never granted)")
+        case .forbidden(let id, let owner): ProtocolError(.forbidden, "lease \(id) belongs to uid \(owner)")
+        case .tooMany(let limit): ProtocolError(.overloaded, "this uid holds \(limit) leases, the limit (limits.max-leases-per-uid): revoke some first")
+        }
+    }
+}

@@ -1,0 +1,69 @@
+// ObsServer — a session's lease requests: `grant`, `keepalive`, `revoke` (the contract's
+// "Keys with a lifetime"). Writes that name a lease go through the write path like any other
+// (Session.swift, Sequencer.swift).
+
+import ObsCore
+import ObsProtocol
+import ObsStore
+import ObservableKit
+
+extension Session {
+    func grant(_ id: JSONValue, ttl: Int64?) {
+        if hub.shared != nil {
+            return fail(
+                id: id,
+                ProtocolError(
+                    .badRequest,
+                    "leases are not available in this version when repositories are shared through etcd (storage.etcd-endpoints)"))
+        }
+        let result = hub.leases.grant(
+            owner: writer, privileged: peer.isPrivileged, ttl: ttl, connection: connection.id, now: shard.loop.now,
+            limit: limits.maxLeasesPerUID)
+        switch result {
+        case .failure(let refusal):
+            fail(id: id, refusal.protocolError)
+        case .success(let lease):
+            if ttl != nil { hub.leaseClock.deadlineMoved() }
+            reply(id) { b in
+                b.writeMember(",\"lease\":", lease)
+                if let ttl { b.writeMember(",\"ttl\":", UInt64(ttl)) }
+            }
+        }
+    }
+
+    func keepAlive(_ id: JSONValue, _ lease: UInt64) {
+        switch hub.leases.keepAlive(lease, by: peer, now: shard.loop.now) {
+        case .failure(let refusal):
+            fail(id: id, refusal.protocolError)
+        case .success(let ttl):
+            if ttl != nil { hub.leaseClock.deadlineMoved() }
+            reply(id) { b in if let ttl { b.writeMember(",\"ttl\":", UInt64(ttl)) } }
+        }
+    }
+
+    /// Ends the lease at once; the reply carries, per repository, the revision that deleted
+    /// its keys — sent once those revisions are durable.
+    func revoke(_ id: JSONValue, _ lease: UInt64) {
+        let ended: EndedLease
+        switch hub.leases.revoke(lease, by: peer) {
+        case .failure(let refusal): return fail(id: id, refusal.protocolError)
+        case .success(let e): ended = e
+        }
+        // A local store decides at once (the only kind leases are granted with).
+        let collected = Locked<[LeaseDeletion]>([])
+        hub.end(ended, time: shard.loop.wallSeconds) { deletions in collected.withLock { $0 = deletions } }
+        let deletions = collected.withLock { $0 }.sorted { $0.repository.name.utf8.lexicographicallyPrecedes($1.repository.name.utf8) }
+        var bytes: [UInt8] = []
+        ReplyEncoder.begin(&bytes, id: id)
+        bytes.writeRaw(",\"revs\":{")
+        for (i, deletion) in deletions.enumerated() {
+            if i > 0 { bytes.writeByte(UInt8(ascii: ",")) }
+            bytes.writeJSONString(deletion.repository.name)
+            bytes.writeByte(UInt8(ascii: ":"))
+            bytes.writeDecimal(deletion.outcome.revision)
+        }
+        bytes.writeRaw("}")
+        ReplyEncoder.end(&bytes)
+        hold(bytes, id: id, until: deletions.map { ($0.repository, $0.outcome.sequence) })
+    }
+}
