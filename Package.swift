@@ -126,6 +126,8 @@ let package = Package(
         .testTarget(name: "ObservableKitTests", dependencies: ["ObservableKit"]),
         .testTarget(name: "ObsProtocolTests", dependencies: ["ObsProtocol", "ObservableKit"]),
         .testTarget(name: "ObsConfigTests", dependencies: ["ObsConfig"]),
+        // The value core in process: rules, records, undo, subscription starts, attachments.
+        .testTarget(name: "ObsCoreTests", dependencies: ["ObsCore", "ObsStore", "ObsProtocol", "ObsValues", "ObservableKit"]),
         // In-process tests of the client library's parts that need no daemon (the mirrors' merging).
         .testTarget(name: "ObsClientTests", dependencies: ["ObsClient", "ObsProtocol", "ObservableKit"]),
         .testTarget(

@@ -122,7 +122,7 @@ final class LoopShard: @unchecked Sendable {
         var group: WaitGroup? = nil
     }
 
-    private var routes: [UInt64: RepositoryRoutes] = [:]
+    var routes: [UInt64: RepositoryRoutes] = [:]
     private var waiters: [UInt64: [Waiter]] = [:]
     /// Taken from the inbox and not yet delivered (the last tick ran out of its budget), and
     /// what they weigh in the backlog.
@@ -131,8 +131,8 @@ final class LoopShard: @unchecked Sendable {
     private var dirty: [Connection] = []
     private(set) var hub: Hub?
     /// Subscriptions that asked for `progress`, and the timer that sends them (while any).
-    private var progressing: [ObserverID: Subscription] = [:]
-    private var progressTimer: TimerID?
+    var progressing: [ObserverID: Subscription] = [:]
+    var progressTimer: TimerID?
 
     init(loop: IOLoop, budget: DeliveryBudget = DeliveryBudget()) {
         self.loop = loop
@@ -235,42 +235,6 @@ final class LoopShard: @unchecked Sendable {
             entry.routes.forEachRegistration { subscription in if let lag = subscription.takeUnretainedValue().lag { lags.append(lag) } }
         }
         return lags
-    }
-
-    // MARK: Progress (on the loop)
-
-    /// Once a second, while any subscription here asked for `progress`: each live one whose
-    /// repository moved past what it was last told, with nothing of its own waiting (a
-    /// lagging coalescing subscription gets none), is told the newest revision delivered on
-    /// this loop — every change it selects up to there is queued before the event.
-    private func scheduleProgress() {
-        progressTimer = loop.schedule(in: 1_000_000_000) { [unowned(unsafe) self] in
-            progressTimer = nil
-            sendProgress()
-            if !progressing.isEmpty { scheduleProgress() }
-        }
-    }
-
-    private func sendProgress() {
-        let now = loop.now
-        for subscription in progressing.values {
-            guard subscription.isLive, subscription.lag == nil, now &- subscription.lastProgress >= 1_000_000_000,
-                let entry = routes[subscription.repository.id], entry.revision > subscription.completeThrough
-            else { continue }
-            let revision = entry.revision
-            subscription.withConnection { connection, outbox in
-                guard outbox.isOpen, !outbox.isFull else { return }
-                outbox.appendEvent { sink in
-                    sink.writeMember("{\"event\":\"progress\",\"sub\":", subscription.id)
-                    sink.writeMember(",\"repo\":", subscription.repository.name)
-                    sink.writeMember(",\"rev\":", revision)
-                    sink.writeRaw("}\n")
-                }
-                subscription.completeThrough = revision
-                subscription.lastProgress = now
-                markDirty(connection)
-            }
-        }
     }
 
     // MARK: Durability waits (on the loop)

@@ -28,8 +28,8 @@ final class Session {
     var shard: LoopShard { connection.shard }
     /// The limits and policy this session last read, and what the policy grants per repository.
     var runtime: Runtime.Snapshot
-    private var permissions: [String: Permission] = [:]
-    private var deniedCount = 0
+    var permissions: [String: Permission] = [:]
+    var deniedCount = 0
     /// The repository this session wrote last, once the hub keeps it for good: a client writes
     /// one repository many times, and this skips the hub's lock and lookup.
     private var lastWritten: Repository?
@@ -337,83 +337,7 @@ final class Session {
             ProtocolError(.tooLarge, "the value of key \(key.debugDescription) is \(value.bytes.count) bytes of JSON; the limit is \(limits.maxValueBytes)"))
         return false
     }
-
-    // MARK: Access
-
-    /// What the policy grants this peer on `repo` (cached until the policy changes).
-    func permission(_ repo: String) -> Permission {
-        if peer.isPrivileged { return .write }
-        if let known = permissions[repo] { return known }
-        let (peer, users) = (self.peer, hub.users)
-        let granted = runtime.policy.permission(of: peer, on: repo) { users.groups(of: peer.uid, primary: peer.gid) }
-        if permissions.count > 4096 { permissions.removeAll() }
-        permissions[repo] = granted
-        return granted
-    }
-
-    /// Whether the peer may do `op` to `repo`; if not, replies `forbidden` and logs it.
-    private func permits(_ repo: String, _ needed: Permission, op: String, id: JSONValue) -> Bool {
-        if permission(repo) >= needed { return true }
-        hub.stats.denied.add(1, ordering: .relaxed)
-        deniedCount += 1
-        // A denied client can retry in a loop: log its first denials, then every 1000th.
-        if deniedCount <= 10 || deniedCount % 1000 == 0 {
-            logger.notice(
-                "access denied", metadata: ["repo": "\(repo)", "op": "\(op)", "peer.gid": "\(peer.gid)", "denials": "\(deniedCount)"])
-        }
-        fail(id: id, ProtocolError(.forbidden, "\(peer.described(by: hub.users)) may not \(needed.verb) repository \(repo)"))
-        return false
-    }
-
-    /// After a reload: ends the subscriptions of repositories this peer may no longer read,
-    /// each with a final `revoked` event. Runs on the connection's event loop.
-    func revalidate() {
-        runtime = hub.runtime.snapshot
-        permissions.removeAll()
-        for subscription in outbox.liveSubscriptions where permission(subscription.repository.name) < .read {
-            var notice: [UInt8] = []
-            notice.writeMember("{\"event\":\"revoked\",\"sub\":", subscription.id)
-            notice.writeMember(",\"repo\":", subscription.repository.name)
-            notice.writeRaw(",\"error\":")
-            let error = ProtocolError(.forbidden, "\(peer.described(by: hub.users)) may no longer read repository \(subscription.repository.name)")
-            notice.writeRaw("{\"code\":")
-            notice.writeJSONString(error.code.rawValue)
-            notice.writeMember(",\"message\":", error.message)
-            notice.writeRaw("}}\n")
-            if let ended = outbox.revoke(subscription.id, notice: notice) {
-                shard.unroute(ended)
-                logger.notice("subscription revoked by the access policy", metadata: ["repo": "\(subscription.repository.name)"])
-            }
-        }
-        shard.markDirty(connection)
-    }
 }
 
 @available(*, unavailable)
 extension Session: Sendable {}
-
-/// A connection named across threads: its loop, and its id in the loop's registry. Resolved
-/// only back on that loop, to the connection if it is still open. (Not a weak reference: one
-/// moves an object's reference counts to a side table, and every retain and release of it —
-/// a connection's, thousands of times a second — then takes the slow path.)
-struct ConnectionRef: @unchecked Sendable {
-    // @unchecked Sendable: `registry` is only read on `loop` (asserted in `connection`), where
-    // it lives; the id and the loop are Sendable.
-    let loop: IOLoop
-    private let registry: LoopConnections
-    private let id: ConnectionID
-
-    init(_ connection: Connection) {
-        self.loop = connection.loop
-        self.registry = connection.registry
-        self.id = connection.id
-    }
-
-    /// The connection, if it is still open (on its loop only).
-    var connection: Connection? {
-        loop.assertInLoop()
-        return registry.all[id]
-    }
-
-    var session: Session? { connection?.session }
-}
