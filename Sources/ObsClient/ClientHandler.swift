@@ -161,10 +161,13 @@ final class ClientHandler: ChannelDuplexHandler {
                 switch request.purpose {
                 case .plain: break
                 case .subscribe(let stream, let since, let initial):
-                    guard let sub = members["sub"]?.uint64Value else {
-                        throw ObsClientError.protocolViolation("subscribe reply without \"sub\"")
+                    let started: SubscribeReply
+                    do {
+                        started = try SubscribeReply(decoding: members)
+                    } catch {
+                        throw ObsClientError.protocolViolation(error.description)
                     }
-                    streams[sub] = Route(stream: stream, delivered: since ?? (initial ? nil : members["rev"]?.uint64Value))
+                    streams[started.subscription] = Route(stream: stream, delivered: since ?? (initial ? nil : started.revision))
                 case .unsubscribe(let sub):
                     streams.removeValue(forKey: sub)?.stream.continuation.finish()
                 case .write(let report):
@@ -182,31 +185,35 @@ final class ClientHandler: ChannelDuplexHandler {
         }
     }
 
-    private func route(_ event: Event, context: ChannelHandlerContext) {
+    private func route(_ event: ServerEvent, context: ChannelHandlerContext) {
         switch event {
-        case .change(let sub, _, let rev, let changes, let from, let by):
-            guard let stream = deliver(.change(ChangeEvent(revision: rev, changes: changes, from: from, by: by)), at: rev, to: sub, context: context)
-            else { return }
+        case .change(let change):
+            guard let stream = deliver(.change(change), at: change.revision, to: change.subscription, context: context) else { return }
             if stream.once {
-                streams[sub] = nil
+                streams[change.subscription] = nil
                 stream.continuation.finish()
             }
-        case .snapshot(let sub, _, let rev, let values):
-            deliver(.snapshot(revision: rev, values: Dictionary(values, uniquingKeysWith: { $1 })), at: rev, to: sub, context: context)
-        case .synced(let sub, _, let rev):
-            deliver(.synced(revision: rev), at: rev, to: sub, context: context)
-        case .overflow(let revs):
+        case .snapshot(let snapshot):
+            deliver(.snapshot(revision: snapshot.revision, values: snapshot.values), at: snapshot.revision, to: snapshot.subscription, context: context)
+        case .synced(let synced):
+            deliver(.synced(revision: synced.revision), at: synced.revision, to: synced.subscription, context: context)
+        case .progress(let progress):
+            // Everything it selects through this revision was handed on: resume from there.
+            if let delivered = streams[progress.subscription]?.delivered, delivered < progress.revision {
+                streams[progress.subscription]?.delivered = progress.revision
+            }
+        case .overflow(let overflow):
             fate.record(.connectionClosed(path: path))
             for (sub, route) in streams {
-                if let rev = revs[sub] {
+                if let rev = overflow.revisions[sub] {
                     route.stream.continuation.finish(throwing: ObsClientError.overflowed(resumeAfter: rev))
                 } else {
                     route.stream.continuation.finish(throwing: ObsClientError.connectionClosed(path: path))
                 }
             }
             streams.removeAll()
-        case .revoked(let sub, _, let error):
-            streams.removeValue(forKey: sub)?.stream.continuation.finish(throwing: ObsClientError.server(error))
+        case .revoked(let revoked):
+            streams.removeValue(forKey: revoked.subscription)?.stream.continuation.finish(throwing: ObsClientError.server(revoked.error))
         case .unknown:
             break
         }

@@ -58,7 +58,7 @@ extension ObsClient {
     @discardableResult
     public func set<T: Encodable>(
         _ repo: String, _ key: Key, encoding value: T, ifRev: UInt64? = nil, force: Bool = false
-    ) async throws(ObsClientError) -> WriteReply {
+    ) async throws(ObsClientError) -> WriteReply<JSONValue> {
         try await set(repo, key, try JSONValue(encoding: value), ifRev: ifRev, force: force)
     }
 }
@@ -73,7 +73,7 @@ extension ObsSession {
     @discardableResult
     public func set<T: Encodable>(
         _ repo: String, _ key: Key, encoding value: T, ifRev: UInt64? = nil, force: Bool = false
-    ) async throws(ObsClientError) -> WriteReply {
+    ) async throws(ObsClientError) -> WriteReply<JSONValue> {
         try await client().set(repo, key, encoding: value, ifRev: ifRev, force: force)
     }
 

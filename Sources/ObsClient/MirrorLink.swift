@@ -88,8 +88,8 @@ final class MirrorLink {
     /// Performs a write; when it changed something, returns once the mirror — and every other
     /// mirror of the session — shows it (its reply was reported to the session's mirrors
     /// before `body` returned), and this mirror is loaded.
-    func write(_ body: () async throws(ObsClientError) -> WriteReply) async throws(ObsClientError) -> WriteResult {
-        let reply: WriteReply
+    func write(_ body: () async throws(ObsClientError) -> WriteReply<JSONValue>) async throws(ObsClientError) -> WriteResult {
+        let reply: WriteReply<JSONValue>
         do {
             reply = try await body()
         } catch .server(let error) where error.code == .conflict {

@@ -129,25 +129,19 @@ public final class ObsClient: Sendable {
 
     /// Greets the daemon; returns its protocol version, name and maximum line length.
     public func hello(client name: String? = nil) async throws(ObsClientError) -> ServerInfo {
-        let o = try await call(.hello(protocol: ObsProtocolVersion.current, client: name))
-        return ServerInfo(
-            protocolVersion: o["protocol"]?.int64Value ?? 0, server: o["server"]?.stringValue ?? "",
-            maxLine: Int(o["maxLine"]?.int64Value ?? 0))
+        try await call(.hello(protocol: ObsProtocolVersion.current, client: name), as: HelloReply.self)
     }
 
     /// Checks the connection.
     public func ping() async throws(ObsClientError) {
-        _ = try await call(.ping)
+        _ = try await call(.ping, as: EmptyReply.self)
     }
 
     /// The value and revision of a key, or `nil` if it does not exist.
     public func get(_ repo: String, _ key: Key) async throws(ObsClientError) -> Entry<JSONValue>? {
         do throws(ObsClientError) {
-            let o = try await call(.get(repo: repo, key: key))
-            guard let value = o["value"], let rev = o["rev"]?.uint64Value else {
-                throw ObsClientError.protocolViolation("get reply without value or rev")
-            }
-            return Entry(value: value, revision: rev)
+            let reply = try await call(.get(repo: repo, key: key), as: GetReply<JSONValue>.self)
+            return Entry(value: reply.value, revision: reply.revision)
         } catch .server(let e) where e.code == .notFound {
             return nil
         }
@@ -158,15 +152,16 @@ public final class ObsClient: Sendable {
     @discardableResult
     public func set(
         _ repo: String, _ key: Key, _ value: JSONValue, ifRev: UInt64? = nil, force: Bool = false
-    ) async throws(ObsClientError) -> WriteReply {
+    ) async throws(ObsClientError) -> WriteReply<JSONValue> {
         let command = Command.set(repo: repo, key: key, value: CanonicalJSON(value), ifRev: ifRev, force: force)
-        return try Self.writeReply(try await call(command, purpose: reporting(repo, [.init(key: key, new: value)])))
+        return try await call(command, as: WriteReply<JSONValue>.self, purpose: reporting(repo, [.init(key: key, new: value)]))
     }
 
     /// Deletes a key; deleting an absent key is not an error (`changed: false`).
     @discardableResult
-    public func delete(_ repo: String, _ key: Key, ifRev: UInt64? = nil) async throws(ObsClientError) -> WriteReply {
-        try Self.writeReply(try await call(.delete(repo: repo, key: key, ifRev: ifRev), purpose: reporting(repo, [.init(key: key, new: nil)])))
+    public func delete(_ repo: String, _ key: Key, ifRev: UInt64? = nil) async throws(ObsClientError) -> WriteReply<JSONValue> {
+        try await call(
+            .delete(repo: repo, key: key, ifRev: ifRev), as: WriteReply<JSONValue>.self, purpose: reporting(repo, [.init(key: key, new: nil)]))
     }
 
     /// Applies writes atomically, as one revision.
@@ -184,38 +179,17 @@ public final class ObsClient: Sendable {
             case .delete(let key, _): return .init(key: key, new: nil)
             }
         }
-        let o = try await call(.batch(repo: repo, ops: canonical), purpose: reporting(repo, effects))
-        guard let rev = o["rev"]?.uint64Value, let changed = o["changed"]?.boolValue else {
-            throw .protocolViolation("batch reply without rev or changed")
-        }
-        return BatchReply(revision: rev, changed: changed)
+        return try await call(.batch(repo: repo, ops: canonical), as: BatchReply.self, purpose: reporting(repo, effects))
     }
 
     /// The keys of a repository (optionally with a prefix), in byte order, and optionally their values.
     public func list(_ repo: String, prefix: String? = nil, values: Bool = false) async throws(ObsClientError) -> Listing {
-        let o = try await call(.list(repo: repo, prefix: prefix, values: values))
-        guard let rev = o["rev"]?.uint64Value, let keys = o["keys"]?.arrayValue else {
-            throw .protocolViolation("list reply without rev or keys")
-        }
-        var valueMap: [Key: JSONValue]? = nil
-        if values, let object = o["values"]?.objectValue {
-            valueMap = Dictionary(object.members.map { (Key($0.name), $0.value) }, uniquingKeysWith: { $1 })
-        }
-        return Listing(
-            revision: rev, epoch: o["epoch"]?.stringValue ?? "", keys: keys.compactMap { $0.stringValue.map { Key($0) } },
-            values: valueMap)
+        try await call(.list(repo: repo, prefix: prefix, values: values), as: ListReply<JSONValue>.self)
     }
 
     /// The repositories that exist, sorted by name.
     public func repos() async throws(ObsClientError) -> [RepositoryInfo] {
-        let o = try await call(.repos)
-        guard let items = o["repos"]?.arrayValue else { throw .protocolViolation("repos reply without repos") }
-        return items.compactMap { item in
-            guard let r = item.objectValue, let name = r["name"]?.stringValue, let rev = r["rev"]?.uint64Value,
-                let keys = r["keys"]?.int64Value
-            else { return nil }
-            return RepositoryInfo(name: name, revision: rev, keys: Int(keys), epoch: r["epoch"]?.stringValue ?? "")
-        }
+        try await call(.repos, as: ReposReply.self).repositories
     }
 
     /// The daemon's counters.
@@ -251,19 +225,17 @@ public final class ObsClient: Sendable {
         let request = SubscribeRequest(
             repo: repo, selection: selection, initial: initial, since: since, epoch: epoch, once: once, coalesce: options.coalesce,
             writers: options.writers, echo: options.echo)
-        let o = try await call(.subscribe(request), purpose: .subscribe(stream, since: since, initial: initial))
-        guard let sub = o["sub"]?.uint64Value, let rev = o["rev"]?.uint64Value else {
-            throw .protocolViolation("subscribe reply without sub or rev")
-        }
+        let reply = try await call(.subscribe(request), as: SubscribeReply.self, purpose: .subscribe(stream, since: since, initial: initial))
+        let sub = reply.subscription
         stream.setOnCancel { [weak self] in self?.sendUnsubscribe(sub) }
         return Subscription(
-            id: sub, repository: repo, revision: rev, epoch: o["epoch"]?.stringValue ?? "", options: options, events: events,
-            stream: stream, client: self)
+            id: sub, repository: repo, revision: reply.revision, epoch: reply.epoch, options: options, events: events, stream: stream,
+            client: self)
     }
 
     /// Ends a subscription. Its sequence finishes; no event follows.
     public func unsubscribe(_ sub: UInt64) async throws(ObsClientError) {
-        _ = try await call(.unsubscribe(sub: sub), purpose: .unsubscribe(sub))
+        _ = try await call(.unsubscribe(sub: sub), as: EmptyReply.self, purpose: .unsubscribe(sub))
     }
 
     // MARK: Plumbing
@@ -278,9 +250,22 @@ public final class ObsClient: Sendable {
     private func reporting(_ repo: String, _ effects: [LocalWrite.Effect]) -> OutboundRequest.Purpose {
         guard let localWrites else { return .plain }
         let serial = self.serial
-        return .write { reply in
-            guard reply["changed"]?.boolValue == true, let revision = reply["rev"]?.uint64Value else { return }
-            localWrites.publish(LocalWrite(repository: repo, revision: revision, effects: effects, connection: serial))
+        return .write { members in
+            // `rev` and `changed`: what a write and a batch reply have in common.
+            guard let reply = try? BatchReply(decoding: members), reply.changed else { return }
+            localWrites.publish(LocalWrite(repository: repo, revision: reply.revision, effects: effects, connection: serial))
+        }
+    }
+
+    /// Sends `command`; its reply read as `R`.
+    private func call<R: ReplyMessage>(
+        _ command: Command, as type: R.Type, purpose: OutboundRequest.Purpose = .plain
+    ) async throws(ObsClientError) -> R {
+        let members = try await call(command, purpose: purpose)
+        do {
+            return try R(decoding: members)
+        } catch {
+            throw .protocolViolation(error.description)
         }
     }
 
@@ -302,13 +287,6 @@ public final class ObsClient: Sendable {
         channel.writeAndFlush(request).whenFailure { _ in
             promise.fail(fate.error(path: path))  // e.g. refused before this request was sent
         }
-    }
-
-    private static func writeReply(_ o: JSONObject) throws(ObsClientError) -> WriteReply {
-        guard let rev = o["rev"]?.uint64Value, let changed = o["changed"]?.boolValue else {
-            throw .protocolViolation("write reply without rev or changed")
-        }
-        return WriteReply(revision: rev, changed: changed, old: o["old"])
     }
 
     private static func explain(_ error: any Error) -> String {

@@ -119,13 +119,13 @@ public final class ObsSession: Sendable {
     @discardableResult
     public func set(
         _ repo: String, _ key: Key, _ value: JSONValue, ifRev: UInt64? = nil, force: Bool = false
-    ) async throws(ObsClientError) -> WriteReply {
+    ) async throws(ObsClientError) -> WriteReply<JSONValue> {
         try await client().set(repo, key, value, ifRev: ifRev, force: force)
     }
 
     /// Deletes a key (see `ObsClient.delete`).
     @discardableResult
-    public func delete(_ repo: String, _ key: Key, ifRev: UInt64? = nil) async throws(ObsClientError) -> WriteReply {
+    public func delete(_ repo: String, _ key: Key, ifRev: UInt64? = nil) async throws(ObsClientError) -> WriteReply<JSONValue> {
         try await client().delete(repo, key, ifRev: ifRev)
     }
 

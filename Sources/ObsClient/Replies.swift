@@ -1,74 +1,14 @@
-// ObsClient — typed replies and subscription events.
+// ObsClient — what a subscription delivers and how: its options and its events. The
+// replies and events themselves are ObsProtocol's typed messages.
 
 import ObsProtocol
 import ObservableKit
 
 /// What `hello` tells about the daemon.
-public struct ServerInfo: Sendable, Equatable {
-    public let protocolVersion: Int64
-    public let server: String
-    public let maxLine: Int
-
-    public init(protocolVersion: Int64, server: String, maxLine: Int) {
-        self.protocolVersion = protocolVersion
-        self.server = server
-        self.maxLine = maxLine
-    }
-}
-
-/// The reply to `set` or `delete`.
-public struct WriteReply: Sendable, Equatable {
-    /// The repository revision after the call.
-    public let revision: UInt64
-    /// Whether the call changed anything.
-    public let changed: Bool
-    /// The key's previous value; `nil` if the key did not exist (`.some(.null)` if it held null).
-    public let old: JSONValue?
-
-    public init(revision: UInt64, changed: Bool, old: JSONValue?) {
-        self.revision = revision
-        self.changed = changed
-        self.old = old
-    }
-}
-
-/// The reply to `batch`.
-public struct BatchReply: Sendable, Equatable {
-    public let revision: UInt64
-    public let changed: Bool
-
-    public init(revision: UInt64, changed: Bool) {
-        self.revision = revision
-        self.changed = changed
-    }
-}
+public typealias ServerInfo = HelloReply
 
 /// The reply to `list`.
-public struct Listing: Sendable {
-    public let revision: UInt64
-    /// The history `revision` belongs to.
-    public let epoch: String
-    /// Keys in byte order.
-    public let keys: [Key]
-    /// Values by key, when asked for.
-    public let values: [Key: JSONValue]?
-}
-
-/// One repository as `repos` lists it.
-public struct RepositoryInfo: Sendable, Equatable {
-    public let name: String
-    public let revision: UInt64
-    public let keys: Int
-    /// The history `revision` belongs to.
-    public let epoch: String
-
-    public init(name: String, revision: UInt64, keys: Int, epoch: String) {
-        self.name = name
-        self.revision = revision
-        self.keys = keys
-        self.epoch = epoch
-    }
-}
+public typealias Listing = ListReply<JSONValue>
 
 /// How a subscription's events are delivered, beyond which keys it selects (the
 /// `subscribe` options `coalesce`, `writers` and `echo` of the protocol).
@@ -104,47 +44,12 @@ public struct SubscriptionOptions: Sendable, Hashable {
     public static let mirror = SubscriptionOptions(coalesce: true, echo: false)
 }
 
-/// A `change` event: the changes to a subscription's keys of one revision — or, from a
-/// coalescing subscription that lagged, of several.
-public struct ChangeEvent: Sendable, Equatable {
-    /// The revision the changes are at.
-    public let revision: UInt64
-    /// The changes: of one revision in the order they were applied; of a coalesced event,
-    /// one per key whose value differs from the one last received, in byte order of the
-    /// keys, `old` being the value last received (nil: the key did not exist then).
-    public let changes: [Change<JSONValue>]
-    /// For a coalesced event, the first revision it covers (it covers `from...revision`);
-    /// nil for the changes of exactly one revision.
-    public let from: UInt64?
-    /// Who wrote `revision` (the latest revision, for a coalesced event), when the
-    /// subscription asked for `writers`.
-    public let by: Writer?
-
-    public init(revision: UInt64, changes: [Change<JSONValue>], from: UInt64? = nil, by: Writer? = nil) {
-        self.revision = revision
-        self.changes = changes
-        self.from = from
-        self.by = by
-    }
-
-    /// Whether this event coalesces several revisions.
-    public var isCoalesced: Bool { from != nil }
-
-    /// The change of `key` in this event, if any.
-    public func change(for key: Key) -> Change<JSONValue>? {
-        changes.first { $0.key == key }
-    }
-
-    /// The changes as an ObservableKit change set (`from` kept, `by` dropped).
-    public var changeSet: ChangeSet<JSONValue> { ChangeSet(revision: revision, changes: changes, from: from) }
-}
-
 /// An event of a subscription.
 public enum SubscriptionEvent: Sendable {
     /// The selected keys' values at `revision` (first, when asked with `initial`).
     case snapshot(revision: UInt64, values: [Key: JSONValue])
     /// A revision's changes to the selected keys (several revisions' when coalesced).
-    case change(ChangeEvent)
+    case change(ChangeEvent<JSONValue>)
     /// The `since` replay is complete up to `revision`; what follows is live.
     case synced(revision: UInt64)
 

@@ -19,7 +19,7 @@ public enum WatchEvent: Sendable {
     /// watch with `coalesce` whose reader lagged, the changes of several revisions as one
     /// event (`from` set), which leaves a reader that applies it at the state of its
     /// `revision`.
-    case change(ChangeEvent)
+    case change(ChangeEvent<JSONValue>)
 
     /// The revision the event is at.
     public var revision: UInt64 {

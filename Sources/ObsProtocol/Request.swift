@@ -14,10 +14,37 @@ public struct Request: Sendable, Equatable {
     /// The request's `id`, echoed verbatim in the reply; `.null` when it had none.
     public var id: JSONValue
     public var command: Command
+    /// The lease extension: for each key a `set` of this request writes with a `lease` (the
+    /// `set` itself, or a `set` inside a `batch`), the lease that key is to be attached to. A
+    /// key a `set` writes that is not here is attached to no lease; empty for other requests.
+    public var leases: [Key: UInt64]
 
-    public init(id: JSONValue = .null, command: Command) {
+    public init(id: JSONValue = .null, command: Command, leases: [Key: UInt64] = [:]) {
         self.id = id
         self.command = command
+        self.leases = leases
+    }
+}
+
+/// A request as decoded with the lease extension: one of `Command`, or one of the lease
+/// operations, which `Command` does not name yet because the daemon does not serve them
+/// (`Request.decode(line:)` answers them with `unknown_op`).
+public enum DecodedRequest: Sendable, Equatable {
+    case request(Request)
+    case lease(id: JSONValue, LeaseCommand)
+
+    /// The request's `id`, to echo.
+    public var id: JSONValue {
+        switch self {
+        case .request(let request): return request.id
+        case .lease(let id, _): return id
+        }
+    }
+
+    /// Decodes one line (without its newline), the lease operations included.
+    public static func decode(line: UnsafeRawBufferPointer, maxDepth: Int = JSONParser.defaultMaxDepth) throws(RequestFailure) -> DecodedRequest {
+        if let request = Request.scan(line, maxDepth: maxDepth) { return .request(request) }
+        return try Request.decode(Request.document(line, maxDepth: maxDepth), leases: true)
     }
 }
 
@@ -26,20 +53,14 @@ public enum Command: Sendable, Equatable {
     case hello(protocol: Int64?, client: String?)
     case ping
     case get(repo: String, key: Key)
-    /// `lease`: the key is attached to that lease (nil: to none).
-    case set(repo: String, key: Key, value: CanonicalJSON, ifRev: UInt64?, force: Bool, lease: UInt64? = nil)
+    case set(repo: String, key: Key, value: CanonicalJSON, ifRev: UInt64?, force: Bool)
     case delete(repo: String, key: Key, ifRev: UInt64?)
-    /// `leases`: the lease each op names, by position (empty: none names one).
-    case batch(repo: String, ops: [WriteOp<CanonicalJSON>], leases: [UInt64?] = [])
+    case batch(repo: String, ops: [WriteOp<CanonicalJSON>])
     case list(repo: String, prefix: String?, values: Bool)
     case repos
     case subscribe(SubscribeRequest)
     case unsubscribe(sub: UInt64)
     case stats
-    /// A lease: with `ttl` seconds, or (nil) bound to the connection.
-    case grant(ttl: Int64?)
-    case keepalive(lease: UInt64)
-    case revoke(lease: UInt64)
 
     /// The operation's name on the wire.
     public var op: String {
@@ -55,20 +76,17 @@ public enum Command: Sendable, Equatable {
         case .subscribe: return "subscribe"
         case .unsubscribe: return "unsubscribe"
         case .stats: return "stats"
-        case .grant: return "grant"
-        case .keepalive: return "keepalive"
-        case .revoke: return "revoke"
         }
     }
 
     /// The repository the command addresses, if any.
     public var repo: String? {
         switch self {
-        case .get(let repo, _), .set(let repo, _, _, _, _, _), .delete(let repo, _, _), .batch(let repo, _, _),
+        case .get(let repo, _), .set(let repo, _, _, _, _), .delete(let repo, _, _), .batch(let repo, _),
             .list(let repo, _, _):
             return repo
         case .subscribe(let s): return s.repo
-        case .hello, .ping, .repos, .unsubscribe, .stats, .grant, .keepalive, .revoke: return nil
+        case .hello, .ping, .repos, .unsubscribe, .stats: return nil
         }
     }
 }
@@ -92,8 +110,8 @@ public struct SubscribeRequest: Sendable, Equatable {
     public var writers: Bool
     /// `false`: no event for revisions written by this connection.
     public var echo: Bool
-    /// `progress` events: the revision up to which everything selected was delivered, kept
-    /// up to date while the selected keys are quiet.
+    /// `progress` events: while live, the revision through which everything it selects was
+    /// delivered, at most once a second, when the repository moved on without it.
     public var progress: Bool
 
     public init(
@@ -133,32 +151,44 @@ extension Request {
     }
 
     /// The general decoder: every request, every error with its message. `decode(line:)`
-    /// reads the common requests faster (`scan`) and comes here for the rest.
+    /// reads the common requests faster (`scan`) and comes here for the rest. A lease
+    /// operation is `unknown_op` here (see `DecodedRequest`).
     public static func decodeInGeneral(line: UnsafeRawBufferPointer, maxDepth: Int = JSONParser.defaultMaxDepth) throws(RequestFailure) -> Request {
+        try served(decode(document(line, maxDepth: maxDepth), leases: false))
+    }
+
+    /// The request, which `decode(_:leases: false)` never makes a lease operation.
+    private static func served(_ decoded: DecodedRequest) throws(RequestFailure) -> Request {
+        switch decoded {
+        case .request(let request): return request
+        case .lease(let id, let command): throw RequestFailure(id: id, .unknownOp, "unknown op \(JSONValue.string(command.op).jsonText)")
+        }
+    }
+
+    /// Parses a request line, every member a tree but the values a request only stores.
+    static func document(_ line: UnsafeRawBufferPointer, maxDepth: Int) throws(RequestFailure) -> RequestDocument {
         guard let base = line.baseAddress, line.count > 0 else {
             throw RequestFailure(id: .null, .badJSON, "invalid JSON: \(JSONParseError(reason: "empty input", offset: 0))")
         }
         var parser = Parser(base: base.assumingMemoryBound(to: UInt8.self), end: line.count, maxDepth: maxDepth)
-        let document: RequestDocument
         do {
-            document = try parser.parseRequestDocument()
+            return try parser.parseRequestDocument()
         } catch {
             throw RequestFailure(id: .null, .badJSON, "invalid JSON: \(error)")
         }
-        return try decode(document)
     }
 
     /// Decodes a parsed request object.
     public static func decode(_ value: JSONValue) throws(RequestFailure) -> Request {
-        guard case .object(let object) = value else { return try decode(RequestDocument(notObject: value)) }
+        guard case .object(let object) = value else { return try served(decode(RequestDocument(notObject: value), leases: false)) }
         let ops = object["ops"]?.arrayValue ?? []
-        return try decode(
-            RequestDocument(
-                object: object, value: object["value"].map(CanonicalJSON.init),
-                opValues: ops.map { $0.objectValue?["value"].map(CanonicalJSON.init) }))
+        let value: CanonicalJSON? = object["value"].map { CanonicalJSON($0) }
+        let opValues: [CanonicalJSON?] = ops.map { op in op.objectValue?["value"].map { CanonicalJSON($0) } }
+        return try served(decode(RequestDocument(object: object, value: value, opValues: opValues), leases: false))
     }
 
-    private static func decode(_ document: RequestDocument) throws(RequestFailure) -> Request {
+    /// Decodes a request document; the lease operations are `unknown_op` unless `leases`.
+    static func decode(_ document: RequestDocument, leases: Bool) throws(RequestFailure) -> DecodedRequest {
         if let value = document.notObject {
             throw RequestFailure(id: .null, .badJSON, "a request must be a JSON object, not \(value.typeName == "array" ? "an" : "a") \(value.typeName)")
         }
@@ -168,7 +198,7 @@ extension Request {
         case .null, .int, .double, .string: break
         default: throw RequestFailure(id: id, .badRequest, "field \"id\" must be a number or a string, not \(id.typeName)")
         }
-        let fields = Fields(object: object, id: id, document: document)
+        let fields = RequestFields(object: object, id: id, document: document)
         guard let opValue = object["op"], !opValue.isNull else {
             throw RequestFailure(id: id, .badRequest, "missing field \"op\"")
         }
@@ -176,6 +206,7 @@ extension Request {
             throw RequestFailure(id: id, .badRequest, "field \"op\" must be a string, not \(opValue.typeName)")
         }
         let command: Command
+        var attached: [Key: UInt64] = [:]
         switch op {
         case "hello":
             command = .hello(protocol: try fields.optionalInt("protocol"), client: try fields.optionalString("client"))
@@ -184,14 +215,17 @@ extension Request {
         case "get":
             command = .get(repo: try fields.repo(), key: try fields.key())
         case "set":
+            let (repo, key, value) = (try fields.repo(), try fields.key(), try fields.value())
             command = .set(
-                repo: try fields.repo(), key: try fields.key(), value: try fields.value(),
-                ifRev: try fields.optionalRevision("ifRev"), force: try fields.optionalBool("force") ?? false, lease: try fields.lease())
+                repo: repo, key: key, value: value, ifRev: try fields.optionalRevision("ifRev"), force: try fields.optionalBool("force") ?? false)
+            attached[key] = try fields.optionalLease("lease")
         case "delete":
             command = .delete(repo: try fields.repo(), key: try fields.key(), ifRev: try fields.optionalRevision("ifRev"))
         case "batch":
-            let (ops, leases) = try fields.batchOps()
-            command = .batch(repo: try fields.repo(), ops: ops, leases: leases)
+            let repo = try fields.repo()
+            let (ops, opLeases) = try fields.batchOps()
+            command = .batch(repo: repo, ops: ops)
+            attached = opLeases
         case "list":
             command = .list(
                 repo: try fields.repo(), prefix: try fields.optionalString("prefix"),
@@ -205,184 +239,12 @@ extension Request {
             command = .unsubscribe(sub: sub)
         case "stats":
             command = .stats
-        case "grant":
-            let ttl = try fields.optionalInt("ttl")
-            if let ttl, !(1...31_536_000).contains(ttl) {
-                throw fields.fail("field \"ttl\" must be from 1 to 31536000 seconds, not \(ttl)")
-            }
-            command = .grant(ttl: ttl)
-        case "keepalive":
-            guard let lease = try fields.lease() else { throw fields.fail("missing field \"lease\"") }
-            command = .keepalive(lease: lease)
-        case "revoke":
-            guard let lease = try fields.lease() else { throw fields.fail("missing field \"lease\"") }
-            command = .revoke(lease: lease)
+        case "grant", "keepalive", "revoke":
+            guard leases else { throw RequestFailure(id: id, .unknownOp, "unknown op \(JSONValue.string(op).jsonText)") }
+            return .lease(id: id, try fields.leaseCommand(op))
         default:
             throw RequestFailure(id: id, .unknownOp, "unknown op \(JSONValue.string(op).jsonText)")
         }
-        return Request(id: id, command: command)
-    }
-}
-
-/// Typed access to a request's fields, producing `bad_request` failures that name the field.
-private struct Fields {
-    let object: JSONObject
-    let id: JSONValue
-    /// Where the canonical values are (a `null` placeholder stands for them in `object`).
-    let document: RequestDocument
-    /// Prepended to messages, e.g. `ops[2]: `.
-    var context = ""
-    /// Inside `ops`: the element's position.
-    var element: Int? = nil
-
-    func fail(_ message: String) -> RequestFailure {
-        RequestFailure(id: id, .badRequest, context + message)
-    }
-
-    func value(_ name: String) -> JSONValue? {
-        guard let v = object[name], !v.isNull else { return nil }
-        return v
-    }
-
-    func required(_ name: String) throws(RequestFailure) -> JSONValue {
-        guard let v = object[name] else { throw fail("missing field \"\(name)\"") }
-        return v
-    }
-
-    /// The `value` member, canonical.
-    func value() throws(RequestFailure) -> CanonicalJSON {
-        let captured = element.map { document.opValues.indices.contains($0) ? document.opValues[$0] : nil } ?? document.value
-        guard object["value"] != nil, let captured else { throw fail("missing field \"value\"") }
-        return captured
-    }
-
-    func optionalString(_ name: String) throws(RequestFailure) -> String? {
-        guard let v = value(name) else { return nil }
-        guard case .string(let s) = v else { throw fail("field \"\(name)\" must be a string, not \(v.typeName)") }
-        return s
-    }
-
-    func optionalBool(_ name: String) throws(RequestFailure) -> Bool? {
-        guard let v = value(name) else { return nil }
-        guard case .bool(let b) = v else { throw fail("field \"\(name)\" must be a boolean, not \(v.typeName)") }
-        return b
-    }
-
-    func optionalInt(_ name: String) throws(RequestFailure) -> Int64? {
-        guard let v = value(name) else { return nil }
-        guard let i = v.int64Value else { throw fail("field \"\(name)\" must be an integer, not \(v.jsonText.prefix(40))") }
-        return i
-    }
-
-    /// A revision or subscription number: a non-negative integer below 2^64.
-    func optionalRevision(_ name: String) throws(RequestFailure) -> UInt64? {
-        guard let v = value(name) else { return nil }
-        guard let u = v.uint64Value else {
-            throw fail("field \"\(name)\" must be a non-negative integer, not \(v.jsonText.prefix(40))")
-        }
-        return u
-    }
-
-    func repo() throws(RequestFailure) -> String {
-        guard let v = value("repo") else { throw fail("missing field \"repo\"") }
-        guard case .string(let name) = v else { throw fail("field \"repo\" must be a string, not \(v.typeName)") }
-        guard ProtocolRules.isValidRepoName(name) else {
-            throw fail(
-                "invalid repository name \(JSONValue.string(String(name.prefix(140))).jsonText): use 1–\(ProtocolRules.maxRepoNameLength) characters of A-Z a-z 0-9 . _ -")
-        }
-        return name
-    }
-
-    func key(_ name: String = "key") throws(RequestFailure) -> Key {
-        guard let v = value(name) else { throw fail("missing field \"\(name)\"") }
-        return try Self.key(v, field: name, fail: fail)
-    }
-
-    static func key(_ v: JSONValue, field: String, fail: (String) -> RequestFailure) throws(RequestFailure) -> Key {
-        guard case .string(let s) = v else { throw fail("field \"\(field)\" must be a string, not \(v.typeName)") }
-        if let problem = ProtocolRules.keyProblem(s) { throw fail(problem) }
-        return Key(s)
-    }
-
-    /// A lease id: an integer from 1.
-    func lease() throws(RequestFailure) -> UInt64? {
-        guard let v = value("lease") else { return nil }
-        guard let id = v.uint64Value, id >= 1 else { throw fail("field \"lease\" must be a lease id (an integer from 1), not \(v.jsonText.prefix(40))") }
-        return id
-    }
-
-    /// The batch's operations, and the lease each names (empty when none does).
-    func batchOps() throws(RequestFailure) -> ([WriteOp<CanonicalJSON>], [UInt64?]) {
-        guard let v = value("ops") else { throw fail("missing field \"ops\"") }
-        guard case .array(let elements) = v else { throw fail("field \"ops\" must be an array, not \(v.typeName)") }
-        var ops: [WriteOp<CanonicalJSON>] = []
-        var leases: [UInt64?] = []
-        ops.reserveCapacity(elements.count)
-        var seen = Set<Key>(minimumCapacity: elements.count)
-        for (i, element) in elements.enumerated() {
-            guard case .object(let o) = element else {
-                throw fail("ops[\(i)] must be an object, not \(element.typeName)")
-            }
-            let f = Fields(object: o, id: id, document: document, context: "ops[\(i)]: ", element: i)
-            guard let opValue = f.value("op") else { throw f.fail("missing field \"op\"") }
-            guard case .string(let op) = opValue else { throw f.fail("field \"op\" must be a string, not \(opValue.typeName)") }
-            let key = try f.key()
-            guard seen.insert(key).inserted else {
-                throw f.fail("key \(key.debugDescription) appears more than once in the batch")
-            }
-            switch op {
-            case "set":
-                ops.append(
-                    .set(key, try f.value(), ifRevision: try f.optionalRevision("ifRev"), force: try f.optionalBool("force") ?? false))
-                if let lease = try f.lease() {
-                    if leases.isEmpty { leases = Array(repeating: nil, count: i) }
-                    leases.append(lease)
-                } else if !leases.isEmpty {
-                    leases.append(nil)
-                }
-            case "delete":
-                ops.append(.delete(key, ifRevision: try f.optionalRevision("ifRev")))
-                if !leases.isEmpty { leases.append(nil) }
-            default:
-                throw f.fail("op must be \"set\" or \"delete\" inside a batch, not \(JSONValue.string(op).jsonText)")
-            }
-        }
-        return (ops, leases)
-    }
-
-    func subscribe() throws(RequestFailure) -> SubscribeRequest {
-        let repo = try repo()
-        let keysValue = value("keys")
-        let prefix = try optionalString("prefix")
-        var selection = Selection.all
-        if let keysValue {
-            if prefix != nil { throw fail("use at most one of \"keys\" and \"prefix\"") }
-            guard case .array(let elements) = keysValue else {
-                throw fail("field \"keys\" must be an array of strings, not \(keysValue.typeName)")
-            }
-            var keys = Set<Key>(minimumCapacity: elements.count)
-            for (i, e) in elements.enumerated() {
-                keys.insert(try Self.key(e, field: "keys[\(i)]", fail: fail))
-            }
-            selection = .keys(keys)
-        } else if let prefix {
-            selection = prefix.isEmpty ? .all : .prefix(prefix)
-        }
-        let initial = try optionalBool("initial") ?? false
-        let since = try optionalRevision("since")
-        if initial && since != nil {
-            throw fail("\"since\" and \"initial\" cannot be used together: resume with since, or start over with initial")
-        }
-        // `epoch` is read only with `since` (without it, it has no meaning and is ignored).
-        let epoch = since == nil ? nil : try optionalString("epoch")
-        let once = try optionalBool("once") ?? false
-        let coalesce = try optionalBool("coalesce") ?? false
-        if once && coalesce {
-            throw fail("\"coalesce\" and \"once\" cannot be used together: a once subscription ends at its first change, there is nothing to coalesce")
-        }
-        return SubscribeRequest(
-            repo: repo, selection: selection, initial: initial, since: since, epoch: epoch, once: once, coalesce: coalesce,
-            writers: try optionalBool("writers") ?? false, echo: try optionalBool("echo") ?? true,
-            progress: try optionalBool("progress") ?? false)
+        return .request(Request(id: id, command: command, leases: attached))
     }
 }

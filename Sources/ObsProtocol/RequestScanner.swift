@@ -5,9 +5,9 @@
 // integers, strings or null, revisions that are plain integer literals, booleans, a value
 // (canonicalized in one pass), a list of plain keys. Every other member is validated and
 // skipped as the general decoder would skip it. Anything else — an escape, a `batch`, a
-// field of an unexpected type, a rule broken, invalid JSON — returns nil and the general
-// decoder takes the line, so every answer, every error message included, is exactly the
-// general decoder's (the fuzz harness checks that the two agree).
+// field of an unexpected type, a `lease` (the lease extension), a rule broken, invalid JSON —
+// returns nil and the general decoder takes the line, so every answer, every error message
+// included, is exactly the general decoder's (the fuzz harness checks that the two agree).
 
 import ObservableKit
 
@@ -67,6 +67,7 @@ struct ScannedFields {
     var coalesce: Bool?
     var writers: Bool?
     var echo: Bool?
+    var progress: Bool?
     var values: Bool?
     var prefix: String?
     var keys: Set<Key>?
@@ -97,7 +98,8 @@ struct ScannedFields {
             command = .subscribe(
                 SubscribeRequest(
                     repo: repo, selection: selection, initial: initial ?? false, since: since, epoch: since == nil ? nil : epoch,
-                    once: once ?? false, coalesce: coalesce ?? false, writers: writers ?? false, echo: echo ?? true))
+                    once: once ?? false, coalesce: coalesce ?? false, writers: writers ?? false, echo: echo ?? true,
+                    progress: progress ?? false))
         case .unsubscribe:
             guard let sub else { return nil }
             command = .unsubscribe(sub: sub)
@@ -184,6 +186,11 @@ extension Parser {
         case 8 where Self.equal(name, "coalesce"): f.coalesce = try optionalBool()
         case 7 where Self.equal(name, "writers"): f.writers = try optionalBool()
         case 4 where Self.equal(name, "echo"): f.echo = try optionalBool()
+        case 8 where Self.equal(name, "progress"): f.progress = try optionalBool()
+        case 5 where Self.equal(name, "lease"):
+            // A lease to attach (the lease extension): the general decoder reads it.
+            guard base[pos] == UInt8(ascii: "n") else { throw NotFast() }
+            try expectLiteral("null")
         case 6 where Self.equal(name, "values"): f.values = try optionalBool()
         case 6 where Self.equal(name, "prefix"): f.prefix = try optionalText()
         case 5 where Self.equal(name, "epoch"): f.epoch = try optionalText()

@@ -98,7 +98,7 @@ struct Cluster: AsyncParsableCommand {
 final class Arrivals: Sendable {
     private let state = Mutex<(times: [UInt64: ContinuousClock.Instant], last: UInt64, dense: Bool)>(([:], 0, true))
 
-    func record(_ change: ChangeEvent) {
+    func record(_ change: ChangeEvent<JSONValue>) {
         let now = ContinuousClock.now
         state.withLock { s in
             if change.revision != s.last + 1 || change.isCoalesced { s.dense = false }

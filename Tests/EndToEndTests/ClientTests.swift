@@ -54,7 +54,7 @@ import TestSupport
         #expect(values == ["theme": "light"])
         try await client.set("s", "theme", "dark")
         guard case .change(let c) = try await it.next() else { Issue.record("change"); return }
-        #expect(c == ChangeEvent(revision: 2, changes: [Change(key: "theme", old: "light", new: "dark")]))
+        #expect(c == ChangeEvent(subscription: initial.id, repository: "s", revision: 2, changes: [Change(key: "theme", old: "light", new: "dark")]))
         try await initial.cancel()
         #expect(try await it.next() == nil, "the sequence finishes after cancel")
 

@@ -12,7 +12,7 @@ import ObservableKit
 import Testing
 
 func change(_ revision: UInt64, _ changes: [Change<JSONValue>], from: UInt64? = nil) -> WatchEvent {
-    .change(ChangeEvent(revision: revision, changes: changes, from: from))
+    .change(ChangeEvent(subscription: 1, repository: "ui", revision: revision, changes: changes, from: from))
 }
 
 func write(_ revision: UInt64, _ effects: [(Key, JSONValue?)], connection: UInt64 = 1, repository: String = "ui") -> LocalWrite {

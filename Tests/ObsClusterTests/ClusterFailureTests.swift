@@ -38,7 +38,7 @@ extension ClusterTests {
         #expect(await pair.etcd.waitHealthy(timeout: .seconds(30)), "\(pair.etcd.diagnostics())")
         // The first write once the quorum is back succeeds (the loop guards against a member
         // that is healthy to /health a moment before obsd's connection to it is).
-        var reply: WriteReply? = nil
+        var reply: WriteReply<JSONValue>? = nil
         var errors: [String] = []
         let deadline = ContinuousClock.now + .seconds(20)
         while reply == nil && ContinuousClock.now < deadline {

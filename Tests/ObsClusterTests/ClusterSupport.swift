@@ -211,7 +211,7 @@ final class EventLog: Sendable {
     var failure: String? { box.value.withLock { $0.failure } }
 
     /// The change events, in arrival order.
-    var changes: [ChangeEvent] {
+    var changes: [ChangeEvent<JSONValue>] {
         events.compactMap { if case .change(let c) = $0 { return c } else { return nil } }
     }
 

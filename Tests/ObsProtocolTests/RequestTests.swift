@@ -185,19 +185,20 @@ func failure(_ text: String) -> RequestFailure? {
             case .failure(let e) = bad.result
         else { Issue.record("error reply"); return }
         #expect(e == ProtocolError(.conflict, "m"))
-        guard case .event(.change(3, "ui", 43, let changes, nil, nil)) = try decodeMessage(
-            #"{"event":"change","sub":3,"repo":"ui","rev":43,"changes":[{"key":"t","old":"a","new":"b"},{"key":"d","old":1},{"key":"n","new":null}]}"#)
+        guard case .event(.change(let change)) = try decodeMessage(
+            #"{"event":"change","sub":3,"repo":"ui","rev":43,"changes":[{"key":"t","old":"a","new":"b"},{"key":"d","old":1},{"key":"n","new":null}]}"#),
+            change.subscription == 3, change.repository == "ui", change.revision == 43, change.from == nil, change.by == nil
         else { Issue.record("change"); return }
-        #expect(changes == [Change(key: "t", old: "a", new: "b"), Change(key: "d", old: 1, new: nil), Change(key: "n", old: nil, new: .null)])
-        guard case .event(.overflow(let revs)) = try decodeMessage(#"{"event":"overflow","revs":{"3":43,"4":17}}"#) else {
+        #expect(change.changes == [Change(key: "t", old: "a", new: "b"), Change(key: "d", old: 1, new: nil), Change(key: "n", old: nil, new: .null)])
+        guard case .event(.overflow(let overflow)) = try decodeMessage(#"{"event":"overflow","revs":{"3":43,"4":17}}"#) else {
             Issue.record("overflow"); return
         }
-        #expect(revs == [3: 43, 4: 17])
+        #expect(overflow.revisions == [3: 43, 4: 17])
     }
 
     @Test func encodersProduceWhatDecodersRead() throws {
         var out: [UInt8] = []
-        EventEncoder.writeSnapshot(&out, sub: 1, repo: "ui", rev: 42, values: [(Key("theme"), JSONValue.string("light"))])
+        SnapshotEvent(subscription: 1, repository: "ui", revision: 42, entries: [(Key("theme"), JSONValue.string("light"))]).encode(into: &out)
         EventEncoder.writeSynced(&out, sub: 1, repo: "ui", rev: 57)
         ReplyEncoder.error(&out, id: "x", ProtocolError(.tooLarge, "big"))
         let lines = String(decoding: out, as: UTF8.self).split(separator: "\n").map(String.init)

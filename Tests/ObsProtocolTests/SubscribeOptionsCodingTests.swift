@@ -34,23 +34,26 @@ import Testing
         let line =
             #"{"event":"change","sub":3,"repo":"ui","rev":50,"from":44,"by":{"uid":1000,"gid":100,"pid":4242},"#
             + #""changes":[{"key":"a","old":1,"new":2},{"key":"b","new":"x"},{"key":"c","old":true}]}"#
-        guard case .event(.change(3, "ui", 50, let changes, let from, let by)) = try decodeMessage(line) else {
+        guard case .event(.change(let event)) = try decodeMessage(line) else {
             Issue.record("a change event"); return
         }
-        #expect(from == 44)
-        #expect(by == Writer(uid: 1000, gid: 100, pid: 4242))
-        #expect(changes == [Change(key: "a", old: 1, new: 2), Change(key: "b", old: nil, new: "x"), Change(key: "c", old: true, new: nil)])
+        #expect(event.subscription == 3 && event.repository == "ui" && event.revision == 50)
+        #expect(event.from == 44)
+        #expect(event.by == Writer(uid: 1000, gid: 100, pid: 4242))
+        #expect(event.changes == [Change(key: "a", old: 1, new: 2), Change(key: "b", old: nil, new: "x"), Change(key: "c", old: true, new: nil)])
     }
 
     @Test func anEventWithoutTheOptionsHasNeither() throws {
-        guard case .event(.change(1, "ui", 2, _, nil, nil)) = try decodeMessage(
+        guard case .event(.change(let event)) = try decodeMessage(
             #"{"event":"change","sub":1,"repo":"ui","rev":2,"changes":[{"key":"a","new":1}]}"#)
         else { Issue.record("a plain change event"); return }
+        #expect(event.from == nil && event.by == nil && event.lease == nil)
     }
 
     @Test func theWriterAcceptsTheFullRangeOfItsFieldsAndIgnoresOthers() throws {
         let line = #"{"event":"change","sub":1,"repo":"ui","rev":2,"by":{"pid":-1,"uid":4294967295,"gid":0,"x":"y"},"changes":[]}"#
-        guard case .event(.change(_, _, _, _, nil, let by)) = try decodeMessage(line) else { Issue.record("change"); return }
+        guard case .event(.change(let event)) = try decodeMessage(line), event.from == nil else { Issue.record("change"); return }
+        let by = event.by
         #expect(by == Writer(uid: UInt32.max, gid: 0, pid: -1))
         #expect(by?.jsonValue == ["uid": 4_294_967_295, "gid": 0, "pid": -1])
         #expect(by?.description == "uid 4294967295 gid 0 pid -1")

@@ -1,0 +1,106 @@
+// Tests of the lease extension's requests and of `progress`, decoding only (the daemon does not
+// serve leases yet): `grant`, `keepalive`, `revoke` and a `set`'s `lease` with their precise
+// `bad_request`s; `Request.decode(line:)` still answering the lease operations with
+// `unknown_op`; the fast path leaving a `lease` to the general decoder and reading `progress`.
+
+import ObsProtocol
+import ObservableKit
+import Testing
+
+func decodeWithLeases(_ text: String) throws(RequestFailure) -> DecodedRequest {
+    let bytes = Array(text.utf8)
+    let result = bytes.withUnsafeBytes { raw in Result { () throws(RequestFailure) in try DecodedRequest.decode(line: raw) } }
+    return try result.get()
+}
+
+func leaseFailure(_ text: String) -> RequestFailure? {
+    do {
+        _ = try decodeWithLeases(text)
+        return nil
+    } catch {
+        return error
+    }
+}
+
+@Suite struct LeaseRequestTests {
+    @Test func decodesTheLeaseOperations() throws {
+        #expect(try decodeWithLeases(#"{"id":1,"op":"grant"}"#) == .lease(id: 1, .grant(ttl: nil)))
+        #expect(try decodeWithLeases(#"{"id":1,"op":"grant","ttl":null}"#) == .lease(id: 1, .grant(ttl: nil)))
+        #expect(try decodeWithLeases(#"{"op":"grant","ttl":31536000}"#) == .lease(id: .null, .grant(ttl: 31_536_000)))
+        #expect(try decodeWithLeases(#"{"op":"grant","ttl":1.0}"#) == .lease(id: .null, .grant(ttl: 1)))
+        #expect(try decodeWithLeases(#"{"id":"k","op":"keepalive","lease":7}"#) == .lease(id: "k", .keepalive(lease: 7)))
+        #expect(try decodeWithLeases(#"{"op":"revoke","lease":9223372036854775807}"#) == .lease(id: .null, .revoke(lease: UInt64(Int64.max))))
+        #expect(try decodeWithLeases(#"{"op":"ping"}"#) == .request(Request(command: .ping)))
+    }
+
+    @Test(arguments: [
+        (#"{"id":1,"op":"grant","ttl":0}"#, #"field "ttl" must be an integer from 1 to 31536000 (seconds), not 0"#),
+        (#"{"id":1,"op":"grant","ttl":31536001}"#, #"field "ttl" must be an integer from 1 to 31536000 (seconds), not 31536001"#),
+        (#"{"id":1,"op":"grant","ttl":1.5}"#, #"field "ttl" must be an integer from 1 to 31536000 (seconds), not 1.5"#),
+        (#"{"id":1,"op":"grant","ttl":"30"}"#, #"field "ttl" must be an integer from 1 to 31536000 (seconds), not "30""#),
+        (#"{"id":1,"op":"keepalive"}"#, #"missing field "lease""#),
+        (#"{"id":1,"op":"revoke","lease":null}"#, #"missing field "lease""#),
+        (#"{"id":1,"op":"revoke","lease":0}"#, #"field "lease" must be a lease id (an integer from 1), not 0"#),
+        (#"{"id":1,"op":"keepalive","lease":-3}"#, #"field "lease" must be a lease id (an integer from 1), not -3"#),
+        (#"{"id":1,"op":"set","repo":"r","key":"k","value":1,"lease":0}"#, #"field "lease" must be a lease id (an integer from 1), not 0"#),
+        (#"{"id":1,"op":"set","repo":"r","key":"k","value":1,"lease":true}"#, #"field "lease" must be a lease id (an integer from 1), not true"#),
+        (
+            #"{"id":1,"op":"batch","repo":"r","ops":[{"op":"set","key":"a","value":1},{"op":"set","key":"b","value":1,"lease":"7"}]}"#,
+            #"ops[1]: field "lease" must be a lease id (an integer from 1), not "7""#
+        ),
+    ])
+    func aBadLeaseFieldIsABadRequestNamingIt(text: String, message: String) throws {
+        let failure = try #require(leaseFailure(text))
+        #expect(failure.id == 1)
+        #expect(failure.error == ProtocolError(.badRequest, message))
+    }
+
+    @Test func writesCarryTheLeaseOfEachKeyTheySet() throws {
+        let set = try decodeWithLeases(#"{"id":1,"op":"set","repo":"r","key":"web/ready","value":true,"lease":7}"#)
+        guard case .request(let request) = set, case .set("r", "web/ready", true, nil, false) = request.command else {
+            Issue.record("set"); return
+        }
+        #expect(request.leases == ["web/ready": 7])
+        #expect(try decode(#"{"op":"set","repo":"r","key":"k","value":1,"lease":null}"#).leases.isEmpty)
+        let batch = try decode(
+            #"{"op":"batch","repo":"r","ops":[{"op":"set","key":"a","value":1,"lease":3},{"op":"set","key":"b","value":2},{"op":"delete","key":"c","lease":9}]}"#)
+        guard case .batch("r", let ops) = batch.command else { Issue.record("batch"); return }
+        #expect(ops.count == 3)
+        #expect(batch.leases == ["a": 3], "a delete detaches: its lease is not read")
+    }
+
+    @Test func theDaemonsDecoderAnswersLeaseOperationsWithUnknownOpBeforeTheirFields() {
+        for (text, op) in [(#"{"id":1,"op":"grant","ttl":0}"#, "grant"), (#"{"id":1,"op":"keepalive"}"#, "keepalive"), (#"{"id":1,"op":"revoke","lease":3}"#, "revoke")] {
+            #expect(failure(text) == RequestFailure(id: 1, .unknownOp, "unknown op \"\(op)\""))
+        }
+    }
+
+    @Test func theFastPathLeavesALeaseToTheGeneralDecoderAndReadsProgress() throws {
+        let withLease = #"{"op":"set","repo":"r","key":"k","value":1,"lease":7}"#
+        Array(withLease.utf8).withUnsafeBytes { raw in #expect(Request.scan(raw) == nil) }
+        #expect(try decode(withLease).leases == ["k": 7])
+        for text in [#"{"op":"set","repo":"r","key":"k","value":1,"lease":null}"#, #"{"op":"subscribe","repo":"r","progress":true}"#] {
+            try Array(text.utf8).withUnsafeBytes { raw in
+                let fast = try #require(Request.scan(raw), "the fast path takes \(text)")
+                #expect(fast == (try Request.decodeInGeneral(line: raw)))
+            }
+        }
+        guard case .subscribe(let s) = try decode(#"{"op":"subscribe","repo":"r","progress":true}"#).command else {
+            Issue.record("subscribe"); return
+        }
+        #expect(s.progress)
+        #expect(failure(#"{"id":2,"op":"subscribe","repo":"r","progress":1}"#) == RequestFailure(id: 2, .badRequest, #"field "progress" must be a boolean, not number"#))
+    }
+
+    @Test func leaseRequestsAndProgressEncodeAsTheDecoderReadsThem() throws {
+        for command in [LeaseCommand.grant(ttl: nil), .grant(ttl: 30), .keepalive(lease: 7), .revoke(lease: 8)] {
+            var line: [UInt8] = []
+            command.encodeRequest(into: &line, id: 5)
+            #expect(line.last == UInt8(ascii: "\n"))
+            #expect(try decodeWithLeases(String(decoding: line.dropLast(), as: UTF8.self)) == .lease(id: 5, command))
+        }
+        var line: [UInt8] = []
+        Command.subscribe(SubscribeRequest(repo: "ui", progress: true)).encodeRequest(into: &line, id: 1)
+        #expect(String(decoding: line, as: UTF8.self) == #"{"id":1,"op":"subscribe","repo":"ui","progress":true}"# + "\n")
+    }
+}
