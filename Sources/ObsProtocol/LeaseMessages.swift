@@ -1,8 +1,6 @@
-// ObsProtocol — the lease extension's operations (`grant`, `keepalive`, `revoke`): their
-// requests as `LeaseCommand`, encoded and decoded with the same rules and precise errors as
-// every request, and their replies, typed. The daemon does not serve them yet:
-// `Request.decode(line:)` answers them with `unknown_op`, and `DecodedRequest` is where they
-// come out once it does (see Request.swift).
+// ObsProtocol — the lease operations (`grant`, `keepalive`, `revoke`): their requests as
+// `LeaseCommand` (a `Command.lease`), encoded and decoded with the same rules and precise
+// errors as every request, and their replies, typed.
 
 /// A request of the lease extension.
 public enum LeaseCommand: Sendable, Equatable {

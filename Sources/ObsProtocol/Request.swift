@@ -26,28 +26,6 @@ public struct Request: Sendable, Equatable {
     }
 }
 
-/// A request as decoded with the lease extension: one of `Command`, or one of the lease
-/// operations, which `Command` does not name yet because the daemon does not serve them
-/// (`Request.decode(line:)` answers them with `unknown_op`).
-public enum DecodedRequest: Sendable, Equatable {
-    case request(Request)
-    case lease(id: JSONValue, LeaseCommand)
-
-    /// The request's `id`, to echo.
-    public var id: JSONValue {
-        switch self {
-        case .request(let request): return request.id
-        case .lease(let id, _): return id
-        }
-    }
-
-    /// Decodes one line (without its newline), the lease operations included.
-    public static func decode(line: UnsafeRawBufferPointer, maxDepth: Int = JSONParser.defaultMaxDepth) throws(RequestFailure) -> DecodedRequest {
-        if let request = Request.scan(line, maxDepth: maxDepth) { return .request(request) }
-        return try Request.decode(Request.document(line, maxDepth: maxDepth), leases: true)
-    }
-}
-
 /// What a request asks the daemon to do.
 public enum Command: Sendable, Equatable {
     case hello(protocol: Int64?, client: String?)
@@ -61,6 +39,8 @@ public enum Command: Sendable, Equatable {
     case subscribe(SubscribeRequest)
     case unsubscribe(sub: UInt64)
     case stats
+    /// `grant`, `keepalive`, `revoke` (the contract's leases).
+    case lease(LeaseCommand)
 
     /// The operation's name on the wire.
     public var op: String {
@@ -76,6 +56,7 @@ public enum Command: Sendable, Equatable {
         case .subscribe: return "subscribe"
         case .unsubscribe: return "unsubscribe"
         case .stats: return "stats"
+        case .lease(let command): return command.op
         }
     }
 
@@ -86,7 +67,7 @@ public enum Command: Sendable, Equatable {
             .list(let repo, _, _):
             return repo
         case .subscribe(let s): return s.repo
-        case .hello, .ping, .repos, .unsubscribe, .stats: return nil
+        case .hello, .ping, .repos, .unsubscribe, .stats, .lease: return nil
         }
     }
 }
@@ -151,18 +132,9 @@ extension Request {
     }
 
     /// The general decoder: every request, every error with its message. `decode(line:)`
-    /// reads the common requests faster (`scan`) and comes here for the rest. A lease
-    /// operation is `unknown_op` here (see `DecodedRequest`).
+    /// reads the common requests faster (`scan`) and comes here for the rest.
     public static func decodeInGeneral(line: UnsafeRawBufferPointer, maxDepth: Int = JSONParser.defaultMaxDepth) throws(RequestFailure) -> Request {
-        try served(decode(document(line, maxDepth: maxDepth), leases: false))
-    }
-
-    /// The request, which `decode(_:leases: false)` never makes a lease operation.
-    private static func served(_ decoded: DecodedRequest) throws(RequestFailure) -> Request {
-        switch decoded {
-        case .request(let request): return request
-        case .lease(let id, let command): throw RequestFailure(id: id, .unknownOp, "unknown op \(JSONValue.string(command.op).jsonText)")
-        }
+        try decode(document(line, maxDepth: maxDepth))
     }
 
     /// Parses a request line, every member a tree but the values a request only stores.
@@ -180,15 +152,15 @@ extension Request {
 
     /// Decodes a parsed request object.
     public static func decode(_ value: JSONValue) throws(RequestFailure) -> Request {
-        guard case .object(let object) = value else { return try served(decode(RequestDocument(notObject: value), leases: false)) }
+        guard case .object(let object) = value else { return try decode(RequestDocument(notObject: value)) }
         let ops = object["ops"]?.arrayValue ?? []
         let value: CanonicalJSON? = object["value"].map { CanonicalJSON($0) }
         let opValues: [CanonicalJSON?] = ops.map { op in op.objectValue?["value"].map { CanonicalJSON($0) } }
-        return try served(decode(RequestDocument(object: object, value: value, opValues: opValues), leases: false))
+        return try decode(RequestDocument(object: object, value: value, opValues: opValues))
     }
 
-    /// Decodes a request document; the lease operations are `unknown_op` unless `leases`.
-    static func decode(_ document: RequestDocument, leases: Bool) throws(RequestFailure) -> DecodedRequest {
+    /// Decodes a request document.
+    static func decode(_ document: RequestDocument) throws(RequestFailure) -> Request {
         if let value = document.notObject {
             throw RequestFailure(id: .null, .badJSON, "a request must be a JSON object, not \(value.typeName == "array" ? "an" : "a") \(value.typeName)")
         }
@@ -240,11 +212,10 @@ extension Request {
         case "stats":
             command = .stats
         case "grant", "keepalive", "revoke":
-            guard leases else { throw RequestFailure(id: id, .unknownOp, "unknown op \(JSONValue.string(op).jsonText)") }
-            return .lease(id: id, try fields.leaseCommand(op))
+            command = .lease(try fields.leaseCommand(op))
         default:
             throw RequestFailure(id: id, .unknownOp, "unknown op \(JSONValue.string(op).jsonText)")
         }
-        return .request(Request(id: id, command: command, leases: attached))
+        return Request(id: id, command: command, leases: attached)
     }
 }

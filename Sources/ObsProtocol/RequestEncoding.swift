@@ -4,6 +4,7 @@
 extension Command {
     /// The request line with `id` and `op`, ended by `\n` (client side).
     public func encodeRequest<S: JSONSink & ~Copyable>(into sink: inout S, id: JSONValue) {
+        if case .lease(let command) = self { return command.encodeRequest(into: &sink, id: id) }
         sink.writeMember("{\"id\":", id)
         sink.writeMember(",\"op\":", op)
         switch self {
@@ -13,7 +14,7 @@ extension Command {
                 sink.writeDecimal(proto)
             }
             if let client { sink.writeMember(",\"client\":", client) }
-        case .ping, .repos, .stats:
+        case .ping, .repos, .stats, .lease:
             break
         case .get(let repo, let key):
             sink.writeMember(",\"repo\":", repo)

@@ -1,15 +1,14 @@
-// Tests of the lease extension's requests and of `progress`, decoding only (the daemon does not
-// serve leases yet): `grant`, `keepalive`, `revoke` and a `set`'s `lease` with their precise
-// `bad_request`s; `Request.decode(line:)` still answering the lease operations with
-// `unknown_op`; the fast path leaving a `lease` to the general decoder and reading `progress`.
+// Tests of the lease requests and of `progress`, decoding and encoding: `grant`, `keepalive`,
+// `revoke` and a `set`'s `lease` with their precise `bad_request`s; the fast path leaving a
+// `lease` to the general decoder and reading `progress`.
 
 import ObsProtocol
 import ObservableKit
 import Testing
 
-func decodeWithLeases(_ text: String) throws(RequestFailure) -> DecodedRequest {
+func decodeWithLeases(_ text: String) throws(RequestFailure) -> Request {
     let bytes = Array(text.utf8)
-    let result = bytes.withUnsafeBytes { raw in Result { () throws(RequestFailure) in try DecodedRequest.decode(line: raw) } }
+    let result = bytes.withUnsafeBytes { raw in Result { () throws(RequestFailure) in try Request.decode(line: raw) } }
     return try result.get()
 }
 
@@ -24,13 +23,13 @@ func leaseFailure(_ text: String) -> RequestFailure? {
 
 @Suite struct LeaseRequestTests {
     @Test func decodesTheLeaseOperations() throws {
-        #expect(try decodeWithLeases(#"{"id":1,"op":"grant"}"#) == .lease(id: 1, .grant(ttl: nil)))
-        #expect(try decodeWithLeases(#"{"id":1,"op":"grant","ttl":null}"#) == .lease(id: 1, .grant(ttl: nil)))
-        #expect(try decodeWithLeases(#"{"op":"grant","ttl":31536000}"#) == .lease(id: .null, .grant(ttl: 31_536_000)))
-        #expect(try decodeWithLeases(#"{"op":"grant","ttl":1.0}"#) == .lease(id: .null, .grant(ttl: 1)))
-        #expect(try decodeWithLeases(#"{"id":"k","op":"keepalive","lease":7}"#) == .lease(id: "k", .keepalive(lease: 7)))
-        #expect(try decodeWithLeases(#"{"op":"revoke","lease":9223372036854775807}"#) == .lease(id: .null, .revoke(lease: UInt64(Int64.max))))
-        #expect(try decodeWithLeases(#"{"op":"ping"}"#) == .request(Request(command: .ping)))
+        #expect(try decodeWithLeases(#"{"id":1,"op":"grant"}"#) == Request(id: 1, command: .lease(.grant(ttl: nil))))
+        #expect(try decodeWithLeases(#"{"id":1,"op":"grant","ttl":null}"#) == Request(id: 1, command: .lease(.grant(ttl: nil))))
+        #expect(try decodeWithLeases(#"{"op":"grant","ttl":31536000}"#) == Request(id: .null, command: .lease(.grant(ttl: 31_536_000))))
+        #expect(try decodeWithLeases(#"{"op":"grant","ttl":1.0}"#) == Request(id: .null, command: .lease(.grant(ttl: 1))))
+        #expect(try decodeWithLeases(#"{"id":"k","op":"keepalive","lease":7}"#) == Request(id: "k", command: .lease(.keepalive(lease: 7))))
+        #expect(try decodeWithLeases(#"{"op":"revoke","lease":9223372036854775807}"#) == Request(id: .null, command: .lease(.revoke(lease: UInt64(Int64.max)))))
+        #expect(try decodeWithLeases(#"{"op":"ping"}"#) == Request(command: .ping))
     }
 
     @Test(arguments: [
@@ -57,22 +56,16 @@ func leaseFailure(_ text: String) -> RequestFailure? {
 
     @Test func writesCarryTheLeaseOfEachKeyTheySet() throws {
         let set = try decodeWithLeases(#"{"id":1,"op":"set","repo":"r","key":"web/ready","value":true,"lease":7}"#)
-        guard case .request(let request) = set, case .set("r", "web/ready", true, nil, false) = request.command else {
+        guard case .set("r", "web/ready", true, nil, false) = set.command else {
             Issue.record("set"); return
         }
-        #expect(request.leases == ["web/ready": 7])
+        #expect(set.leases == ["web/ready": 7])
         #expect(try decode(#"{"op":"set","repo":"r","key":"k","value":1,"lease":null}"#).leases.isEmpty)
         let batch = try decode(
             #"{"op":"batch","repo":"r","ops":[{"op":"set","key":"a","value":1,"lease":3},{"op":"set","key":"b","value":2},{"op":"delete","key":"c","lease":9}]}"#)
         guard case .batch("r", let ops) = batch.command else { Issue.record("batch"); return }
         #expect(ops.count == 3)
         #expect(batch.leases == ["a": 3], "a delete detaches: its lease is not read")
-    }
-
-    @Test func theDaemonsDecoderAnswersLeaseOperationsWithUnknownOpBeforeTheirFields() {
-        for (text, op) in [(#"{"id":1,"op":"grant","ttl":0}"#, "grant"), (#"{"id":1,"op":"keepalive"}"#, "keepalive"), (#"{"id":1,"op":"revoke","lease":3}"#, "revoke")] {
-            #expect(failure(text) == RequestFailure(id: 1, .unknownOp, "unknown op \"\(op)\""))
-        }
     }
 
     @Test func theFastPathLeavesALeaseToTheGeneralDecoderAndReadsProgress() throws {
@@ -97,7 +90,7 @@ func leaseFailure(_ text: String) -> RequestFailure? {
             var line: [UInt8] = []
             command.encodeRequest(into: &line, id: 5)
             #expect(line.last == UInt8(ascii: "\n"))
-            #expect(try decodeWithLeases(String(decoding: line.dropLast(), as: UTF8.self)) == .lease(id: 5, command))
+            #expect(try decodeWithLeases(String(decoding: line.dropLast(), as: UTF8.self)) == Request(id: 5, command: .lease(command)))
         }
         var line: [UInt8] = []
         Command.subscribe(SubscribeRequest(repo: "ui", progress: true)).encodeRequest(into: &line, id: 1)

@@ -30,12 +30,12 @@ func failure(_ text: String) -> RequestFailure? {
         guard case .get("ui", "theme") = try decode(#"{"op":"get","repo":"ui","key":"theme"}"#).command else {
             Issue.record("get"); return
         }
-        guard case .set("ui", "k", .null, 3, true, nil) = try decode(#"{"op":"set","repo":"ui","key":"k","value":null,"ifRev":3,"force":true}"#).command
+        guard case .set("ui", "k", .null, 3, true) = try decode(#"{"op":"set","repo":"ui","key":"k","value":null,"ifRev":3,"force":true}"#).command
         else { Issue.record("set with null value"); return }
         guard case .delete("ui", "k", 0) = try decode(#"{"op":"delete","repo":"ui","key":"k","ifRev":0}"#).command else {
             Issue.record("delete"); return
         }
-        guard case .batch("ui", let ops, _) = try decode(
+        guard case .batch("ui", let ops) = try decode(
             #"{"op":"batch","repo":"ui","ops":[{"op":"set","key":"a","value":1},{"op":"delete","key":"b","ifRev":2}]}"#).command,
             ops.count == 2
         else { Issue.record("batch"); return }
@@ -116,7 +116,7 @@ func failure(_ text: String) -> RequestFailure? {
     }
 
     @Test func nullOptionalFieldsMeanAbsent() throws {
-        guard case .set(_, _, _, nil, false, nil) = try decode(#"{"op":"set","repo":"ui","key":"k","value":1,"ifRev":null,"force":null}"#).command
+        guard case .set(_, _, _, nil, false) = try decode(#"{"op":"set","repo":"ui","key":"k","value":1,"ifRev":null,"force":null}"#).command
         else { Issue.record("null optionals"); return }
         guard case .subscribe(let s) = try decode(#"{"op":"subscribe","repo":"ui","keys":null,"prefix":"p"}"#).command else {
             Issue.record("subscribe"); return
@@ -155,12 +155,12 @@ func failure(_ text: String) -> RequestFailure? {
     @Test func valuesAreKeptCanonicalAsTheTreeWouldEncodeThem() throws {
         let line = #"{"op":"batch","repo":"r","ops":[{"op":"set","key":"a","value":{ "x" : [1, 2.50, "\u00e9"], "x": -0 }},"#
             + #"{"op":"delete","key":"b"},{"op":"set","key":"c","value":"plain"}],"value":"ignored","id":1}"#
-        guard case .batch(_, let ops, _) = try decode(line).command, ops.count == 3,
+        guard case .batch(_, let ops) = try decode(line).command, ops.count == 3,
             case .set(_, let a, _, _) = ops[0], case .set(_, let c, _, _) = ops[2]
         else { Issue.record("batch"); return }
         #expect(String(decoding: a.bytes, as: UTF8.self) == #"{"x":0}"#, "a repeated name: the last value, at the first position")
         #expect(String(decoding: c.bytes, as: UTF8.self) == #""plain""#)
-        guard case .set(_, _, let v, _, _, _) = try decode(#"{"op":"set","repo":"r","key":"k","value":[1.0, {"b":1,"a":2}],"value":7}"#).command
+        guard case .set(_, _, let v, _, _) = try decode(#"{"op":"set","repo":"r","key":"k","value":[1.0, {"b":1,"a":2}],"value":7}"#).command
         else { Issue.record("set"); return }
         #expect(v == 7, "the last value member wins")
         #expect(throws: RequestFailure.self) { try decode(#"{"op":"set","repo":"r","key":"k","value":[1,]}"#) }

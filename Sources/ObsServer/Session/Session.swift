@@ -147,18 +147,22 @@ final class Session {
             reply(id) { _ in }
         case .get(let repo, let key):
             get(id, repo: repo, key: key)
-        case .set(let repo, let key, let value, let ifRev, let force, let lease):
+        case .set(let repo, let key, let value, let ifRev, let force):
             guard withinValueLimit(value, key: key, id: id) else { return }
+            let lease = request.leases.isEmpty ? nil : request.leases[key]
             write(id, repo: repo, [.set(key, value, ifRevision: ifRev, force: force)], leases: lease.map { [$0] } ?? [], single: true)
         case .delete(let repo, let key, let ifRev):
             write(id, repo: repo, [.delete(key, ifRevision: ifRev)], single: true)
-        case .batch(let repo, let ops, let leases):
+        case .batch(let repo, let ops):
             guard ops.count <= limits.maxKeysPerRequest else {
                 return fail(id: id, ProtocolError(.tooLarge, "the batch has \(ops.count) operations; the limit is \(limits.maxKeysPerRequest)"))
             }
             for case .set(let key, let value, _, _) in ops {
                 guard withinValueLimit(value, key: key, id: id) else { return }
             }
+            // The lease each `set` names, by position (a `delete` detaches).
+            let leases: [UInt64?] =
+                request.leases.isEmpty ? [] : ops.map { op in if case .set = op { request.leases[op.key] } else { nil } }
             write(id, repo: repo, ops, leases: leases, single: false)
         case .list(let repo, let prefix, let values):
             list(id, repo: repo, prefix: prefix, values: values)
@@ -194,11 +198,11 @@ final class Session {
             reply(id) { _ in }
         case .stats:
             stats(id)
-        case .grant(let ttl):
-            grant(id, ttl: ttl)
-        case .keepalive(let lease):
+        case .lease(.grant(let ttl)):
+            grant(id, ttl: ttl.map(Int64.init))
+        case .lease(.keepalive(let lease)):
             keepAlive(id, lease)
-        case .revoke(let lease):
+        case .lease(.revoke(let lease)):
             revoke(id, lease)
         }
     }
