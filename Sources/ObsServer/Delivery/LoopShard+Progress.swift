@@ -26,12 +26,7 @@ extension LoopShard {
             let revision = entry.revision
             subscription.withConnection { connection, outbox in
                 guard outbox.isOpen, !outbox.isFull else { return }
-                outbox.appendEvent { sink in
-                    sink.writeMember("{\"event\":\"progress\",\"sub\":", subscription.id)
-                    sink.writeMember(",\"repo\":", subscription.repository.name)
-                    sink.writeMember(",\"rev\":", revision)
-                    sink.writeRaw("}\n")
-                }
+                outbox.appendEvent { ProgressEvent(subscription: subscription.id, repository: subscription.repository.name, revision: revision).encode(into: &$0) }
                 subscription.completeThrough = revision
                 subscription.lastProgress = now
                 markDirty(connection)

@@ -250,14 +250,14 @@ final class Outbox {
     /// The connection closes once that is written, or after the grace period.
     private func overflow() -> [Subscription] {
         phase = .overflowed
-        let revs = live.map { (sub: $0.key, rev: $0.value.completeThrough) }.sorted { $0.sub < $1.sub }
+        let revs = OverflowEvent(revisions: live.mapValues(\.completeThrough))
         let victims = Array(live.values)
         for subscription in victims { subscription.isLive = false }
         count(subscriptions: -victims.count)
         live.removeAll()
         lagging.removeAll()
         stats.overflows.add(1, ordering: .relaxed)
-        appendToOpenEnd(events: 1) { EventEncoder.writeOverflow(&$0, revs: revs) }
+        appendToOpenEnd(events: 1) { revs.encode(into: &$0) }
         return victims
     }
 

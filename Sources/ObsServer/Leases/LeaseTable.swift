@@ -16,11 +16,6 @@ import ObsValues
 import ObservableKit
 import Synchronization
 
-/// Why a lease ended (the `end` of the lease member of its deletion events).
-enum LeaseEnd: String, Sendable {
-    case expired, revoked, closed
-}
-
 /// Why a lease operation or a write naming a lease was refused.
 enum LeaseRefusal: Error, Sendable, Equatable {
     case notFound(UInt64)
@@ -32,7 +27,7 @@ enum LeaseRefusal: Error, Sendable, Equatable {
 struct EndedLease: Sendable {
     let id: UInt64
     let owner: Writer
-    let end: LeaseEnd
+    let end: LeaseEnd.Reason
     let keys: [String: Set<Key>]
 }
 
@@ -170,7 +165,7 @@ final class LeaseTable: Sendable {
         }
     }
 
-    private static func end(_ s: inout State, _ id: UInt64, _ end: LeaseEnd) -> EndedLease? {
+    private static func end(_ s: inout State, _ id: UInt64, _ end: LeaseEnd.Reason) -> EndedLease? {
         guard let lease = s.leases.removeValue(forKey: id) else { return nil }
         let left = s.perUID[lease.owner.uid, default: 1] - 1
         s.perUID[lease.owner.uid] = left > 0 ? left : nil

@@ -9,6 +9,7 @@
 //   store's compare-and-set; the answer comes later, on the session's loop.
 
 import ObsCore
+import ObsProtocol
 import ObsStore
 import ObsValues
 import ObservableKit
@@ -90,9 +91,7 @@ extension EndedLease {
     /// The lease member of its deletion events: `,"lease":{"id":L,"end":E}`.
     var eventMember: [UInt8] {
         var bytes: [UInt8] = []
-        bytes.writeMember(",\"lease\":{\"id\":", id)
-        bytes.writeMember(",\"end\":", end.rawValue)
-        bytes.writeByte(UInt8(ascii: "}"))
+        LeaseEnd(lease: id, reason: end).writeMember(into: &bytes)
         return bytes
     }
 }

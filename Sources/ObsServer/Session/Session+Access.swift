@@ -39,14 +39,8 @@ extension Session {
         permissions.removeAll()
         for subscription in outbox.liveSubscriptions where permission(subscription.repository.name) < .read {
             var notice: [UInt8] = []
-            notice.writeMember("{\"event\":\"revoked\",\"sub\":", subscription.id)
-            notice.writeMember(",\"repo\":", subscription.repository.name)
-            notice.writeRaw(",\"error\":")
             let error = ProtocolError(.forbidden, "\(peer.described(by: hub.users)) may no longer read repository \(subscription.repository.name)")
-            notice.writeRaw("{\"code\":")
-            notice.writeJSONString(error.code.rawValue)
-            notice.writeMember(",\"message\":", error.message)
-            notice.writeRaw("}}\n")
+            RevokedEvent(subscription: subscription.id, repository: subscription.repository.name, error: error).encode(into: &notice)
             if let ended = outbox.revoke(subscription.id, notice: notice) {
                 shard.unroute(ended)
                 logger.notice("subscription revoked by the access policy", metadata: ["repo": "\(subscription.repository.name)"])

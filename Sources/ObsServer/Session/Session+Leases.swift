@@ -24,10 +24,7 @@ extension Session {
             fail(id: id, refusal.protocolError)
         case .success(let lease):
             if ttl != nil { hub.leaseClock.deadlineMoved() }
-            reply(id) { b in
-                b.writeMember(",\"lease\":", lease)
-                if let ttl { b.writeMember(",\"ttl\":", UInt64(ttl)) }
-            }
+            reply(id, GrantReply(lease: lease, ttl: ttl.map { UInt32($0) }))
         }
     }
 
@@ -37,7 +34,7 @@ extension Session {
             fail(id: id, refusal.protocolError)
         case .success(let ttl):
             if ttl != nil { hub.leaseClock.deadlineMoved() }
-            reply(id) { b in if let ttl { b.writeMember(",\"ttl\":", UInt64(ttl)) } }
+            reply(id, KeepaliveReply(ttl: ttl.map { UInt32($0) }))
         }
     }
 
@@ -54,16 +51,8 @@ extension Session {
         hub.end(ended, time: shard.loop.wallSeconds) { deletions in collected.withLock { $0 = deletions } }
         let deletions = collected.withLock { $0 }.sorted { $0.repository.name.utf8.lexicographicallyPrecedes($1.repository.name.utf8) }
         var bytes: [UInt8] = []
-        ReplyEncoder.begin(&bytes, id: id)
-        bytes.writeRaw(",\"revs\":{")
-        for (i, deletion) in deletions.enumerated() {
-            if i > 0 { bytes.writeByte(UInt8(ascii: ",")) }
-            bytes.writeJSONString(deletion.repository.name)
-            bytes.writeByte(UInt8(ascii: ":"))
-            bytes.writeDecimal(deletion.outcome.revision)
-        }
-        bytes.writeRaw("}")
-        ReplyEncoder.end(&bytes)
+        let revisions = Dictionary(deletions.map { ($0.repository.name, $0.outcome.revision) }, uniquingKeysWith: max)
+        RevokeReply(revisions: revisions).encode(into: &bytes, id: id)
         hold(bytes, id: id, until: deletions.map { ($0.repository, $0.outcome.sequence) })
     }
 }

@@ -24,6 +24,11 @@ extension Session {
         shard.markDirty(connection)
     }
 
+    /// Appends a typed reply (see `reply(_:after:in:_:)`).
+    func reply(_ id: JSONValue, _ message: some ReplyMessage, after sequence: StateSequence = 0, in repository: Repository? = nil) {
+        reply(id, after: sequence, in: repository) { message.writeMembers(into: &$0) }
+    }
+
     /// Appends an error reply, held back like `reply` when it reports non-durable state.
     func fail(id: JSONValue, _ error: ProtocolError, after sequence: StateSequence = 0, in repository: Repository? = nil) {
         hub.stats.errors.add(1, ordering: .relaxed)
@@ -99,7 +104,7 @@ extension Session {
         switch result {
         case .success(let outcome):
             if outcome.changed { shard.counters.countWrite() }
-            reply(id, after: outcome.sequence, in: repository) { Self.writeMembers(&$0, outcome, single: single) }
+            reply(id, Self.message(outcome, single: single), after: outcome.sequence, in: repository)
         case .failure(.refused(.rules(let error))):
             // Reports the state it was checked against.
             fail(id: id, Self.protocolError(.refused(.rules(error)), repo: repository.name), after: repository.sequence, in: repository)
@@ -113,22 +118,16 @@ extension Session {
         switch result {
         case .success(let outcome):
             if outcome.changed { shard.counters.countWrite() }
-            ReplyEncoder.begin(&sink, id: id)
-            Self.writeMembers(&sink, outcome, single: single)
-            ReplyEncoder.end(&sink)
+            Self.message(outcome, single: single).encode(into: &sink, id: id)
         case .failure(let failure):
             hub.stats.errors.add(1, ordering: .relaxed)
             ReplyEncoder.error(&sink, id: id, Self.protocolError(failure, repo: repo))
         }
     }
 
-    private static func writeMembers<S: JSONSink & ~Copyable>(_ sink: inout S, _ outcome: WriteOutcome, single: Bool) {
-        sink.writeMember(",\"rev\":", outcome.revision)
-        sink.writeMember(",\"changed\":", outcome.changed)
-        if single, let previous = outcome.previous {
-            sink.writeRaw(",\"old\":")
-            sink.writeCanonical(previous)
-        }
+    /// A write's reply: `set`/`delete` carry the value replaced, `batch` none.
+    private static func message(_ outcome: WriteOutcome, single: Bool) -> WriteReply<CanonicalJSON> {
+        WriteReply(revision: outcome.revision, changed: outcome.changed, old: single ? outcome.previous : nil)
     }
 
     /// The error reply for a write that failed.

@@ -31,22 +31,18 @@ extension Session {
         }
         var bytes: [UInt8] = []
         bytes.reserveCapacity(128 + start.replay.count)
-        ReplyEncoder.begin(&bytes, id: id)
-        bytes.writeMember(",\"sub\":", number)
-        bytes.writeMember(",\"rev\":", start.revision)
-        bytes.writeMember(",\"epoch\":", repository.epoch)
-        ReplyEncoder.end(&bytes)
+        SubscribeReply(subscription: number, revision: start.revision, epoch: repository.epoch).encode(into: &bytes, id: id)
         var events = 0
         if var snapshot = start.snapshot {
             snapshot.sort { $0.key < $1.key }
-            Self.writeSnapshot(&bytes, sub: number, repo: repository.name, rev: start.revision, snapshot)
+            SnapshotEvent(subscription: number, repository: repository.name, revision: start.revision, entries: snapshot).encode(into: &bytes)
             events += 1
         }
         bytes.append(contentsOf: start.replay)
         events += start.replayed
         // A `once` subscription whose change was replayed ended there: no `synced` follows.
         if request.since != nil, !(request.once && start.replayed > 0) {
-            EventEncoder.writeSynced(&bytes, sub: number, repo: repository.name, rev: start.revision)
+            SyncedEvent(subscription: number, repository: repository.name, revision: start.revision).encode(into: &bytes)
             events += 1
         }
         if repository.isDurable(sequence) {
@@ -55,19 +51,5 @@ extension Session {
         } else {
             hold(bytes, events: events, id: id, until: sequence, in: repository, subscription: registered ? subscription : nil)
         }
-    }
-
-    private static func writeSnapshot(_ sink: inout [UInt8], sub: UInt64, repo: String, rev: UInt64, _ entries: [(key: Key, value: CanonicalJSON)]) {
-        sink.writeMember("{\"event\":\"snapshot\",\"sub\":", sub)
-        sink.writeMember(",\"repo\":", repo)
-        sink.writeMember(",\"rev\":", rev)
-        sink.writeRaw(",\"values\":{")
-        for (i, entry) in entries.enumerated() {
-            if i > 0 { sink.writeByte(UInt8(ascii: ",")) }
-            sink.writeJSONString(entry.key)
-            sink.writeByte(UInt8(ascii: ":"))
-            sink.writeCanonical(entry.value)
-        }
-        sink.writeRaw("}}\n")
     }
 }

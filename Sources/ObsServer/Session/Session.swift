@@ -138,13 +138,9 @@ final class Session {
         let id = request.id
         switch request.command {
         case .hello:
-            reply(id) { b in
-                b.writeMember(",\"protocol\":", UInt64(ObsProtocolVersion.current))
-                b.writeMember(",\"server\":", "obsd/\(ObsServer.version)")
-                b.writeMember(",\"maxLine\":", UInt64(maxLine))
-            }
+            reply(id, HelloReply(server: "obsd/\(ObsServer.version)", maxLine: maxLine))
         case .ping:
-            reply(id) { _ in }
+            reply(id, EmptyReply())
         case .get(let repo, let key):
             get(id, repo: repo, key: key)
         case .set(let repo, let key, let value, let ifRev, let force):
@@ -167,19 +163,11 @@ final class Session {
         case .list(let repo, let prefix, let values):
             list(id, repo: repo, prefix: prefix, values: values)
         case .repos:
-            let repos = hub.listed().filter { permission($0.name) >= .read }.map { ($0.name, $0.epoch, $0.summary) }
-            reply(id) { b in
-                b.writeRaw(",\"repos\":[")
-                for (i, (name, epoch, summary)) in repos.enumerated() {
-                    if i > 0 { b.writeByte(UInt8(ascii: ",")) }
-                    b.writeMember("{\"name\":", name)
-                    b.writeMember(",\"rev\":", summary.revision)
-                    b.writeMember(",\"keys\":", UInt64(summary.keys))
-                    b.writeMember(",\"epoch\":", epoch)
-                    b.writeByte(UInt8(ascii: "}"))
-                }
-                b.writeByte(UInt8(ascii: "]"))
+            let repos = hub.listed().filter { permission($0.name) >= .read }.map { repository in
+                let (revision, keys) = repository.summary
+                return RepositoryInfo(name: repository.name, revision: revision, keys: keys, epoch: repository.epoch)
             }
+            reply(id, ReposReply(repositories: repos))
         case .subscribe(let request):
             if case .keys(let keys) = request.selection, keys.count > limits.maxKeysPerRequest {
                 return fail(id: id, ProtocolError(.tooLarge, "the subscription names \(keys.count) keys; the limit is \(limits.maxKeysPerRequest)"))
@@ -195,7 +183,7 @@ final class Session {
                 return fail(id: id, ProtocolError(.notFound, "no subscription \(sub) on this connection"))
             }
             shard.unroute(subscription)
-            reply(id) { _ in }
+            reply(id, EmptyReply())
         case .stats:
             stats(id)
         case .lease(.grant(let ttl)):
@@ -217,13 +205,7 @@ final class Session {
                 id: id, ProtocolError(.notFound, "key \(key.debugDescription) does not exist in repository \(repo)"), after: sequence,
                 in: repository)
         }
-        let lease = repository.lease(of: key)
-        reply(id, after: sequence, in: repository) { b in
-            b.writeRaw(",\"value\":")
-            b.writeCanonical(entry.value)
-            b.writeMember(",\"rev\":", entry.revision)
-            if let lease { b.writeMember(",\"lease\":", lease) }
-        }
+        reply(id, GetReply(value: entry.value, revision: entry.revision, lease: repository.lease(of: key)), after: sequence, in: repository)
     }
 
     private func list(_ id: JSONValue, repo: String, prefix: String?, values: Bool) {
@@ -231,27 +213,10 @@ final class Session {
         var (revision, entries, sequence) = repository?.list(prefix: prefix) ?? (0, [], 0)
         if let refusal = Self.tooLargeToSend(entries, values: values, what: "this list") { return fail(id: id, refusal) }
         entries.sort { $0.key < $1.key }  // outside the repository's lock
-        let epoch = repository?.epoch ?? hub.freshEpoch
-        reply(id, after: sequence, in: repository) { b in
-            b.writeMember(",\"rev\":", revision)
-            b.writeMember(",\"epoch\":", epoch)
-            b.writeRaw(",\"keys\":[")
-            for (i, e) in entries.enumerated() {
-                if i > 0 { b.writeByte(UInt8(ascii: ",")) }
-                b.writeJSONString(e.key)
-            }
-            b.writeByte(UInt8(ascii: "]"))
-            if values {
-                b.writeRaw(",\"values\":{")
-                for (i, e) in entries.enumerated() {
-                    if i > 0 { b.writeByte(UInt8(ascii: ",")) }
-                    b.writeJSONString(e.key)
-                    b.writeByte(UInt8(ascii: ":"))
-                    b.writeCanonical(e.value)
-                }
-                b.writeByte(UInt8(ascii: "}"))
-            }
-        }
+        let listing = ListReply(
+            revision: revision, epoch: repository?.epoch ?? hub.freshEpoch, keys: entries.map(\.key),
+            valuesInKeyOrder: values ? entries.map(\.value) : nil)
+        reply(id, listing, after: sequence, in: repository)
     }
 
     // MARK: Writing
