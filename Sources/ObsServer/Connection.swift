@@ -272,11 +272,13 @@ final class Connection: IOHandler {
     // MARK: Endings
 
     /// The connection overflowed: nothing more is read; it closes once the `overflow` event
-    /// is written, or after the grace period.
+    /// is written, or after the grace period. Its connection-bound leases end now — the
+    /// connection is cut off, whatever the client takes to read its last message.
     func overflowed() {
         input = .stopped
         held = []
         updateInterest()
+        hub.connectionClosed(id, time: loop.wallSeconds)
         let ref = ConnectionRef(self)
         closeTimer = loop.schedule(in: outbox.limits.grace) { ref.connection?.close() }
     }

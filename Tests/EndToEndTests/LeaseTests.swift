@@ -122,6 +122,27 @@ import Testing
         let end = try c.receive()
         #expect(end["rev"] == 2 && end["lease"] == ["id": lease, "end": "revoked"], "its own write (rev 1) skipped, the lease's end not")
     }
+
+    /// An overflow cuts the connection off: its connection-bound leases end then, not when
+    /// the client finally reads its last message or the grace period (an hour here) runs out.
+    @Test func anOverflowEndsTheConnectionsLeasesAtOnce() async throws {
+        let d = try await TestDaemon.start(["--queue-events", "100", "--queue-bytes", "65536", "--overflow-grace", "3600"], inMemory: true)
+        let watcher = try d.connect()
+        #expect(try watcher.call(["op": "subscribe", "repo": "svc"]).ok)
+        let holder = try d.connect()
+        let lease = JSONValue.int(Int64(try #require(try holder.call(["op": "grant"])["lease"]?.uint64Value)))
+        #expect(try holder.call(["op": "set", "repo": "svc", "key": "up", "value": true, "lease": lease]).ok)
+        #expect(try watcher.receive()["rev"] == 1)
+        #expect(try holder.call(["op": "subscribe", "repo": "flood"]).ok)
+        // The holder reads nothing more: its socket buffer, then its queue, fill up.
+        let writer = try d.connect()
+        let big = JSONValue.string(String(repeating: "x", count: 4096))
+        for i in 0..<1000 { #expect(try writer.call(["op": "set", "repo": "flood", "key": .string("k\(i)"), "value": big]).ok) }
+        let end = try watcher.receive(timeout: .seconds(20))
+        #expect(end["changes"] == [["key": "up", "old": true]])
+        #expect(end["lease"] == ["id": lease, "end": "closed"])
+        holder.close()
+    }
 }
 
 @Suite(.timeLimit(.minutes(3))) struct ProgressTests {
