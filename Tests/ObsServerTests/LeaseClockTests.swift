@@ -31,7 +31,7 @@ import Testing
         #expect(end["changes"] == [["key": "k", "old": 1]])
     }
 
-    @Test func anUnprivilegedPeerPastTheLeaseLimitIsOverloaded() throws {
+    @Test func aPeerPastTheLeaseLimitIsOverloadedRootToo() throws {
         var limits = Limits.testing
         limits.maxLeasesPerUID = 2
         let server = try TestServer(limits: limits)
@@ -42,8 +42,14 @@ import Testing
         #expect(replies.map(\.errorCode) == [nil, nil, "overloaded"])
         // Another uid's lease is forbidden to it.
         let root = try TestConnection(server)
-        try root.send(lines(#"{"id":1,"op":"grant"}"#))
-        let rootLease = try #require(try root.received().first?["lease"]?.uint64Value)
+        try root.send(lines(#"{"id":1,"op":"grant"}"#, #"{"id":2,"op":"grant"}"#, #"{"id":3,"op":"grant"}"#))
+        let rootReplies = try root.received()
+        #expect(rootReplies.map(\.errorCode) == [nil, nil, "overloaded"], "root's uid is bounded too")
+        let rootLease = try #require(rootReplies.first?["lease"]?.uint64Value)
+        let revoked = try #require(rootReplies[1]["lease"]?.uint64Value)
+        // A lease that ended frees its place.
+        try root.send(lines(#"{"id":4,"op":"revoke","lease":\#(revoked)}"#, #"{"id":5,"op":"grant"}"#))
+        #expect(try root.received().map(\.errorCode) == [nil, nil])
         try client.send(lines(#"{"id":4,"op":"keepalive","lease":\#(rootLease)}"#, #"{"id":5,"op":"set","repo":"r","key":"k","value":1,"lease":\#(rootLease)}"#))
         #expect(try client.received().map(\.errorCode) == ["forbidden", "forbidden"])
     }

@@ -67,10 +67,11 @@ final class LeaseTable: Sendable {
 
     // MARK: Granting, keeping alive
 
-    /// Grants a lease to `owner` — with `ttl` seconds, or bound to `connection`.
-    func grant(owner: Writer, privileged: Bool, ttl: Int64?, connection: ConnectionID, now: UInt64, limit: Int) -> Result<UInt64, LeaseRefusal> {
+    /// Grants a lease to `owner` — with `ttl` seconds, or bound to `connection` — unless its
+    /// uid (any uid, root's too: the contract bounds every uid) already holds `limit`.
+    func grant(owner: Writer, ttl: Int64?, connection: ConnectionID, now: UInt64, limit: Int) -> Result<UInt64, LeaseRefusal> {
         state.withLock { s in
-            if !privileged, s.perUID[owner.uid, default: 0] >= limit { return .failure(.tooMany(limit: limit)) }
+            if s.perUID[owner.uid, default: 0] >= limit { return .failure(.tooMany(limit: limit)) }
             let id = s.nextID
             s.nextID += 1
             let deadline = ttl.map { now &+ UInt64($0) * 1_000_000_000 } ?? .max

@@ -17,7 +17,7 @@ extension Session {
                     "leases are not available in this version when repositories are shared through etcd (storage.etcd-endpoints)"))
         }
         let result = hub.leases.grant(
-            owner: writer, privileged: peer.isPrivileged, ttl: ttl, connection: connection.id, now: shard.loop.now,
+            owner: writer, ttl: ttl, connection: connection.id, now: shard.loop.now,
             limit: limits.maxLeasesPerUID)
         switch result {
         case .failure(let refusal):
