@@ -25,7 +25,8 @@ public struct Peer: Sendable, Equatable, CustomStringConvertible {
     /// root or the daemon's own uid: not subject to the access policy.
     public let isPrivileged: Bool
 
-    public init(uid: UInt32, gid: UInt32, pid: Int32, daemonUID: UInt32 = getuid()) {
+    /// A peer as the daemon running as `daemonUID` sees it.
+    public init(uid: UInt32, gid: UInt32, pid: Int32, daemonUID: UInt32) {
         self.uid = uid
         self.gid = gid
         self.pid = pid
@@ -79,6 +80,9 @@ public struct AccessPolicy: Sendable {
 
     /// Everyone may do everything (tests, private instances).
     public static let open = AccessPolicy(rules: [], fallback: .write)
+
+    /// Only root and the daemon's own uid may do anything: the daemon's default.
+    public static let ownerOnly = AccessPolicy(rules: [], fallback: .none)
 
     public init(rules: [Rule], fallback: Permission) {
         self.rules = rules

@@ -85,7 +85,7 @@ final class Connection: IOHandler {
 
     /// Starts serving: registers the socket, reads the peer's credentials (`peerOf`:
     /// SO_PEERCRED; replaced only by in-process tests) and asks the hub to admit it.
-    func start(limits: Limits, peerOf: (Int32) -> Peer? = Sockets.peer(of:)) {
+    func start(limits: Limits, peerOf: ((Int32) -> Peer?)? = nil) {
         loop.assertInLoop()
         do {
             slot = try loop.register(fd, self, events: 0)
@@ -95,7 +95,7 @@ final class Connection: IOHandler {
             return
         }
         registry.add(self)
-        guard let peer = peerOf(fd) else {
+        guard let peer = peerOf.map({ $0(fd) }) ?? Sockets.peer(of: fd, daemonUID: hub.daemonUID) else {
             logger.error("cannot read the peer's credentials (SO_PEERCRED); closing the connection")
             return refuse("the daemon could not identify this process")
         }

@@ -8,6 +8,9 @@
 // dropped, so the common path — a write or subscribe to such a repository — takes the hub
 // lock once, for a dictionary lookup, and nobody can hold a repository the hub no longer has.
 
+#if canImport(Glibc)
+import Glibc
+#endif
 import ObsCore
 import ObsProtocol
 import ObsStore
@@ -82,6 +85,8 @@ final class Hub: Sendable {
     private let onHistoryLost: @Sendable (String) -> Void
     let runtime: Runtime
     let users = UserDatabase()
+    /// The uid the daemon runs as (its peers of this uid are privileged), read once.
+    let daemonUID = getuid()
     /// Every lease, and which keys each holds.
     let leases = LeaseTable()
     /// Expires leases with a TTL (on the first loop).

@@ -77,7 +77,7 @@ public final class ObsServer: Service, Sendable {
     }
 
     private func openStorage() throws(StorageError) -> any Storage {
-        switch configuration.storage {
+        switch configuration.storage.kind {
         case .inMemory:
             return InMemoryStorage()
         case .disk(let directory, let sync):
@@ -94,7 +94,7 @@ public final class ObsServer: Service, Sendable {
         let config = configuration
         let (threads, threadsReason) = config.threads.map { ($0, "server.threads") } ?? EventLoops.sized()
         let opened = ContinuousClock.now
-        if case .path(let path) = config.listener { try SocketFile.prepare(path) }
+        if let path = config.listener.path { try SocketFile.prepare(path) }
         let storage = try openStorage()
         // A shared store (etcd): nothing is served until the cluster was reached and read.
         if let shared = storage as? any SharedStorage {
@@ -136,7 +136,7 @@ public final class ObsServer: Service, Sendable {
         var ownSocket: (path: String, identity: SocketFile.Identity?)? = nil
         do {
             listening = try listen()
-            if case .path(let path) = config.listener { ownSocket = (path, SocketFile.identity(of: path)) }
+            if let path = config.listener.path { ownSocket = (path, SocketFile.identity(of: path)) }
         } catch {
             storage.close()
             throw error
@@ -200,7 +200,7 @@ public final class ObsServer: Service, Sendable {
     /// Binds the configured path, or adopts the inherited sockets; returns the listening
     /// descriptors.
     private func listen() throws -> [Int32] {
-        switch configuration.listener {
+        switch configuration.listener.kind {
         case .path(let path):
             // Bound beside its path, given its mode and owner, then renamed into place: the
             // socket never shows at `path` with other permissions than the configured ones.

@@ -8,8 +8,9 @@ import ObservableKit
 import Synchronization
 
 /// Every limit. Crossing a size limit of one request is `too_large`; crossing a count of
-/// resources is `overloaded`. Neither affects other clients. The defaults are the daemon's
-/// settings' (ObsConfig); this type has none of its own.
+/// resources is `overloaded`. Neither affects other clients. `Limits()` has the daemon's
+/// defaults (those of `obsd` with no configuration file; ObsConfig's `DaemonSettings`,
+/// which a test keeps in step with these).
 public struct Limits: Sendable, Equatable {
     // Per connection; a reload applies them to connections accepted afterwards.
     /// The longest request line, in bytes before the `\n`.
@@ -38,13 +39,15 @@ public struct Limits: Sendable, Equatable {
     public var maxConnections: Int
     /// Not applied to root and the daemon's own uid.
     public var maxConnectionsPerUID: Int
-    /// The most live leases of one uid (root and the daemon's uid exempt).
+    /// The most live leases of one uid (root's too).
     public var maxLeasesPerUID: Int
 
+    /// The daemon's defaults, but for the limits given.
     public init(
-        maxLine: Int, queueBytes: Int, queueEvents: Int, overflowGrace: Duration, maxValueBytes: Int, maxRevisionBytes: Int,
-        maxKeysPerRequest: Int, maxSubscriptionsPerConnection: Int, maxKeysPerRepository: Int, maxRepositories: Int,
-        maxConnections: Int, maxConnectionsPerUID: Int, maxLeasesPerUID: Int = 1024
+        maxLine: Int = 1 << 20, queueBytes: Int = 16 << 20, queueEvents: Int = 100_000, overflowGrace: Duration = .seconds(30),
+        maxValueBytes: Int = 512 << 10, maxRevisionBytes: Int = 16 << 20, maxKeysPerRequest: Int = 4096,
+        maxSubscriptionsPerConnection: Int = 1024, maxKeysPerRepository: Int = 1_000_000, maxRepositories: Int = 10_000,
+        maxConnections: Int = 16_384, maxConnectionsPerUID: Int = 1024, maxLeasesPerUID: Int = 1024
     ) {
         self.maxLine = maxLine
         self.queueBytes = queueBytes

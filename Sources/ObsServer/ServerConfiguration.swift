@@ -4,25 +4,66 @@
 import ObsStore
 
 /// Where the daemon accepts connections.
-public enum Listener: Sendable, Equatable {
+///
+/// A struct rather than an enum, so that a new kind of listener is not a breaking change to
+/// code that inspects one.
+public struct Listener: Sendable, Equatable, CustomStringConvertible {
+    enum Kind: Sendable, Equatable {
+        case path(String)
+        case inherited([Int32])
+    }
+
+    let kind: Kind
+
     /// Bind this path (creating its directory, replacing a stale socket).
-    case path(String)
+    public static func path(_ path: String) -> Listener { Listener(kind: .path(path)) }
+
     /// Serve these already-bound, listening sockets (passed by systemd socket activation).
-    case inherited([Int32])
+    public static func inherited(_ descriptors: [Int32]) -> Listener { Listener(kind: .inherited(descriptors)) }
+
+    /// The socket path the daemon binds itself, if it does.
+    public var path: String? {
+        if case .path(let path) = kind { return path }
+        return nil
+    }
+
+    public var description: String {
+        switch kind {
+        case .path(let path): return path
+        case .inherited(let descriptors): return "inherited sockets \(descriptors.map(String.init).joined(separator: ", "))"
+        }
+    }
 }
 
 /// Where the daemon keeps repositories.
-public enum StorageConfiguration: Sendable {
+///
+/// A struct rather than an enum, so that a new kind of storage is not a breaking change.
+public struct StorageConfiguration: Sendable {
+    enum Kind: Sendable {
+        case inMemory
+        case disk(directory: String, sync: SyncPolicy)
+        case custom(any Storage)
+    }
+
+    let kind: Kind
+
     /// Nothing persists (tests, ephemeral buses).
-    case inMemory
-    /// A write-ahead log and a compacted state in `directory`, with the given sync policy.
-    case disk(directory: String, sync: SyncPolicy)
-    /// A storage the embedder made (e.g. one that fails on demand, in tests).
-    case custom(any Storage)
+    public static let inMemory = StorageConfiguration(kind: .inMemory)
+
+    /// A write-ahead log and a compacted state in `directory`, synced by `sync` (by default
+    /// before every reply).
+    public static func disk(directory: String, sync: SyncPolicy = .always) -> StorageConfiguration {
+        StorageConfiguration(kind: .disk(directory: directory, sync: sync))
+    }
+
+    /// A storage the embedder made (e.g. an etcd cluster's, or one that fails on demand in
+    /// tests).
+    public static func custom(_ storage: any Storage) -> StorageConfiguration { StorageConfiguration(kind: .custom(storage)) }
 }
 
-/// Everything the daemon is configured with. The defaults are the daemon's settings'
-/// (ObsConfig); this type has none of its own.
+/// Everything the daemon is configured with. Every setting but the listener has a default,
+/// the same as the daemon's own (`obsd` with no configuration file; ObsConfig's
+/// `DaemonSettings`, which a test keeps in step with these).
 public struct ServerConfiguration: Sendable {
     public var listener: Listener
     /// Permission bits of a socket file the daemon binds itself.
@@ -38,7 +79,7 @@ public struct ServerConfiguration: Sendable {
     public var storage: StorageConfiguration
     /// Revisions kept per repository for `since` replay.
     public var historyLimit: Int
-    /// Bytes of revisions kept per repository (`RevisionRecord.byteSize`).
+    /// Bytes of revisions kept per repository (keys and old and new values).
     public var historyMaxBytes: Int
     /// History older than this is dropped (nil: kept until pushed out by `historyLimit`).
     public var historyMaxAge: Duration?
@@ -47,10 +88,14 @@ public struct ServerConfiguration: Sendable {
     /// How often to prove the event loops alive (for a watchdog); nil: never.
     public var heartbeatInterval: Duration?
 
+    /// A configuration that listens on `listener`; everything else has the daemon's defaults
+    /// (only root and the daemon's own uid may use it, socket mode 0660), but for storage:
+    /// in memory, where the daemon's default is a data directory chosen by who runs it.
     public init(
-        listener: Listener, socketMode: UInt32, socketOwner: UInt32?, socketGroup: UInt32?, limits: Limits, policy: AccessPolicy,
-        storage: StorageConfiguration, historyLimit: Int, historyMaxBytes: Int, historyMaxAge: Duration?, threads: Int?,
-        heartbeatInterval: Duration?
+        listener: Listener, socketMode: UInt32 = 0o660, socketOwner: UInt32? = nil, socketGroup: UInt32? = nil,
+        limits: Limits = Limits(), policy: AccessPolicy = .ownerOnly, storage: StorageConfiguration = .inMemory,
+        historyLimit: Int = 10_000, historyMaxBytes: Int = 64 << 20, historyMaxAge: Duration? = nil, threads: Int? = nil,
+        heartbeatInterval: Duration? = nil
     ) {
         self.listener = listener
         self.socketMode = socketMode

@@ -4,7 +4,6 @@
 
 import Foundation
 import Logging
-import ObsConfig
 import ObsServer
 import ObsStore
 import Synchronization
@@ -25,16 +24,8 @@ final class InProcessDaemon: Sendable {
     /// connections.
     static func start(storage: any Storage, threads: Int = 2) async throws -> InProcessDaemon {
         let socketPath = TestDaemon.makeTemporaryDirectory() + "/obsd.sock"
-        let s = DaemonSettings()
-        let limits = Limits(
-            maxLine: s.maxLine, queueBytes: s.queueBytes, queueEvents: s.queueEvents, overflowGrace: .seconds(s.overflowGraceSeconds),
-            maxValueBytes: s.maxValueBytes, maxRevisionBytes: s.maxRevisionBytes, maxKeysPerRequest: s.maxKeysPerRequest,
-            maxSubscriptionsPerConnection: s.maxSubscriptionsPerConnection, maxKeysPerRepository: s.maxKeysPerRepository,
-            maxRepositories: s.maxRepositories, maxConnections: s.maxConnections, maxConnectionsPerUID: s.maxConnectionsPerUID)
         let configuration = ServerConfiguration(
-            listener: .path(socketPath), socketMode: 0o600, socketOwner: nil, socketGroup: nil, limits: limits, policy: .open,
-            storage: .custom(storage), historyLimit: s.historyLimit, historyMaxBytes: s.historyMaxBytes, historyMaxAge: nil,
-            threads: threads, heartbeatInterval: nil)
+            listener: .path(socketPath), socketMode: 0o600, policy: .open, storage: .custom(storage), threads: threads)
         let (started, continuation) = AsyncStream<Void>.makeStream()
         let server = ObsServer(configuration: configuration, logger: Logger(label: "obsd-in-process"), observer: Started(continuation: continuation))
         let task = Task { try await server.run() }

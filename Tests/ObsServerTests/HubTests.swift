@@ -15,7 +15,7 @@ import Testing
 func write(_ hub: Hub, _ repository: Repository, _ ops: [WriteOp<CanonicalJSON>], maxRepositories: Int = 1000, maxKeys: Int = 1000) -> WriteDecision? {
     let request = WriteRequest(
         ops: ops, limits: WriteLimits(maxKeys: maxKeys, maxRevisionBytes: 1 << 20), maxRepositories: maxRepositories,
-        peer: Peer(uid: 0, gid: 0, pid: 1), writer: Writer(uid: 0, gid: 0, pid: 1), origin: .next(), time: 0)
+        peer: Peer(uid: 0, gid: 0, pid: 1, daemonUID: 0), writer: Writer(uid: 0, gid: 0, pid: 1), origin: .next(), time: 0)
     return hub.sequencer.submit(request, to: repository, route: AnswerRoute(loop: hub.shards[0].loop) { _, _ in }, token: 0)
 }
 
@@ -46,7 +46,7 @@ func write(_ hub: Hub, _ repository: Repository, _ ops: [WriteOp<CanonicalJSON>]
         limits.maxConnections = 10
         let server = try TestServer(limits: limits)
         let hub = server.hub
-        let peer = Peer(uid: 0, gid: 0, pid: 1)
+        let peer = Peer(uid: 0, gid: 0, pid: 1, daemonUID: 0)
         let admitted = Locked(0)
         await withTaskGroup(of: Void.self) { group in
             for _ in 0..<200 {

@@ -18,14 +18,11 @@ import Glibc
 
 extension Limits {
     /// The daemon's defaults, for in-process tests.
-    static let testing = Limits(
-        maxLine: 1 << 20, queueBytes: 16 << 20, queueEvents: 100_000, overflowGrace: .seconds(30), maxValueBytes: 512 << 10,
-        maxRevisionBytes: 16 << 20, maxKeysPerRequest: 4096, maxSubscriptionsPerConnection: 1024, maxKeysPerRepository: 1_000_000,
-        maxRepositories: 10_000, maxConnections: 16_384, maxConnectionsPerUID: 1024)
+    static let testing = Limits()
 }
 
 /// The peer of test connections: this process's own user (privileged, like the daemon's uid).
-let testPeer = Peer(uid: getuid(), gid: getgid(), pid: getpid())
+let testPeer = Peer(uid: getuid(), gid: getgid(), pid: getpid(), daemonUID: getuid())
 
 /// A logger that drops everything (refusals log at notice level).
 let quietLogger = Logger(label: "obsd-test") { _ in SwiftLogNoOpLogHandler() }

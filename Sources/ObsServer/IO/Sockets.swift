@@ -65,13 +65,13 @@ enum Sockets {
         }
     }
 
-    /// The peer's credentials (SO_PEERCRED).
-    static func peer(of fd: Int32) -> Peer? {
+    /// The peer's credentials (SO_PEERCRED), as a daemon running as `daemonUID` sees them.
+    static func peer(of fd: Int32, daemonUID: UInt32) -> Peer? {
         var uid: UInt32 = 0
         var gid: UInt32 = 0
         var pid: Int32 = 0
         guard obs_peer_credentials(fd, &uid, &gid, &pid) == 0 else { return nil }
-        return Peer(uid: uid, gid: gid, pid: pid)
+        return Peer(uid: uid, gid: gid, pid: pid, daemonUID: daemonUID)
     }
 
     /// Sets the kernel's send buffer (tests use a small one to make a socket fill up).
