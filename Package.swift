@@ -18,6 +18,8 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-argument-parser.git", from: "1.8.2"),
         .package(url: "https://github.com/swift-server/swift-service-lifecycle.git", from: "2.13.0"),
         .package(url: "https://github.com/LebJe/TOMLKit.git", from: "0.6.0"),
+        // Typed errno, stat and file descriptors for the daemon's files (already in SwiftNIO's graph).
+        .package(url: "https://github.com/apple/swift-system.git", from: "1.8.1"),
     ],
     targets: [
         // Core observation types: keys, changes, keyed state, observer sets, repository. No I/O.
@@ -55,6 +57,7 @@ let package = Package(
                 // Only for `System.coreCount` (cgroup quotas and cpusets honoured): the daemon's
                 // connections run on its own event loops (README "Architecture").
                 .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "SystemPackage", package: "swift-system"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ],

@@ -140,7 +140,7 @@ func awaitNotify(_ listener: DatagramListener, within: Duration = .seconds(20), 
         }
         let serving = try #require(records.first { $0.contains("obsd serving") })
         #expect(serving.contains("PRIORITY=6\n") && serving.contains("SYSLOG_IDENTIFIER=obsd\n"))
-        #expect(serving.contains("OBSD_LISTENER=path(\"\(d.socketPath)\")\n"))
+        #expect(serving.contains("OBSD_LISTENER=\(d.socketPath)\n"))
         #expect(await d.stop() == 0)
     }
 

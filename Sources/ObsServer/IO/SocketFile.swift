@@ -8,6 +8,7 @@
 // (same device and inode), never a successor's.
 
 import ObsProtocol
+import SystemPackage
 
 #if canImport(Glibc)
 import Glibc
@@ -22,6 +23,9 @@ public struct SocketPathError: Error, CustomStringConvertible, Sendable {
     public let description: String
 }
 
+/// The file operations here go through swift-system where it has them (`Stat`, `FilePath`,
+/// typed `Errno`); the calls it lacks (mkdir, unlink, rename, chmod, chown) are checked by
+/// `check`, which reads `errno` into the same `Errno`.
 enum SocketFile {
     /// Identity of a file: device and inode.
     struct Identity: Equatable, Sendable {
@@ -30,29 +34,29 @@ enum SocketFile {
     }
 
     static func identity(of path: String) -> Identity? {
-        var st = stat()
-        guard lstat(path, &st) == 0 else { return nil }
-        return Identity(device: UInt64(st.st_dev), inode: UInt64(st.st_ino))
+        guard let st = try? Stat(FilePath(path), followTargetSymlink: false) else { return nil }
+        return Identity(device: UInt64(st.deviceID.rawValue), inode: UInt64(st.inode.rawValue))
     }
 
     /// Makes `path` ready to bind.
-    static func prepare(_ path: String) throws {
+    static func prepare(_ path: String) throws(SocketPathError) {
         if let problem = SocketPath.problem(path) { throw SocketPathError(description: problem) }
-        try makeParentDirectory(of: path)
-        var st = stat()
-        guard lstat(path, &st) == 0 else {
-            if errno == ENOENT { return }
-            throw SocketPathError(description: "cannot inspect \(path): \(errnoText())")
+        try makeParentDirectory(of: FilePath(path))
+        let st: Stat
+        do {
+            st = try Stat(FilePath(path), followTargetSymlink: false)
+        } catch .noSuchFileOrDirectory {
+            return
+        } catch {
+            throw SocketPathError(description: "cannot inspect \(path): \(error)")
         }
-        guard (st.st_mode & S_IFMT) == S_IFSOCK else {
+        guard st.type == .socket else {
             throw SocketPathError(description: "\(path) exists and is not a socket; refusing to replace it")
         }
         if isAnswering(path) {
             throw SocketPathError(description: "another obsd is already serving \(path); stop it first, or choose another --socket")
         }
-        guard unlink(path) == 0 || errno == ENOENT else {
-            throw SocketPathError(description: "cannot remove the stale socket \(path): \(errnoText())")
-        }
+        try check(unlink(path), allowing: .noSuchFileOrDirectory) { "cannot remove the stale socket \(path)" }
     }
 
     /// Removes the socket file if it is still the one identified by `identity`.
@@ -62,34 +66,33 @@ enum SocketFile {
     }
 
     /// Sets the socket file's permission bits and, when given, its owner and group.
-    static func setOwnership(_ path: String, mode: UInt32, owner: UInt32?, group: UInt32?) throws {
+    static func setOwnership(_ path: String, mode: UInt32, owner: UInt32?, group: UInt32?) throws(SocketPathError) {
         if owner != nil || group != nil {
             // -1 (uid_t.max) leaves that half unchanged.
-            guard chown(path, owner ?? uid_t.max, group ?? gid_t.max) == 0 else {
-                throw SocketPathError(
-                    description: "cannot set the owner of \(path) to \(owner.map(String.init) ?? "-"):\(group.map(String.init) ?? "-"): \(errnoText())")
+            try check(chown(path, owner ?? uid_t.max, group ?? gid_t.max)) {
+                "cannot set the owner of \(path) to \(owner.map(String.init) ?? "-"):\(group.map(String.init) ?? "-")"
             }
         }
-        guard chmod(path, mode_t(mode)) == 0 else {
-            throw SocketPathError(description: "cannot set mode \(String(mode, radix: 8)) on \(path): \(errnoText())")
-        }
+        try check(chmod(path, mode_t(mode))) { "cannot set mode \(String(mode, radix: 8)) on \(path)" }
     }
 
     /// A name beside `path` to bind under before the socket has its mode and owner (nil if
     /// it would not fit a socket address: then `path` is bound and set up in place).
     static func stagingPath(for path: String) -> String? {
-        let slash = path.lastIndex(of: "/")
-        let directory = slash.map { String(path[...$0]) } ?? ""
-        let name = slash.map { String(path[path.index(after: $0)...]) } ?? path
-        let staging = directory + ".\(name).\(getpid()).binding"
-        return staging.utf8.count <= 107 ? staging : nil
+        var staging = FilePath(path)
+        guard let name = staging.lastComponent else { return nil }
+        staging.removeLastComponent()
+        staging.append(".\(name).\(getpid()).binding")
+        let text = staging.string
+        return text.utf8.count <= 107 ? text : nil
     }
 
     /// Renames the set-up socket at `staging` to `path` (atomic: a client sees no socket, or
     /// this one with its final mode and owner).
-    static func moveIntoPlace(_ staging: String, _ path: String) throws {
-        guard rename(staging, path) == 0 else {
-            let error = SocketPathError(description: "cannot move the socket from \(staging) to \(path): \(errnoText())")
+    static func moveIntoPlace(_ staging: String, _ path: String) throws(SocketPathError) {
+        do throws(SocketPathError) {
+            try check(rename(staging, path)) { "cannot move the socket from \(staging) to \(path)" }
+        } catch {
             unlink(staging)
             throw error
         }
@@ -98,15 +101,24 @@ enum SocketFile {
     /// Removes a staging socket that will not be moved into place.
     static func discard(_ staging: String) { unlink(staging) }
 
-    private static func makeParentDirectory(of path: String) throws {
-        guard let slash = path.lastIndex(of: "/"), slash != path.startIndex else { return }
-        var current = path.hasPrefix("/") ? "" : "."
-        for part in path[..<slash].split(separator: "/") {
-            current += "/" + part
-            if mkdir(current, 0o755) != 0 && errno != EEXIST {
-                throw SocketPathError(description: "cannot create directory \(current) for the socket: \(errnoText())")
-            }
+    /// Creates the directories above `path` that do not exist yet (mode 0755).
+    private static func makeParentDirectory(of path: FilePath) throws(SocketPathError) {
+        let parent = path.removingLastComponent()
+        var current = FilePath(root: parent.root)
+        for component in parent.components {
+            current.append(component)
+            let directory = current.string
+            try check(mkdir(directory, 0o755), allowing: .fileExists) { "cannot create directory \(directory) for the socket" }
         }
+    }
+
+    /// Throws, with `errno` as a typed `Errno` after `what`, when a system call returned
+    /// other than 0 — unless the error is `allowed`.
+    private static func check(_ result: Int32, allowing allowed: Errno? = nil, _ what: () -> String) throws(SocketPathError) {
+        guard result != 0 else { return }
+        let error = Errno(rawValue: errno)
+        if error == allowed { return }
+        throw SocketPathError(description: "\(what()): \(error)")
     }
 
     /// Whether a daemon accepts connections on `path`.
@@ -131,9 +143,5 @@ enum SocketFile {
             }
         }
         return result == 0
-    }
-
-    static func errnoText() -> String {
-        String(cString: strerror(errno))
     }
 }
