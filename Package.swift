@@ -67,11 +67,12 @@ let package = Package(
             // violation still traps in the tests. Not on the library products: a package that
             // uses them must not inherit unsafe flags.
             swiftSettings: [.unsafeFlags(["-enforce-exclusivity=unchecked"], .when(configuration: .release))]),
-        // The async client library. Never depends on the daemon.
+        // The async client library. Never depends on the daemon. An app imports it alone: it
+        // re-exports the values, keys and typed replies it needs (Sources/ObsClient/Exports.swift).
         .target(
             name: "ObsClient",
             dependencies: [
-                "ObservableKit", "ObsProtocol",
+                "ObservableKit", "ObsValues", "ObsProtocol",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
             ]),

@@ -47,46 +47,48 @@ extension JSONValue {
     }
 }
 
-extension ObsClient {
-    /// The value of a key decoded as `T`, with its revision, or `nil` if the key does not exist.
-    public func get<T: Decodable>(_ repo: String, _ key: Key, as type: T.Type) async throws(ObsClientError) -> Entry<T>? {
-        guard let entry = try await get(repo, key) else { return nil }
+extension ObsConnection {
+    /// The value of `key` in `repository` decoded as `T`, with its revision; nil if the key
+    /// does not exist.
+    public func get<T: Decodable>(_ key: Key, in repository: String, as type: T.Type) async throws(ObsClientError) -> Entry<T>? {
+        guard let entry = try await get(key, in: repository) else { return nil }
         return Entry(value: try entry.value.decode(as: T.self, key: key), revision: entry.revision)
     }
 
-    /// Sets a key to the JSON encoding of `value` (see `set(_:_:_:ifRev:force:)`).
+    /// Sets `key` in `repository` to the JSON encoding of `value` (see `set(_:to:in:ifRevision:force:)`).
     @discardableResult
     public func set<T: Encodable>(
-        _ repo: String, _ key: Key, encoding value: T, ifRev: UInt64? = nil, force: Bool = false
+        _ key: Key, to value: T, in repository: String, ifRevision: UInt64? = nil, force: Bool = false
     ) async throws(ObsClientError) -> WriteReply<JSONValue> {
-        try await set(repo, key, try JSONValue(encoding: value), ifRev: ifRev, force: force)
+        try await set(key, to: try JSONValue(encoding: value), in: repository, ifRevision: ifRevision, force: force)
     }
 }
 
 extension ObsSession {
-    /// The value of a key decoded as `T`, with its revision, or `nil` if the key does not exist.
-    public func get<T: Decodable>(_ repo: String, _ key: Key, as type: T.Type) async throws(ObsClientError) -> Entry<T>? {
-        try await client().get(repo, key, as: type)
+    /// The value of `key` in `repository` decoded as `T`, with its revision; nil if the key
+    /// does not exist.
+    public func get<T: Decodable>(_ key: Key, in repository: String, as type: T.Type) async throws(ObsClientError) -> Entry<T>? {
+        try await connection().get(key, in: repository, as: type)
     }
 
-    /// Sets a key to the JSON encoding of `value`.
+    /// Sets `key` in `repository` to the JSON encoding of `value`.
     @discardableResult
     public func set<T: Encodable>(
-        _ repo: String, _ key: Key, encoding value: T, ifRev: UInt64? = nil, force: Bool = false
+        _ key: Key, to value: T, in repository: String, ifRevision: UInt64? = nil, force: Bool = false
     ) async throws(ObsClientError) -> WriteReply<JSONValue> {
-        try await client().set(repo, key, encoding: value, ifRev: ifRev, force: force)
+        try await connection().set(key, to: value, in: repository, ifRevision: ifRevision, force: force)
     }
 
-    /// Watches one key as `T`, across reconnections: first its current value, then every
-    /// change, each with the old and the new value (`nil` when the key does not exist).
+    /// Watches `key` of `repository` as `T`, across reconnections: first its current value,
+    /// then every change, each with the old and the new value (nil when the key does not exist).
     ///
-    /// - Parameter options: the subscription options (see `SubscriptionOptions`): with
+    /// - Parameter options: the subscription options (see ``SubscriptionOptions``): with
     ///   `coalesce`, a reader that lags gets the latest value rather than every one; with
     ///   `writers`, each change carries `by`.
     public func watch<T: Decodable & Sendable>(
-        _ repo: String, key: Key, as type: T.Type, options: SubscriptionOptions = .default
+        _ key: Key, in repository: String, as type: T.Type, options: SubscriptionOptions = .default
     ) -> TypedWatch<T> {
-        TypedWatch(base: watch(repo, .keys([key]), initial: true, options: options), key: key)
+        TypedWatch(base: watch(repository, selecting: .keys([key]), initial: true, options: options), key: key)
     }
 }
 
@@ -120,7 +122,7 @@ public struct TypedChange<T: Sendable>: Sendable {
     }
 }
 
-/// One key's values as `T`, across reconnections (see `ObsSession.watch(_:key:as:)`).
+/// One key's values as `T`, across reconnections (see `ObsSession.watch(_:in:as:options:)`).
 /// A value that does not decode as `T` ends the sequence with `undecodable`.
 public struct TypedWatch<T: Decodable & Sendable>: AsyncSequence, Sendable {
     public typealias Element = TypedChange<T>

@@ -88,11 +88,11 @@ final class MirrorLink {
     /// Performs a write; when it changed something, returns once the mirror — and every other
     /// mirror of the session — shows it (its reply was reported to the session's mirrors
     /// before `body` returned), and this mirror is loaded.
-    func write(_ body: () async throws(ObsClientError) -> WriteReply<JSONValue>) async throws(ObsClientError) -> WriteResult {
+    func write(_ body: () async throws(ObsClientError) -> WriteReply<JSONValue>) async throws(ObsClientError) -> RemoteWriteResult {
         let reply: WriteReply<JSONValue>
         do {
             reply = try await body()
-        } catch .server(let error) where error.code == .conflict {
+        } catch where error.code == .conflict {
             return .conflict
         }
         guard reply.changed else { return .unchanged(revision: reply.revision) }

@@ -1,4 +1,4 @@
-// ObsClient — a connection that comes back: `ObsSession` keeps one `ObsClient`
+// ObsClient — a connection that comes back: `ObsSession` keeps one `ObsConnection`
 // connected, reconnecting with exponential backoff after the daemon restarts or the
 // connection drops, and publishes its connection state. `watch` (Watch.swift) and the
 // Observation mirrors (RemoteRepository, RemoteValue) are built on it.
@@ -58,11 +58,12 @@ public struct Backoff: Sendable, Equatable {
 ///
 /// Calls wait for a connection (and can be cancelled); a call in flight when the
 /// connection drops fails with `connectionClosed` — it is not retried, since it may have
-/// been applied. Watches (`watch(_:_:initial:)`) resume without a gap or a duplicate.
+/// been applied. Watches (``watch(_:selecting:initial:since:epoch:options:)``) resume
+/// without a gap or a duplicate.
 ///
 /// ```swift
 /// let session = ObsSession()                       // OBSD_SOCKET, then the default path
-/// for try await event in session.watch("ui", .keys(["theme"])) { print(event) }
+/// for try await event in session.watch("ui", selecting: .keys(["theme"])) { print(event) }
 /// ```
 public final class ObsSession: Sendable {
     /// The socket the session connects to.
@@ -98,8 +99,8 @@ public final class ObsSession: Sendable {
     /// The connection's state, now and at every change, until the session closes.
     public func connectionStates() -> AsyncStream<ConnectionState> { core.states() }
 
-    /// The connected client, waiting for a connection if there is none.
-    public func client() async throws(ObsClientError) -> ObsClient { try await core.client() }
+    /// The current connection, waiting for one if there is none.
+    public func connection() async throws(ObsClientError) -> ObsConnection { try await core.client() }
 
     /// Closes the connection and stops reconnecting. Watches end with `sessionClosed`.
     public func close() async {
@@ -110,29 +111,29 @@ public final class ObsSession: Sendable {
 
     // MARK: Operations on the current connection
 
-    /// The value and revision of a key, or `nil` if it does not exist.
-    public func get(_ repo: String, _ key: Key) async throws(ObsClientError) -> Entry<JSONValue>? {
-        try await client().get(repo, key)
+    /// The value of `key` in `repository` and its revision, or nil if it does not exist.
+    public func get(_ key: Key, in repository: String) async throws(ObsClientError) -> Entry<JSONValue>? {
+        try await connection().get(key, in: repository)
     }
 
-    /// Sets a key (see `ObsClient.set`).
+    /// Sets `key` in `repository` to `value` (see `ObsConnection.set(_:to:in:ifRevision:force:)`).
     @discardableResult
     public func set(
-        _ repo: String, _ key: Key, _ value: JSONValue, ifRev: UInt64? = nil, force: Bool = false
+        _ key: Key, to value: JSONValue, in repository: String, ifRevision: UInt64? = nil, force: Bool = false
     ) async throws(ObsClientError) -> WriteReply<JSONValue> {
-        try await client().set(repo, key, value, ifRev: ifRev, force: force)
+        try await connection().set(key, to: value, in: repository, ifRevision: ifRevision, force: force)
     }
 
-    /// Deletes a key (see `ObsClient.delete`).
+    /// Deletes `key` from `repository` (see ``ObsConnection/delete(_:in:ifRevision:)``).
     @discardableResult
-    public func delete(_ repo: String, _ key: Key, ifRev: UInt64? = nil) async throws(ObsClientError) -> WriteReply<JSONValue> {
-        try await client().delete(repo, key, ifRev: ifRev)
+    public func delete(_ key: Key, in repository: String, ifRevision: UInt64? = nil) async throws(ObsClientError) -> WriteReply<JSONValue> {
+        try await connection().delete(key, in: repository, ifRevision: ifRevision)
     }
 
-    /// Applies writes atomically, as one revision.
+    /// Applies `operations` to `repository` atomically, as one revision.
     @discardableResult
-    public func batch(_ repo: String, _ ops: [WriteOp<JSONValue>]) async throws(ObsClientError) -> BatchReply {
-        try await client().batch(repo, ops)
+    public func apply(_ operations: [WriteOp<JSONValue>], in repository: String) async throws(ObsClientError) -> BatchReply {
+        try await connection().apply(operations, in: repository)
     }
 }
 
@@ -141,8 +142,8 @@ public final class ObsSession: Sendable {
 final class SessionCore: Sendable {
     private struct State {
         var phase = ConnectionState.connecting
-        var client: ObsClient?
-        var waiters: [Int: CheckedContinuation<ObsClient, any Error>] = [:]
+        var client: ObsConnection?
+        var waiters: [Int: CheckedContinuation<ObsConnection, any Error>] = [:]
         var observers: [Int: AsyncStream<ConnectionState>.Continuation] = [:]
         var nextToken = 0
         var task: Task<Void, Never>?
@@ -166,7 +167,7 @@ final class SessionCore: Sendable {
     }
 
     var state: ConnectionState { locked.withLock { $0.phase } }
-    var client: ObsClient? { locked.withLock { $0.client } }
+    var client: ObsConnection? { locked.withLock { $0.client } }
 
     func states() -> AsyncStream<ConnectionState> {
         let (stream, continuation) = AsyncStream.makeStream(of: ConnectionState.self)
@@ -187,15 +188,15 @@ final class SessionCore: Sendable {
         return stream
     }
 
-    func client() async throws(ObsClientError) -> ObsClient {
+    func client() async throws(ObsClientError) -> ObsConnection {
         let token = locked.withLock { s in
             s.nextToken += 1
             return s.nextToken
         }
         do {
             return try await withTaskCancellationHandler {
-                try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<ObsClient, any Error>) in
-                    let immediate: Result<ObsClient, ObsClientError>? = locked.withLock { s in
+                try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<ObsConnection, any Error>) in
+                    let immediate: Result<ObsConnection, ObsClientError>? = locked.withLock { s in
                         if s.phase == .closed { return .failure(.sessionClosed) }
                         if Task.isCancelled { return .failure(.cancelled) }
                         if let client = s.client, client.isConnected { return .success(client) }
@@ -263,8 +264,8 @@ final class SessionCore: Sendable {
     /// A new connection on which the daemon answered `hello`: one it accepted only to refuse
     /// it, or closed before answering, is a failed attempt (thrown with its reason), and is
     /// never handed to a call or a watch.
-    private func admittedConnection() async throws(ObsClientError) -> ObsClient {
-        let client = try await ObsClient.connect(socketPath: path, eventLoopGroup: group, localWrites: localWrites, limits: limits)
+    private func admittedConnection() async throws(ObsClientError) -> ObsConnection {
+        let client = try await ObsConnection.connect(socketPath: path, eventLoopGroup: group, localWrites: localWrites, limits: limits)
         let refusal: ObsClientError? = await withTaskCancellationHandler {
             do throws(ObsClientError) {
                 _ = try await client.hello()
@@ -283,8 +284,8 @@ final class SessionCore: Sendable {
     }
 
     /// Installs a new connection and hands it to the waiting calls; false once closed.
-    private func connected(_ client: ObsClient) -> Bool {
-        let waiters: [CheckedContinuation<ObsClient, any Error>]? = locked.withLock { s in
+    private func connected(_ client: ObsConnection) -> Bool {
+        let waiters: [CheckedContinuation<ObsConnection, any Error>]? = locked.withLock { s in
             guard s.phase != .closed else { return nil }
             s.client = client
             defer { s.waiters = [:] }

@@ -13,24 +13,23 @@ import Observation
 import ObsProtocol
 import ObservableKit
 
-/// What a write through a mirror did.
-public enum WriteResult: Sendable, Equatable {
+/// What a write through a mirror (``RemoteRepository``, ``RemoteValue``) did.
+public enum RemoteWriteResult: Sendable, Equatable {
     /// The write changed the key at `revision`; the mirror already shows it when the key
     /// is one the mirror selects.
     case applied(revision: UInt64)
     /// The key already held an equal value: nothing changed and nobody was notified.
     case unchanged(revision: UInt64)
-    /// `ifRev` did not match the key's revision: nothing changed. Read again and retry.
+    /// `ifRevision` did not match the key's revision: nothing changed. Read again and retry.
     case conflict
 }
 
 /// The selected keys of one repository, kept current from the daemon.
 ///
 /// ```swift
-/// let session = ObsSession()
-/// let ui = RemoteRepository("ui", session: session)        // every key of "ui"
+/// let ui = RemoteRepository("ui")                           // every key of "ui", on ObsSession.shared
 /// // SwiftUI: Text(ui["theme"]?.stringValue ?? "default")  — redrawn when theme changes
-/// try await ui.set("theme", "dark")                          // returns once ui shows it
+/// try await ui.set("theme", to: "dark")                     // returns once ui shows it
 /// ```
 ///
 /// The mirror subscribes with `SubscriptionOptions.mirror` unless told otherwise: changes
@@ -69,9 +68,11 @@ public final class RemoteRepository {
 
     /// Starts mirroring `selection` of repository `name` through `session`.
     ///
-    /// - Parameter options: the watch's subscription options; by default `.mirror`
-    ///   (coalesced, no echo). With `writers`, nothing changes: a mirror keeps values only.
-    public init(_ name: String, selection: Selection = .all, options: SubscriptionOptions = .mirror, session: ObsSession) {
+    /// - Parameters:
+    ///   - options: the watch's subscription options; by default `.mirror` (coalesced, no
+    ///     echo). With `writers`, nothing changes: a mirror keeps values only.
+    ///   - session: the session to follow the daemon through; by default ``ObsSession/shared``.
+    public init(_ name: String, selection: Selection = .all, options: SubscriptionOptions = .mirror, session: ObsSession = .shared) {
         self.name = name
         self.selection = selection
         self.options = options
@@ -79,7 +80,7 @@ public final class RemoteRepository {
         self.connection = session.connectionState
         self.link = MirrorLink(selection: selection)
         link.start(
-            session: session, watch: session.watch(name, selection, initial: true, options: options),
+            session: session, watch: session.watch(name, selecting: selection, initial: true, options: options),
             update: { [weak self] state, _ in self?.publish(state) },
             state: { [weak self] state in self?.connection = state },
             end: { [weak self] error in self?.failure = error })
@@ -100,26 +101,26 @@ public final class RemoteRepository {
         try contents.values[key].map { value throws(ObsClientError) in try value.decode(as: T.self, key: key) }
     }
 
-    /// Sets `key`; with `ifRev`, only if the key's revision is still `ifRev` (0: only if
-    /// it does not exist). Returns once the mirror shows the write (for a selected key).
+    /// Sets `key` to `value`; with `ifRevision`, only if the key's revision is still that (0:
+    /// only if it does not exist). Returns once the mirror shows the write (for a selected key).
     @discardableResult
-    public func set(_ key: Key, _ value: JSONValue, ifRev: UInt64? = nil, force: Bool = false) async throws(ObsClientError) -> WriteResult {
+    public func set(_ key: Key, to value: JSONValue, ifRevision: UInt64? = nil, force: Bool = false) async throws(ObsClientError) -> RemoteWriteResult {
         try await link.write { () async throws(ObsClientError) in
-            try await session.set(name, key, value, ifRev: ifRev, force: force)
+            try await session.set(key, to: value, in: name, ifRevision: ifRevision, force: force)
         }
     }
 
-    /// Sets `key` to the JSON encoding of `value` (see `set(_:_:ifRev:force:)`).
+    /// Sets `key` to the JSON encoding of `value` (see `set(_:to:ifRevision:force:)`).
     @discardableResult
-    public func set<T: Encodable>(_ key: Key, encoding value: T, ifRev: UInt64? = nil) async throws(ObsClientError) -> WriteResult {
-        try await set(key, try JSONValue(encoding: value), ifRev: ifRev)
+    public func set<T: Encodable>(_ key: Key, to value: T, ifRevision: UInt64? = nil, force: Bool = false) async throws(ObsClientError) -> RemoteWriteResult {
+        try await set(key, to: try JSONValue(encoding: value), ifRevision: ifRevision, force: force)
     }
 
-    /// Deletes `key` (with `ifRev`, only if its revision is still `ifRev`).
+    /// Deletes `key` (with `ifRevision`, only if its revision is still that).
     @discardableResult
-    public func delete(_ key: Key, ifRev: UInt64? = nil) async throws(ObsClientError) -> WriteResult {
+    public func delete(_ key: Key, ifRevision: UInt64? = nil) async throws(ObsClientError) -> RemoteWriteResult {
         try await link.write { () async throws(ObsClientError) in
-            try await session.delete(name, key, ifRev: ifRev)
+            try await session.delete(key, in: name, ifRevision: ifRevision)
         }
     }
 

@@ -12,7 +12,7 @@ import ObservableKit
 ///
 /// ```swift
 /// enum Theme: String, Codable, Sendable { case light, dark }
-/// let theme = RemoteValue("ui", "theme", as: Theme.self, session: session)
+/// let theme = RemoteValue("theme", in: "ui", as: Theme.self)   // on ObsSession.shared
 /// // SwiftUI: Text(theme.value?.rawValue ?? "default")
 /// try await theme.set(.dark)
 /// ```
@@ -53,11 +53,12 @@ public final class RemoteValue<Value: Codable & Sendable> {
 
     /// Starts mirroring `key` of `repository` through `session`.
     ///
-    /// - Parameter options: the watch's subscription options; by default `.mirror`
-    ///   (coalesced, no echo).
+    /// - Parameters:
+    ///   - options: the watch's subscription options; by default `.mirror` (coalesced, no echo).
+    ///   - session: the session to follow the daemon through; by default ``ObsSession/shared``.
     public init(
-        _ repository: String, _ key: Key, as type: Value.Type = Value.self, options: SubscriptionOptions = .mirror,
-        session: ObsSession
+        _ key: Key, in repository: String, as type: Value.Type = Value.self, options: SubscriptionOptions = .mirror,
+        session: ObsSession = .shared
     ) {
         self.repository = repository
         self.key = key
@@ -66,7 +67,7 @@ public final class RemoteValue<Value: Codable & Sendable> {
         self.connection = session.connectionState
         self.link = MirrorLink(selection: .keys([key]))
         link.start(
-            session: session, watch: session.watch(repository, .keys([key]), initial: true, options: options),
+            session: session, watch: session.watch(repository, selecting: .keys([key]), initial: true, options: options),
             update: { [weak self] state, update in self?.publish(state, update) },
             state: { [weak self] state in self?.connection = state },
             end: { [weak self] error in self?.failure = error })
@@ -77,21 +78,21 @@ public final class RemoteValue<Value: Codable & Sendable> {
     /// The value; nil when the key does not exist or its value is not a `Value`.
     public var value: Value? { current.value }
 
-    /// Sets the key to `value`; with `ifRev`, only if the key's revision is still `ifRev`
+    /// Sets the key to `value`; with `ifRevision`, only if the key's revision is still that
     /// (0: only if it does not exist). Returns once this mirror shows the write.
     @discardableResult
-    public func set(_ value: Value, ifRev: UInt64? = nil, force: Bool = false) async throws(ObsClientError) -> WriteResult {
+    public func set(_ value: Value, ifRevision: UInt64? = nil, force: Bool = false) async throws(ObsClientError) -> RemoteWriteResult {
         let json = try JSONValue(encoding: value)
         return try await link.write { () async throws(ObsClientError) in
-            try await session.set(repository, key, json, ifRev: ifRev, force: force)
+            try await session.set(key, to: json, in: repository, ifRevision: ifRevision, force: force)
         }
     }
 
-    /// Deletes the key.
+    /// Deletes the key (with `ifRevision`, only if its revision is still that).
     @discardableResult
-    public func delete(ifRev: UInt64? = nil) async throws(ObsClientError) -> WriteResult {
+    public func delete(ifRevision: UInt64? = nil) async throws(ObsClientError) -> RemoteWriteResult {
         try await link.write { () async throws(ObsClientError) in
-            try await session.delete(repository, key, ifRev: ifRev)
+            try await session.delete(key, in: repository, ifRevision: ifRevision)
         }
     }
 
@@ -99,8 +100,8 @@ public final class RemoteValue<Value: Codable & Sendable> {
     /// the key in between (compare-and-set on its revision). Returns `.conflict` if someone
     /// did; call again to retry on the newer value.
     @discardableResult
-    public func update(_ transform: (Value?) throws -> Value) async throws(ObsClientError) -> WriteResult {
-        let entry = try await session.get(repository, key, as: Value.self)
+    public func update(_ transform: (Value?) throws -> Value) async throws(ObsClientError) -> RemoteWriteResult {
+        let entry = try await session.get(key, in: repository, as: Value.self)
         let next: Value
         do {
             next = try transform(entry?.value)
@@ -109,7 +110,7 @@ public final class RemoteValue<Value: Codable & Sendable> {
         } catch {
             throw .unencodable(type: "\(Value.self)", reason: "the update failed: \(error)")
         }
-        return try await set(next, ifRev: entry?.revision ?? 0)
+        return try await set(next, ifRevision: entry?.revision ?? 0)
     }
 
     /// Stops following the daemon; the value stays as it is.

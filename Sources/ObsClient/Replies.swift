@@ -4,17 +4,11 @@
 import ObsProtocol
 import ObservableKit
 
-/// What `hello` tells about the daemon.
-public typealias ServerInfo = HelloReply
-
-/// The reply to `list`.
-public typealias Listing = ListReply<JSONValue>
-
 /// How a subscription's events are delivered, beyond which keys it selects (the
 /// `subscribe` options `coalesce`, `writers` and `echo` of the protocol).
 ///
 /// ```swift
-/// let sub = try await client.subscribe("ui", options: SubscriptionOptions(coalesce: true, writers: true))
+/// let subscription = try await connection.subscribe(to: "ui", options: SubscriptionOptions(coalesce: true, writers: true))
 /// ```
 public struct SubscriptionOptions: Sendable, Hashable {
     /// Deliver the current state rather than every intermediate change: while this client

@@ -31,7 +31,7 @@ public enum WatchEvent: Sendable {
 }
 
 extension ObsSession {
-    /// Watches the keys `selection` includes, across reconnections.
+    /// Watches the keys of `repository` that `selection` includes, across reconnections.
     ///
     /// - Parameters:
     ///   - initial: start with a `snapshot` of the selected keys.
@@ -49,15 +49,15 @@ extension ObsSession {
     ///   when the session closes (`sessionClosed`) or the daemon ends the subscription
     ///   for good (`forbidden` when access was revoked).
     public func watch(
-        _ repo: String, _ selection: Selection = .all, initial: Bool = false, since: UInt64? = nil, epoch: String? = nil,
-        options: SubscriptionOptions = .default
+        _ repository: String, selecting selection: Selection = .all, initial: Bool = false, since: UInt64? = nil,
+        epoch: String? = nil, options: SubscriptionOptions = .default
     ) -> Watch {
-        Watch(core: core, repository: repo, selection: selection, initial: initial, since: since, epoch: epoch, options: options)
+        Watch(core: core, repository: repository, selection: selection, initial: initial, since: since, epoch: epoch, options: options)
     }
 }
 
 /// Changes to a selection of one repository, as an async sequence that survives
-/// reconnection (see `ObsSession.watch`). Each iterator is its own subscription.
+/// reconnection (see `ObsSession.watch(_:selecting:initial:since:epoch:options:)`). Each iterator is its own subscription.
 public struct Watch: AsyncSequence, Sendable {
     public typealias Element = WatchEvent
 
@@ -138,7 +138,7 @@ public struct Watch: AsyncSequence, Sendable {
                     case .synced(let revision):
                         position = revision
                     }
-                } catch .connectionClosed, .overflowed {
+                } catch where error.code == .connectionClosed || error.code == .overflowed {
                     subscription = nil  // the session reconnects; resume from `position`
                     snapshotEpoch = nil
                 } catch {
@@ -167,15 +167,15 @@ public struct Watch: AsyncSequence, Sendable {
             let subscription: Subscription
             if let position {
                 do {
-                    subscription = try await client.subscribe(repo, selection, since: position, epoch: epoch, options: options)
+                    subscription = try await client.subscribe(to: repo, selecting: selection, since: position, epoch: epoch, options: options)
                     epoch = subscription.epoch  // the daemon replays from `position`: it is in this history
-                } catch .server(let error) where error.code == .compacted {
+                } catch where error.code == .compacted {
                     resyncing = true
-                    subscription = try await client.subscribe(repo, selection, initial: true, options: options)
+                    subscription = try await client.subscribe(to: repo, selecting: selection, initial: true, options: options)
                     snapshotEpoch = subscription.epoch
                 }
             } else {
-                subscription = try await client.subscribe(repo, selection, initial: watch.initial, options: options)
+                subscription = try await client.subscribe(to: repo, selecting: selection, initial: watch.initial, options: options)
                 if watch.initial {
                     snapshotEpoch = subscription.epoch
                 } else {

@@ -1,27 +1,42 @@
 // ObsProtocol — error codes and protocol constants of the contract.
 
-/// The contract's error codes.
-public enum ErrorCode: String, Sendable, CaseIterable, Hashable {
+/// An error code of the contract. Extensible: a code this version does not know (a newer
+/// daemon's) is kept as it was sent, and a new code is a new static member, never a
+/// breaking change to a `switch` (which needs a `default`).
+public struct ErrorCode: RawRepresentable, Sendable, Hashable, CustomStringConvertible {
+    /// The code on the wire, e.g. `not_found`.
+    public let rawValue: String
+
+    public init(rawValue: String) { self.rawValue = rawValue }
+
     /// The line is not valid JSON, or not an object.
-    case badJSON = "bad_json"
+    public static let badJSON = ErrorCode(rawValue: "bad_json")
     /// A field is missing or ill-typed, or a name is invalid.
-    case badRequest = "bad_request"
+    public static let badRequest = ErrorCode(rawValue: "bad_request")
     /// `op` names no operation the daemon knows.
-    case unknownOp = "unknown_op"
-    /// The key or subscription does not exist.
-    case notFound = "not_found"
+    public static let unknownOp = ErrorCode(rawValue: "unknown_op")
+    /// The key, subscription or lease does not exist.
+    public static let notFound = ErrorCode(rawValue: "not_found")
     /// A compare-and-set condition (`ifRev`) failed.
-    case conflict
+    public static let conflict = ErrorCode(rawValue: "conflict")
     /// The peer may not do this.
-    case forbidden
+    public static let forbidden = ErrorCode(rawValue: "forbidden")
     /// The line or value exceeds a limit.
-    case tooLarge = "too_large"
-    /// `since` reaches before the retained history (or beyond the current revision).
-    case compacted
+    public static let tooLarge = ErrorCode(rawValue: "too_large")
+    /// `since` reaches before the retained history (or beyond the current revision), or
+    /// names another epoch.
+    public static let compacted = ErrorCode(rawValue: "compacted")
     /// A server-side resource limit was reached.
-    case overloaded
+    public static let overloaded = ErrorCode(rawValue: "overloaded")
     /// The daemon failed.
-    case `internal`
+    public static let `internal` = ErrorCode(rawValue: "internal")
+
+    /// The codes the contract defines.
+    public static let contractCodes: [ErrorCode] = [
+        .badJSON, .badRequest, .unknownOp, .notFound, .conflict, .forbidden, .tooLarge, .compacted, .overloaded, .internal,
+    ]
+
+    public var description: String { rawValue }
 }
 
 /// An error the daemon reports in a reply: a code and a message for a person.

@@ -101,13 +101,8 @@ extension ServerMessage {
 }
 
 extension ProtocolError {
-    /// An error as a reply or event carried it. A code this version does not know is
-    /// reported as `internal`, keeping its text in the message.
+    /// An error as a reply or event carried it; a code this version does not know is kept.
     public init(decodingCode code: String, message: String) {
-        if let known = ErrorCode(rawValue: code) {
-            self.init(known, message)
-        } else {
-            self.init(.internal, "\(code): \(message)")
-        }
+        self.init(ErrorCode(rawValue: code), message)
     }
 }

@@ -183,6 +183,17 @@ public struct Stats: ReplyMessage, Equatable {
         for counter in otherCounters { Self.writeField(&sink, counter.name, counter.value) }
     }
 
+    /// The reply's members as JSON, in the order the encoder writes them (for printing).
+    public var jsonObject: JSONObject {
+        var bytes: [UInt8] = [UInt8(ascii: "{"), UInt8(ascii: "\""), UInt8(ascii: "_"), UInt8(ascii: "\""), UInt8(ascii: ":"), UInt8(ascii: "0")]
+        writeMembers(into: &bytes)
+        bytes.append(UInt8(ascii: "}"))
+        // The encoder's output is valid JSON; `_` is the placeholder that lets every member start with a comma.
+        guard case .object(var object)? = try? JSONParser.parse(bytes, maxDepth: 16) else { return JSONObject() }
+        object["_"] = nil
+        return object
+    }
+
     /// Writes `,"name":value`.
     @usableFromInline
     static func writeField<S: JSONSink & ~Copyable>(_ sink: inout S, _ name: String, _ value: JSONValue) {

@@ -28,8 +28,8 @@ struct Cluster: AsyncParsableCommand {
         let paths = sockets.split(separator: ",").map(String.init)
         guard paths.count == 2 else { throw ValidationError("--sockets needs two paths, comma-separated") }
         let repository = "\(repo)-\(mode)-\(writers)-\(UInt32.random(in: 0...UInt32.max))"
-        let subscriber = try await ObsClient.connect(socketPath: paths[1])
-        let subscription = try await subscriber.subscribe(repository)
+        let subscriber = try await ObsConnection.connect(socketPath: paths[1])
+        let subscription = try await subscriber.subscribe(to: repository)
         let arrivals = Arrivals()
         let reader = Task {
             for try await event in subscription {
@@ -46,11 +46,11 @@ struct Cluster: AsyncParsableCommand {
     }
 
     private func latency(_ path: String, _ repository: String, _ arrivals: Arrivals) async throws {
-        let client = try await ObsClient.connect(socketPath: path)
+        let client = try await ObsConnection.connect(socketPath: path)
         var sent: [UInt64: ContinuousClock.Instant] = [:]
         for i in 0..<count {
             let start = ContinuousClock.now
-            let reply = try await client.set(repository, "k", .int(Int64(i)))
+            let reply = try await client.set("k", to: .int(Int64(i)), in: repository)
             sent[reply.revision] = start
         }
         let last = UInt64(count)
@@ -64,8 +64,8 @@ struct Cluster: AsyncParsableCommand {
     }
 
     private func writes(_ paths: [String], _ repository: String, _ arrivals: Arrivals) async throws {
-        var clients: [ObsClient] = []
-        for w in 0..<writers { clients.append(try await ObsClient.connect(socketPath: paths[w % 2])) }
+        var clients: [ObsConnection] = []
+        for w in 0..<writers { clients.append(try await ObsConnection.connect(socketPath: paths[w % 2])) }
         let until = ContinuousClock.now + .milliseconds(Int64(seconds * 1000))
         let start = ContinuousClock.now
         let (acknowledged, failed) = try await withThrowingTaskGroup(of: (Int, Int).self) { group in
@@ -74,7 +74,7 @@ struct Cluster: AsyncParsableCommand {
                     var (ok, failed) = (0, 0)
                     while ContinuousClock.now < until {
                         do {
-                            try await client.set(repository, Key("w\(w)"), .int(Int64(ok)))
+                            try await client.set(Key("w\(w)"), to: .int(Int64(ok)), in: repository)
                             ok += 1
                         } catch {
                             failed += 1

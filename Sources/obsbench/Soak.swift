@@ -45,9 +45,9 @@ struct Soak: AsyncParsableCommand {
         raiseDescriptorLimit()
         let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
         let loop = group.next()
-        let client = try await ObsClient.connect(socketPath: socket, eventLoopGroup: group)
+        let client = try await ObsConnection.connect(socketPath: socket, eventLoopGroup: group)
         // Touch the repository first so its storage exists before the descriptor baseline.
-        try await client.set(repo, "k/0", .string("start"))
+        try await client.set("k/0", to: .string("start"), in: repo)
         let idle = try await settledSample()
         say("soak start: rss=\(idle.rssKiB)KiB fds=\(idle.fds) (idle, one client connected)")
 
@@ -74,17 +74,18 @@ struct Soak: AsyncParsableCommand {
         let loadSeconds = (ContinuousClock.now - start).seconds
         try await loop.flatSubmit { run.stop() }.get()
         let end = try await settledSample(baseline: idle.fds)
-        let stats = try await client.stats()
+        let stats = try await client.statistics()
         await client.close()
         let (c, failures) = try await loop.submit { (run.counters, run.failures) }.get()
         try await group.shutdownGracefully()
 
+        let daemonOverflows = stats.overflows.map { "\($0)" } ?? "-1"
         let warm = reference ?? last
         let growth = Double(last.rssKiB - warm.rssKiB) / Double(warm.rssKiB)
         say(
             "soak end: seconds=\(fmt(loadSeconds)) connects=\(c.connects) (\(Int(Double(c.connects) / loadSeconds))/s) "
                 + "writes=\(c.writesAcked) fast-events=\(c.fastEvents) slow-cut-off=\(c.slowCutOffs) "
-                + "(overflow event seen by \(c.slowSawOverflow)) daemon-overflows=\(stats["overflows"]?.int64Value ?? -1) "
+                + "(overflow event seen by \(c.slowSawOverflow)) daemon-overflows=\(daemonOverflows) "
                 + "half-closed-served=\(c.halfClosedServed)")
         say(
             "soak rss: idle=\(idle.rssKiB)KiB warm=\(warm.rssKiB)KiB end-of-load=\(last.rssKiB)KiB "

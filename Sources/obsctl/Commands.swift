@@ -69,7 +69,7 @@ extension Obsctl {
         func run() async throws {
             let parsed: JSONValue = string ? .string(value) : ((try? JSONParser.parse(value)) ?? .string(value))
             try await global.withClient { client in
-                let reply = try await client.set(repo, Key(key), parsed, ifRev: ifRev, force: force)
+                let reply = try await client.set(Key(key), to: parsed, in: repo, ifRevision: ifRev, force: force)
                 if !quiet { emit(reply.changed ? "rev \(reply.revision)" : "rev \(reply.revision) (unchanged)") }
             }
         }
@@ -87,7 +87,7 @@ extension Obsctl {
 
         func run() async throws {
             try await global.withClient { client in
-                guard let entry = try await client.get(repo, Key(key)) else {
+                guard let entry = try await client.get(Key(key), in: repo) else {
                     printError("key \(JSONValue.string(key).jsonText) does not exist in repository \(repo)")
                     throw Exit.notFound
                 }
@@ -114,7 +114,7 @@ extension Obsctl {
 
         func run() async throws {
             try await global.withClient { client in
-                let reply = try await client.delete(repo, Key(key), ifRev: ifRev)
+                let reply = try await client.delete(Key(key), in: repo, ifRevision: ifRev)
                 if !quiet { emit(reply.changed ? "rev \(reply.revision)" : "rev \(reply.revision) (absent)") }
             }
         }
@@ -131,7 +131,7 @@ extension Obsctl {
 
         func run() async throws {
             try await global.withClient { client in
-                let listing = try await client.list(repo, prefix: prefix, values: values || json)
+                let listing = try await client.list(repo, prefix: prefix, includingValues: values || json)
                 if json {
                     var o = JSONObject()
                     o["rev"] = .number(listing.revision)
@@ -162,7 +162,7 @@ extension Obsctl {
 
         func run() async throws {
             try await global.withClient { client in
-                let repos = try await client.repos()
+                let repos = try await client.repositories()
                 if json {
                     emit(JSONValue.array(repos.map {
                         .object(JSONObject(uniqueMembers: [
@@ -218,7 +218,7 @@ extension Obsctl {
                 return
             }
             try await global.withClient { client in
-                let stats = try await client.stats()
+                let stats = try await client.statistics().jsonObject
                 if json {
                     try deliver(JSONValue.object(stats).jsonText + "\n")
                 } else {
@@ -230,16 +230,16 @@ extension Obsctl {
         /// The daemon's metrics, read with `stats` (and, with `--per-repository`, `repos`) on one
         /// connection; `obsd_up 0` (and the reason on standard error) if either fails.
         private func scrape() async -> PrometheusExposition {
-            let client: ObsClient
+            let client: ObsConnection
             do {
-                client = try await ObsClient.connect(socketPath: global.socket)
+                client = try await ObsConnection.connect(socketPath: global.socket)
             } catch {
                 printError("\(error) (reported as obsd_up 0)")
                 return StatsExposition.down()
             }
             do {
-                let stats = try await client.stats()
-                let repos = perRepository ? try await client.repos() : []
+                let stats = try await client.statistics()
+                let repos = perRepository ? try await client.repositories() : []
                 await client.close()
                 return StatsExposition.metrics(stats: stats, repos: repos) { printError($0) }
             } catch {

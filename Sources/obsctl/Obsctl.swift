@@ -48,10 +48,10 @@ struct GlobalOptions: ParsableArguments {
     var socket: String?
 
     /// Connects, runs `body`, closes; turns every failure into a message and an exit code.
-    func withClient(_ body: (ObsClient) async throws -> Void) async throws {
-        let client: ObsClient
+    func withClient(_ body: (ObsConnection) async throws -> Void) async throws {
+        let client: ObsConnection
         do {
-            client = try await ObsClient.connect(socketPath: socket)
+            client = try await ObsConnection.connect(socketPath: socket)
         } catch {
             throw fail(error)
         }
@@ -84,18 +84,14 @@ enum Exit {
 /// Prints the error for a person and returns the exit code it maps to.
 func fail(_ error: ObsClientError) -> ExitCode {
     printError(error.description)
-    switch error {
-    case .cannotConnect, .connectionClosed: return Exit.unavailable
+    switch error.code {
+    case .cannotConnect, .connectionClosed, .sessionClosed, .cancelled: return Exit.unavailable
     case .overflowed: return Exit.tempFail
     case .protocolViolation, .undecodable, .unencodable: return Exit.software
-    case .sessionClosed, .cancelled: return Exit.unavailable
-    case .server(let e):
-        switch e.code {
-        case .notFound: return Exit.notFound
-        case .conflict: return Exit.conflict
-        case .forbidden: return Exit.forbidden
-        default: return Exit.refused
-        }
+    case .notFound: return Exit.notFound
+    case .conflict: return Exit.conflict
+    case .forbidden: return Exit.forbidden
+    default: return Exit.refused  // every other refusal of the daemon's
     }
 }
 

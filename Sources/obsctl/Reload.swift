@@ -39,7 +39,7 @@ extension Obsctl {
 
         func run() async throws {
             try await global.withClient { client in
-                let before = try ReloadCounters(try await client.stats(), socket: client.socketPath)
+                let before = try ReloadCounters(try await client.statistics(), socket: client.socketPath)
                 if let pid, pid != before.pid {
                     printError("the obsd at \(client.socketPath) is pid \(before.pid), not \(pid); nothing was signalled (is --socket right?)")
                     throw Exit.refused
@@ -50,7 +50,7 @@ extension Obsctl {
                 }
                 let deadline = ContinuousClock.now + .seconds(timeout)
                 while true {
-                    let now = try ReloadCounters(try await client.stats(), socket: client.socketPath)
+                    let now = try ReloadCounters(try await client.statistics(), socket: client.socketPath)
                     if now.ended > before.ended {
                         guard now.failed == before.failed else {
                             printError("obsd kept its running settings: \(now.error ?? "see its log")")
@@ -72,23 +72,21 @@ extension Obsctl {
 /// What `stats` says about reloads, for a privileged caller.
 struct ReloadCounters {
     let pid: Int32
-    let ended: Double
-    let failed: Double
+    let ended: UInt64
+    let failed: UInt64
     let error: String?
 
     /// Throws, having said why, if the reply lacks the fields (a caller that is not
     /// privileged, or an obsd older than this obsctl).
-    init(_ stats: JSONObject, socket: String) throws {
-        guard let pid = stats["pid"]?.doubleValue, let ended = stats["reloads"]?.doubleValue,
-            let failed = stats["reloadFailures"]?.doubleValue, let id = Int32(exactly: pid)
-        else {
-            if stats["peer"]?.objectValue?["privileged"]?.boolValue == false {
+    init(_ stats: Stats, socket: String) throws {
+        guard let pid = stats.pid, let ended = stats.reloads, let failed = stats.reloadFailures, let id = Int32(exactly: pid) else {
+            if stats.peer?.privileged == false {
                 printError("obsd at \(socket) shows its reloads only to root and its own user; run obsctl reload as one of them")
                 throw Exit.forbidden
             }
-            printError("obsd at \(socket) (\(stats["server"]?.stringValue ?? "unknown version")) does not report its reloads; it is older than this obsctl")
+            printError("obsd at \(socket) (\(stats.server ?? "unknown version")) does not report its reloads; it is older than this obsctl")
             throw Exit.refused
         }
-        (self.pid, self.ended, self.failed, self.error) = (id, ended, failed, stats["reloadError"]?.stringValue)
+        (self.pid, self.ended, self.failed, self.error) = (id, ended, failed, stats.reloadError)
     }
 }

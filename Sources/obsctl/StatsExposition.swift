@@ -92,7 +92,10 @@ enum StatsExposition {
     ///
     /// - Parameter warn: told, in a sentence, about each field left out for a reason other
     ///   than not being a number (a known field that is not one, a name already taken).
-    static func metrics(stats: JSONObject, repos: [RepositoryInfo], warn: (String) -> Void) -> PrometheusExposition {
+    static func metrics(stats typed: Stats, repos: [RepositoryInfo], warn: (String) -> Void) -> PrometheusExposition {
+        // By field name, so that a counter a newer daemon adds (kept in `otherCounters`)
+        // reads exactly as a known one.
+        let stats = typed.jsonObject
         var out = PrometheusExposition()
         func add(_ name: String, _ type: MetricType, _ help: String, _ samples: [PrometheusExposition.Sample]) {
             do {

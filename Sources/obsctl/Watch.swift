@@ -55,7 +55,7 @@ extension Obsctl {
             try await global.withClient { client in
                 let options = SubscriptionOptions(coalesce: coalesce, writers: writers, echo: !noEcho)
                 let subscription = try await client.subscribe(
-                    repo, selection, initial: initial, since: since, epoch: epoch, once: once, options: options)
+                    to: repo, selecting: selection, initial: initial, since: since, epoch: epoch, once: once, options: options)
                 for try await event in subscription {
                     print(event, epoch: subscription.epoch)
                 }

@@ -18,11 +18,11 @@ import Testing
 
     @Test func aSubscriptionLeftUnreadBesideCallsInFlightIsCutOffAtTheLimit() async throws {
         let d = try await TestDaemon.start(inMemory: true)
-        let client = try await ObsClient.connect(
+        let client = try await ObsConnection.connect(
             socketPath: d.socketPath, eventLoopGroup: MultiThreadedEventLoopGroup.singleton, localWrites: nil, limits: Self.limits)
-        let unread = try await client.subscribe("r")
-        let quiet = try await client.subscribe("quiet")  // holds nothing: not the one cut off
-        for i in 1...Self.writes { try await client.set("r", "k", .int(Int64(i))) }  // every reply gets through
+        let unread = try await client.subscribe(to: "r")
+        let quiet = try await client.subscribe(to: "quiet")  // holds nothing: not the one cut off
+        for i in 1...Self.writes { try await client.set("k", to: .int(Int64(i)), in: "r") }  // every reply gets through
         #expect(client.bufferedEvents <= Self.limits.limit)
 
         var revisions: [UInt64] = []
@@ -34,17 +34,17 @@ import Testing
             }
             Issue.record("the unread subscription was never cut off: it held \(revisions.count) events")
         } catch let error as ObsClientError {
-            guard case .overflowed(let resumeAfter) = error else { throw error }
+            guard error.code == .overflowed, let resumeAfter = error.resumeAfter else { throw error }
             #expect(resumeAfter == UInt64(Self.limits.limit), "cut off holding the limit")
             #expect(revisions == Array(1...resumeAfter), "every event it held, in order, before the error")
         }
         // The connection goes on: calls, the other subscription; the daemon dropped the cut one.
         #expect(client.isConnected)
-        try await client.set("quiet", "k", 1)
+        try await client.set("k", to: 1, in: "quiet")
         var quietEvents = quiet.makeAsyncIterator()
         guard case .change(let change) = try await quietEvents.next() else { throw TestFailure("expected the quiet change") }
         #expect(change.revision == 1)
-        #expect(try await client.stats()["subscriptions"] == 1)
+        #expect(try await client.statistics().subscriptions == 1)
         await client.close()
     }
 
@@ -55,8 +55,8 @@ import Testing
         let states = StateRecorder(session)
         var events = session.watch("r", initial: true).makeAsyncIterator()
         guard case .snapshot(0, _, false) = try await events.next() else { throw TestFailure("expected the snapshot") }
-        for i in 1...Self.writes { try await session.set("r", "k", .int(Int64(i))) }  // the watch reads nothing meanwhile
-        #expect(try await session.client().bufferedEvents <= Self.limits.limit, "memory bounded while nobody reads")
+        for i in 1...Self.writes { try await session.set("k", to: .int(Int64(i)), in: "r") }  // the watch reads nothing meanwhile
+        #expect(try await session.connection().bufferedEvents <= Self.limits.limit, "memory bounded while nobody reads")
 
         for i in 1...Self.writes {
             guard case .change(let change) = try await events.next() else { throw TestFailure("expected the change at \(i)") }

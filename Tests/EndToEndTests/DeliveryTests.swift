@@ -24,10 +24,10 @@ func collect(_ subscription: Subscription, until lastRevision: UInt64) async thr
         let writers = 4
         let writesEach = 400
         let total = UInt64(writers * writesEach)
-        let readers = try await (0..<3).asyncMap { _ in try await ObsClient.connect(socketPath: d.socketPath) }
-        let allSubs = try await readers.asyncMap { try await $0.subscribe("c") }
-        let prefixSub = try await readers[0].subscribe("c", .prefix("w1/"))
-        let keysSub = try await readers[1].subscribe("c", .keys(["w2/k0", "w3/k1"]))
+        let readers = try await (0..<3).asyncMap { _ in try await ObsConnection.connect(socketPath: d.socketPath) }
+        let allSubs = try await readers.asyncMap { try await $0.subscribe(to: "c") }
+        let prefixSub = try await readers[0].subscribe(to: "c", selecting: .prefix("w1/"))
+        let keysSub = try await readers[1].subscribe(to: "c", selecting: .keys(["w2/k0", "w3/k1"]))
 
         async let allLogs = withThrowingTaskGroup(of: [ChangeSet<JSONValue>].self) { group in
             for sub in allSubs { group.addTask { try await collect(sub, until: total) } }
@@ -39,17 +39,17 @@ func collect(_ subscription: Subscription, until lastRevision: UInt64) async thr
         try await withThrowingTaskGroup(of: Void.self) { group in
             for w in 0..<writers {
                 group.addTask {
-                    let client = try await ObsClient.connect(socketPath: d.socketPath)
+                    let client = try await ObsConnection.connect(socketPath: d.socketPath)
                     for i in 0..<writesEach {
-                        try await client.set("c", Key("w\(w)/k\(i % 5)"), .int(Int64(i)))
+                        try await client.set(Key("w\(w)/k\(i % 5)"), to: .int(Int64(i)), in: "c")
                     }
                     await client.close()
                 }
             }
             try await group.waitForAll()
         }
-        let prefixSentinel = try await readers[2].set("c", "w1/end", "end")
-        let keysSentinel = try await readers[2].set("c", "w2/k0", "end")
+        let prefixSentinel = try await readers[2].set("w1/end", to: "end", in: "c")
+        let keysSentinel = try await readers[2].set("w2/k0", to: "end", in: "c")
         #expect(prefixSentinel.revision == total + 1 && keysSentinel.revision == total + 2)
 
         let logs = try await allLogs
@@ -85,13 +85,13 @@ func collect(_ subscription: Subscription, until lastRevision: UInt64) async thr
         let slowReply = try slow.call(["op": "subscribe", "repo": "o"])
         let slowSub = slowReply["sub"]!
 
-        let fastClient = try await ObsClient.connect(socketPath: d.socketPath)
-        let fast = try await fastClient.subscribe("o")
+        let fastClient = try await ObsConnection.connect(socketPath: d.socketPath)
+        let fast = try await fastClient.subscribe(to: "o")
         async let fastLog = collect(fast, until: UInt64(writes))
 
-        let writer = try await ObsClient.connect(socketPath: d.socketPath)
+        let writer = try await ObsConnection.connect(socketPath: d.socketPath)
         for i in 0..<writes {
-            try await writer.set("o", Key("k\(i % 10)"), .string("\(i) \(padding)"))
+            try await writer.set(Key("k\(i % 10)"), to: .string("\(i) \(padding)"), in: "o")
         }
         let revisions = try await fastLog.map(\.revision)
         #expect(revisions == Array(1...UInt64(writes)), "the fast reader got everything, in order")
@@ -158,14 +158,14 @@ func collect(_ subscription: Subscription, until lastRevision: UInt64) async thr
 
     @Test func clientLibrarySurfacesOverflowWithTheRevisionToResumeFrom() async throws {
         let d = try await TestDaemon.start(["--queue-events", "100", "--queue-bytes", "65536"], inMemory: true)
-        let lagging = try await ObsClient.connect(socketPath: d.socketPath)
-        let sub = try await lagging.subscribe("x")
-        let writer = try await ObsClient.connect(socketPath: d.socketPath)
+        let lagging = try await ObsConnection.connect(socketPath: d.socketPath)
+        let sub = try await lagging.subscribe(to: "x")
+        let writer = try await ObsConnection.connect(socketPath: d.socketPath)
         // More than the client buffers (8192 events) plus the daemon's queue: the client
         // stops reading, the daemon's queue fills, the connection overflows.
         var lastWrite: UInt64 = 0
         for i in 0..<20_000 {
-            lastWrite = try await writer.set("x", "k", .int(Int64(i))).revision
+            lastWrite = try await writer.set("k", to: .int(Int64(i)), in: "x").revision
         }
         var received: [UInt64] = []
         do {
@@ -174,7 +174,7 @@ func collect(_ subscription: Subscription, until lastRevision: UInt64) async thr
             }
             Issue.record("the stream should end with an overflow error")
         } catch let error as ObsClientError {
-            guard case .overflowed(let resumeAfter) = error else {
+            guard error.code == .overflowed, let resumeAfter = error.resumeAfter else {
                 Issue.record("unexpected error \(error)")
                 return
             }
@@ -190,18 +190,18 @@ func collect(_ subscription: Subscription, until lastRevision: UInt64) async thr
 @Suite(.timeLimit(.minutes(3))) struct ClientFlowTests {
     @Test func aConsumerThatAwaitsACallInsideItsLoopGetsTheReplyDuringABurst() async throws {
         let d = try await TestDaemon.start(inMemory: true)
-        let client = try await ObsClient.connect(socketPath: d.socketPath)
-        let sub = try await client.subscribe("burst")
-        let writer = try await ObsClient.connect(socketPath: d.socketPath)
+        let client = try await ObsConnection.connect(socketPath: d.socketPath)
+        let sub = try await client.subscribe(to: "burst")
+        let writer = try await ObsConnection.connect(socketPath: d.socketPath)
         // Far more events than the client buffers (8192) before it stops reading.
-        for i in 1...20_000 { try await writer.set("burst", "k", .int(Int64(i))) }
+        for i in 1...20_000 { try await writer.set("k", to: .int(Int64(i)), in: "burst") }
         var seen = 0
         for try await event in sub {
             guard case .change = event else { continue }
             seen += 1
             if seen == 1 {
                 // Its reply arrives behind thousands of unconsumed events.
-                let entry = try await withDeadline(.seconds(20)) { try await client.get("burst", "k") }
+                let entry = try await withDeadline(.seconds(20)) { try await client.get("k", in: "burst") }
                 #expect(entry?.value == 20_000)
             }
             if seen == 20_000 { break }
@@ -216,9 +216,9 @@ func collect(_ subscription: Subscription, until lastRevision: UInt64) async thr
         let session = ObsSession(socketPath: d.socketPath, backoff: Backoff(initial: .milliseconds(100), maximum: .milliseconds(200)))
         var events = session.watch("x", initial: true).makeAsyncIterator()
         guard case .snapshot = try await events.next() else { throw TestFailure("expected the snapshot") }
-        let writer = try await ObsClient.connect(socketPath: d.socketPath)
+        let writer = try await ObsConnection.connect(socketPath: d.socketPath)
         // The watch does not read while the writes go in: its connection overflows.
-        for i in 1...20_000 { try await writer.set("x", "k", .int(Int64(i))) }
+        for i in 1...20_000 { try await writer.set("k", to: .int(Int64(i)), in: "x") }
         var last: UInt64 = 0
         while last < 20_000 {
             guard let event = try await events.next() else { break }
@@ -231,10 +231,10 @@ func collect(_ subscription: Subscription, until lastRevision: UInt64) async thr
             }
         }
         #expect(last == 20_000)
-        let stats = try await writer.stats()
-        #expect((stats["overflows"]?.int64Value ?? 0) >= 1, "the watch's connection overflowed")
+        let stats = try await writer.statistics()
+        #expect((stats.overflows ?? 0) >= 1, "the watch's connection overflowed")
         // The watch's session connected again a few times at most: it did not spin on the dead connection.
-        #expect((stats["connectionsTotal"]?.int64Value ?? 99) <= 8, "\(stats)")
+        #expect((stats.connectionsTotal ?? 99) <= 8, "\(stats)")
         await writer.close()
         await session.close()
     }

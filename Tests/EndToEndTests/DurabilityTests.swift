@@ -56,15 +56,15 @@ import Glibc
             #expect(acks.count >= 200, "round \(round) wrote something")
             acknowledged.merge(acks) { $1 }
             try await d.launch()
-            let client = try await ObsClient.connect(socketPath: d.socketPath)
-            let listing = try await client.list("k", values: true)
+            let client = try await ObsConnection.connect(socketPath: d.socketPath)
+            let listing = try await client.list("k", includingValues: true)
             var missing = 0
             for (key, ack) in acknowledged {
                 guard let value = listing.values?[key], value == .int(ack.value) else {
                     missing += 1
                     continue
                 }
-                #expect(try await client.get("k", key)?.revision == ack.rev)
+                #expect(try await client.get(key, in: "k")?.revision == ack.rev)
             }
             #expect(missing == 0, "round \(round): \(missing) acknowledged writes lost")
             await client.close()
@@ -84,8 +84,8 @@ import Glibc
             }
             acknowledged.merge(acks) { $1 }
             try await d.launch()
-            let client = try await ObsClient.connect(socketPath: d.socketPath)
-            let listing = try await client.list("k", values: true)
+            let client = try await ObsConnection.connect(socketPath: d.socketPath)
+            let listing = try await client.list("k", includingValues: true)
             let lost = acknowledged.filter { listing.values?[$0.key] != .int($0.value.value) }
             #expect(lost.isEmpty, "round \(round) (kill after \(delay) µs): \(lost.count) acknowledged writes lost")
             // Every write adds one key: a revision per key means no revision was lost from
@@ -104,8 +104,8 @@ import Glibc
         #expect(errors.isEmpty, "no write was refused or failed at shutdown: \(errors.prefix(3))")
         #expect(acks.count >= 400)
         try await d.launch()
-        let client = try await ObsClient.connect(socketPath: d.socketPath)
-        let listing = try await client.list("k", values: true)
+        let client = try await ObsConnection.connect(socketPath: d.socketPath)
+        let listing = try await client.list("k", includingValues: true)
         #expect(acks.allSatisfy { listing.values?[$0.key] == .int($0.value.value) }, "every acknowledged write is kept")
         let unanswered = listing.keys.filter { acks[$0] == nil }
         #expect(unanswered.isEmpty, "\(unanswered.count) writes became durable at shutdown but their replies never reached the client")
@@ -116,11 +116,11 @@ import Glibc
         let d = try await TestDaemon.start(["--sync", "relaxed", "--sync-interval", "1000"])
         let acks = try await writeUntilKilled(d, round: 0, writers: 4, inFlight: 16)
         try await d.launch()
-        let client = try await ObsClient.connect(socketPath: d.socketPath)
-        let listing = try await client.list("k", values: true)
+        let client = try await ObsConnection.connect(socketPath: d.socketPath)
+        let listing = try await client.list("k", includingValues: true)
         #expect(acks.allSatisfy { listing.values?[$0.key] == .int($0.value.value) })
-        let stats = try await client.stats()
-        #expect(stats["storage"]?.stringValue?.contains("relaxed (1000 ms)") == true)
+        let stats = try await client.statistics()
+        #expect(stats.storage?.contains("relaxed (1000 ms)") == true)
         await client.close()
     }
 
@@ -318,7 +318,7 @@ func writeUntilStopped(
 ) async throws -> (acks: [Key: (value: Int64, rev: UInt64)], errors: [String]) {
     let acks = Locked<[Key: (value: Int64, rev: UInt64)]>([:])
     let errors = Locked<[String]>([])
-    let clients = try await (0..<writers).asyncMap { _ in try await ObsClient.connect(socketPath: d.socketPath) }
+    let clients = try await (0..<writers).asyncMap { _ in try await ObsConnection.connect(socketPath: d.socketPath) }
     await withTaskGroup(of: Void.self) { group in
         for (w, client) in clients.enumerated() {
             for lane in 0..<inFlight {
@@ -327,9 +327,9 @@ func writeUntilStopped(
                     while true {
                         let key = Key("w\(w)/\(round)/\(i)")
                         do throws(ObsClientError) {
-                            let reply = try await client.set("k", key, .int(i))
+                            let reply = try await client.set(key, to: .int(i), in: "k")
                             acks.withLock { $0[key] = (i, reply.revision) }
-                        } catch .server(let error) {
+                        } catch where error.serverError != nil {
                             errors.withLock { $0.append(error.description) }
                             return
                         } catch {

@@ -241,8 +241,8 @@ import Glibc
         #expect(try run("/bin/rm", ["-rf", data]).status == 0)
         #expect(try run("/bin/cp", ["-a", d.directory + "/backup", data]).status == 0)
         try await d.launch()
-        try await ObsClient.withConnection(socketPath: d.socketPath) { client in
-            for i in 1...4 { _ = try await client.set("r", "n", .int(Int64(100 + i))) }
+        try await ObsConnection.withConnection(socketPath: d.socketPath) { client in
+            for i in 1...4 { _ = try await client.set("n", to: .int(Int64(100 + i)), in: "r") }
         }
         guard case .snapshot(var revision, var values, resync: true) = try await events.next() else {
             throw TestFailure("expected a resync snapshot, not a replay of another history")

@@ -16,29 +16,29 @@ import TestSupport
         let d = try await TestDaemon.start(inMemory: true)
         let session = ObsSession(socketPath: d.socketPath)
         let ui = RemoteRepository("ui", session: session)
-        #expect(try await ui.set("a", 1) == .applied(revision: 1), "returns once the mirror shows it")
+        #expect(try await ui.set("a", to: 1) == .applied(revision: 1), "returns once the mirror shows it")
         #expect(ui.values == ["a": 1] && ui.revision == 1 && ui.contents.isLoaded)
 
         let notifications = NotificationCounter { _ = ui.values; _ = ui.revision }
-        try await session.batch("ui", [.set("b", 2), .set("c", 3), .delete("a")])  // one revision, three keys
-        #expect(try await ui.set("z", 0) == .applied(revision: 3))  // so revision 2 is applied too
+        try await session.apply([.set("b", 2), .set("c", 3), .delete("a")], in: "ui")  // one revision, three keys
+        #expect(try await ui.set("z", to: 0) == .applied(revision: 3))  // so revision 2 is applied too
         #expect(notifications.count == 2, "the batch notified once, the set once")
-        #expect(try await ui.set("z", 0) == .unchanged(revision: 3))
-        #expect(try await ui.set("y", 1) == .applied(revision: 4))
+        #expect(try await ui.set("z", to: 0) == .unchanged(revision: 3))
+        #expect(try await ui.set("y", to: 1) == .applied(revision: 4))
         #expect(notifications.count == 3, "the equal write notified nobody (onChange)")
-        #expect(try await ui.set("y", 1, force: true) == .applied(revision: 5))
+        #expect(try await ui.set("y", to: 1, force: true) == .applied(revision: 5))
         #expect(notifications.count == 4, "a forced write is a change (didSet)")
-        #expect(try await ui.set("y", 2, ifRev: 4) == .conflict)
-        #expect(try await ui.set("y", 2, ifRev: 5) == .applied(revision: 6))
+        #expect(try await ui.set("y", to: 2, ifRevision: 4) == .conflict)
+        #expect(try await ui.set("y", to: 2, ifRevision: 5) == .applied(revision: 6))
         #expect(ui.values == ["b": 2, "c": 3, "z": 0, "y": 2])
         #expect(try ui.value("c", as: Int.self) == 3)
 
         let win = RemoteRepository("ui", selection: .prefix("win/"), session: session)
         try await until("the first snapshot arrives") { win.contents.isLoaded }
         let winNotifications = NotificationCounter { _ = win.values }
-        #expect(try await win.set("win/1", "open") == .applied(revision: 7))
-        #expect(try await ui.set("other", 1) == .applied(revision: 8))
-        #expect(try await win.set("win/2", "open") == .applied(revision: 9))
+        #expect(try await win.set("win/1", to: "open") == .applied(revision: 7))
+        #expect(try await ui.set("other", to: 1) == .applied(revision: 8))
+        #expect(try await win.set("win/2", to: "open") == .applied(revision: 9))
         #expect(winNotifications.count == 2, "a keyed mirror is not notified of other keys")
         #expect(win.values == ["win/1": "open", "win/2": "open"])
         await session.close()
@@ -47,7 +47,7 @@ import TestSupport
     @Test @MainActor func remoteValueIsTypedComparesAndSetsAndFollowsARestart() async throws {
         let d = try await TestDaemon.start()
         let session = ObsSession(socketPath: d.socketPath, backoff: Backoff(initial: .milliseconds(50), maximum: .milliseconds(200)))
-        let theme = RemoteValue("ui", "theme", as: Theme.self, session: session)
+        let theme = RemoteValue("theme", in: "ui", as: Theme.self, session: session)
         let light = Theme(name: "light", accent: 3, tags: [])
         #expect(try await theme.set(light) == .applied(revision: 1))
         #expect(theme.value == light && theme.current.exists && theme.current.revision == 1)
@@ -59,15 +59,15 @@ import TestSupport
             return next
         }
         #expect(bumped == .applied(revision: 2) && theme.value?.accent == 4 && notifications.count == 1)
-        #expect(try await theme.set(light, ifRev: 1) == .conflict)
+        #expect(try await theme.set(light, ifRevision: 1) == .conflict)
         #expect(try await theme.set(Theme(name: "light", accent: 4, tags: [])) == .unchanged(revision: 2))
         #expect(notifications.count == 1)
 
         #expect(await d.stop() == 0)
         try await until("the mirror sees the daemon gone") { if case .waiting = theme.connection { true } else { false } }
         try await d.launch()
-        try await ObsClient.withConnection(socketPath: d.socketPath) { client in
-            _ = try await client.set("ui", "theme", ["name": "odd", "accent": "high", "tags": []])
+        try await ObsConnection.withConnection(socketPath: d.socketPath) { client in
+            _ = try await client.set("theme", to: ["name": "odd", "accent": "high", "tags": []], in: "ui")
         }
         try await until("the undecodable value arrives") { theme.current.decodingError != nil }
         #expect(theme.value == nil && theme.current.exists && theme.current.revision == 3)
@@ -84,12 +84,12 @@ import TestSupport
         let d = try await TestDaemon.start(inMemory: true)
         let session = ObsSession(socketPath: d.socketPath, backoff: Backoff(initial: .milliseconds(20), maximum: .milliseconds(100)))
         let ui = RemoteRepository("ui", session: session)
-        for i in 1...30 { try await ui.set("k", .int(Int64(i))) }
-        #expect(try await ui.set("other", 1) == .applied(revision: 31))
+        for i in 1...30 { try await ui.set("k", to: .int(Int64(i))) }
+        #expect(try await ui.set("other", to: 1) == .applied(revision: 31))
         #expect(await d.stop() == 0)
         try await until("the mirror sees the daemon gone") { if case .waiting = ui.connection { true } else { false } }
         try await d.launch()  // in memory: a new epoch, its revisions counting from 0 again
-        #expect(try await ui.set("k", "new") == .applied(revision: 1))
+        #expect(try await ui.set("k", to: "new") == .applied(revision: 1))
         #expect(ui["k"] == "new", "returns once the mirror shows it")
         try await until("the resync drops what the old history had") { ui["other"] == nil }
         #expect(ui.values == ["k": "new"] && ui.revision == 1)
@@ -98,10 +98,10 @@ import TestSupport
 
     @Test @MainActor func theExampleProgramMirrorsARepositoryLive() async throws {
         let d = try await TestDaemon.start(inMemory: true)
-        try await ObsClient.withConnection(socketPath: d.socketPath) { client in _ = try await client.set("ui", "theme", "light") }
+        try await ObsConnection.withConnection(socketPath: d.socketPath) { client in _ = try await client.set("theme", to: "light", in: "ui") }
         let example = try LineReadingProcess(BuildProducts.path("obs-mirror"), ["ui", "--socket", d.socketPath, "--count", "2"])
         #expect(try example.line() == #"rev 1: {"theme":"light"}"#)
-        try await ObsClient.withConnection(socketPath: d.socketPath) { client in _ = try await client.set("ui", "lang", "fr") }
+        try await ObsConnection.withConnection(socketPath: d.socketPath) { client in _ = try await client.set("lang", to: "fr", in: "ui") }
         #expect(try example.line() == #"rev 2: {"lang":"fr","theme":"light"}"#)
         #expect(example.waitForExit() == 0)
         let usage = try run(BuildProducts.path("obs-mirror"), [])

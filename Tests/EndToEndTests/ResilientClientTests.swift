@@ -45,7 +45,7 @@ import Testing
         try await expectChanges(&events, 1...3)
         #expect(await d.stop() == 0)
         try await d.launch()
-        try await ObsClient.withConnection(socketPath: d.socketPath) { client in _ = try await client.set("r", "fresh", 1) }
+        try await ObsConnection.withConnection(socketPath: d.socketPath) { client in _ = try await client.set("fresh", to: 1, in: "r") }
         guard case .snapshot(let revision, var values, resync: true) = try await events.next() else {
             throw TestFailure("expected a resync snapshot")
         }
@@ -60,25 +60,25 @@ import Testing
     @Test func typedValuesRoundTripAndBadValuesAreErrorsNotNil() async throws {
         let d = try await TestDaemon.start(inMemory: true)
         let session = ObsSession(socketPath: d.socketPath)
-        var changes = session.watch("ui", key: "theme", as: Theme.self).makeAsyncIterator()
+        var changes = session.watch("theme", in: "ui", as: Theme.self).makeAsyncIterator()
         let first = try await changes.next()
         #expect(first?.isSnapshot == true && first?.new == nil && first?.old == nil)
 
         let light = Theme(name: "light", accent: 3, tags: ["a"])
         let dark = Theme(name: "dark", accent: 9_007_199_254_740_993, tags: [])
-        try await session.set("ui", "theme", encoding: light)
-        #expect(try await session.get("ui", "theme")?.value == ["name": "light", "accent": 3, "tags": ["a"]])
-        #expect(try await session.get("ui", "theme", as: Theme.self) == Entry(value: light, revision: 1))
-        try await session.set("ui", "theme", encoding: dark)
-        try await session.delete("ui", "theme")
+        try await session.set("theme", to: light, in: "ui")
+        #expect(try await session.get("theme", in: "ui")?.value == ["name": "light", "accent": 3, "tags": ["a"]])
+        #expect(try await session.get("theme", in: "ui", as: Theme.self) == Entry(value: light, revision: 1))
+        try await session.set("theme", to: dark, in: "ui")
+        try await session.delete("theme", in: "ui")
         for (old, new, revision) in [(nil, light, 1), (light, dark, 2), (dark, nil, 3)] as [(Theme?, Theme?, UInt64)] {
             let change = try await changes.next()
             #expect(change?.old == old && change?.new == new && change?.revision == revision && change?.isSnapshot == false)
         }
 
-        try await session.set("ui", "theme", ["name": "odd", "accent": "high"])
+        try await session.set("theme", to: ["name": "odd", "accent": "high"], in: "ui")
         do {
-            _ = try await session.get("ui", "theme", as: Theme.self)
+            _ = try await session.get("theme", in: "ui", as: Theme.self)
             Issue.record("expected undecodable")
         } catch {
             #expect(error.description == #"the value of key "theme" is not a valid Theme: .accent: Expected to decode Int64 but found a string instead."#)
@@ -87,15 +87,15 @@ import Testing
             _ = try await changes.next()
             Issue.record("expected the typed watch to end with undecodable")
         } catch let error as ObsClientError {
-            guard case .undecodable(let key, let type, _) = error else { throw error }
-            #expect(key == "theme" && type == "Theme")
+            guard error.code == .undecodable else { throw error }
+            #expect(error.key == "theme" && error.typeName == "Theme")
         }
         do {
-            try await session.set("ui", "ratio", encoding: Double.nan)
+            try await session.set("ratio", to: Double.nan, in: "ui")
             Issue.record("expected unencodable")
         } catch {
-            guard case .unencodable(let type, _) = error else { throw error }
-            #expect(type == "Double")
+            guard error.code == .unencodable else { throw error }
+            #expect(error.typeName == "Double")
         }
         await session.close()
     }
@@ -105,16 +105,16 @@ import Testing
         let session = ObsSession(socketPath: directory + "/obsd.sock", backoff: Backoff(initial: .milliseconds(20), maximum: .milliseconds(50)))
         let states = StateRecorder(session)
         try await states.wait { if case .waiting(_, let reason) = $0 { reason.contains("is obsd running?") } else { false } }
-        async let written = session.set("r", "k", "queued until the daemon is up")
+        async let written = session.set("k", to: "queued until the daemon is up", in: "r")
         let d = try await TestDaemon.start(directory: directory, inMemory: true)
         #expect(try await written.changed)
-        #expect(try await session.get("r", "k")?.value == "queued until the daemon is up")
+        #expect(try await session.get("k", in: "r")?.value == "queued until the daemon is up")
         await session.close()
         do {
-            _ = try await session.get("r", "k")
+            _ = try await session.get("k", in: "r")
             Issue.record("expected sessionClosed")
         } catch {
-            guard case .sessionClosed = error else { throw error }
+            guard error.code == .sessionClosed else { throw error }
         }
         #expect(await d.stop() == 0)
     }
@@ -138,8 +138,8 @@ struct Theme: Codable, Equatable, Sendable {
 
 /// Sets key `k<i % 5>` to `i` for each `i`, one revision each, on a connection of its own.
 func writeNumbered(_ repo: String, _ range: ClosedRange<Int>, socket: String) async throws {
-    try await ObsClient.withConnection(socketPath: socket) { client in
-        for i in range { try await client.set(repo, Key("k\(i % 5)"), .int(Int64(i))) }
+    try await ObsConnection.withConnection(socketPath: socket) { client in
+        for i in range { try await client.set(Key("k\(i % 5)"), to: .int(Int64(i)), in: repo) }
     }
 }
 

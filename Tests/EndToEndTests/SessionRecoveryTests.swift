@@ -36,7 +36,7 @@ import TestSupport
         holder.close()  // the slot frees: the next attempt is admitted
         try await until("the mirror loads") { mirror.contents.isLoaded }
         #expect(mirror.values == ["k": 1] && mirror.failure == nil)
-        #expect(try await mirror.set("k", 2) == .applied(revision: 2))
+        #expect(try await mirror.set("k", to: 2) == .applied(revision: 2))
         let events = try await watching.value
         guard events.count == 2, case .snapshot(1, let values, false) = events[0], case .change(let change) = events[1] else {
             throw TestFailure("expected the snapshot and the change, got \(events)")

@@ -19,16 +19,16 @@ let thisProcess = Writer(uid: getuid(), gid: getgid(), pid: getpid())
 @Suite(.timeLimit(.minutes(3))) struct SubscribeOptionsClientTests {
     @Test func coalesceWithOnceIsRefusedBeforeAnythingIsSent() async throws {
         let d = try await TestDaemon.start(inMemory: true)
-        try await ObsClient.withConnection(socketPath: d.socketPath) { client in
+        try await ObsConnection.withConnection(socketPath: d.socketPath) { client in
             do throws(ObsClientError) {
-                _ = try await client.subscribe("ui", once: true, options: SubscriptionOptions(coalesce: true))
+                _ = try await client.subscribe(to: "ui", once: true, options: SubscriptionOptions(coalesce: true))
                 Issue.record("expected bad_request")
             } catch {
                 #expect(error.code == .badRequest)
                 #expect(error.description.contains("coalesce") && error.description.contains("once"))
             }
             try await client.ping()
-            #expect(try await client.stats()["subscriptions"] == 0, "the daemon was never asked")
+            #expect(try await client.statistics().subscriptions == 0, "the daemon was never asked")
         }
         let usage = try obsctl(["watch", "ui", "--coalesce", "--once"], socket: d.socketPath)
         #expect(usage.status == 64, "a usage error, like every other pair of flags that cannot go together")
@@ -44,40 +44,40 @@ let thisProcess = Writer(uid: getuid(), gid: getgid(), pid: getpid())
         let session = ObsSession(socketPath: d.socketPath)
         let all = RemoteRepository("ui", session: session)
         let windows = RemoteRepository("ui", selection: .prefix("win/"), session: session)
-        let theme = RemoteValue("ui", "theme", as: String.self, session: session)
+        let theme = RemoteValue("theme", in: "ui", as: String.self, session: session)
         #expect(all.options == .mirror && theme.options == .mirror)
         try await until("the mirrors are loaded") { all.contents.isLoaded && windows.contents.isLoaded && theme.current.isLoaded }
 
         #expect(try await theme.set("dark") == .applied(revision: 1))
         #expect(all.values == ["theme": "dark"], "a write through one mirror is shown by the others at once")
-        #expect(try await all.set("win/1", "open") == .applied(revision: 2))
+        #expect(try await all.set("win/1", to: "open") == .applied(revision: 2))
         #expect(windows.values == ["win/1": "open"] && theme.value == "dark")
-        try await session.batch("ui", [.set("win/2", "open"), .delete("win/1"), .set("theme", "light")])
-        #expect(try await windows.set("win/3", "open") == .applied(revision: 4))
+        try await session.apply([.set("win/2", "open"), .delete("win/1"), .set("theme", "light")], in: "ui")
+        #expect(try await windows.set("win/3", to: "open") == .applied(revision: 4))
         #expect(windows.values == ["win/2": "open", "win/3": "open"] && windows.revision == 4)
         #expect(theme.value == "light" && theme.current.revision == 3)
 
-        try await ObsClient.withConnection(socketPath: d.socketPath) { other in  // another connection: events
-            _ = try await other.set("ui", "theme", "blue")
+        try await ObsConnection.withConnection(socketPath: d.socketPath) { other in  // another connection: events
+            _ = try await other.set("theme", to: "blue", in: "ui")
         }
         try await until("another connection's write arrives") { theme.value == "blue" && all.revision == 5 }
-        let listing = try await session.client().list("ui", values: true)
+        let listing = try await session.connection().list("ui", includingValues: true)
         #expect(all.values == listing.values && all.revision == listing.revision)
 
         let echoing = RemoteRepository("ui", options: .default, session: session)  // the opt-out
         try await until("loaded") { echoing.contents.isLoaded }
-        #expect(try await echoing.set("win/4", "open") == .applied(revision: 6))
+        #expect(try await echoing.set("win/4", to: "open") == .applied(revision: 6))
         #expect(all.values == echoing.values && windows.values["win/4"] == "open")
         await session.close()
     }
 
     @Test func writersTellWhoWroteEachRevisionLiveInReplaysAndThroughObsctl() async throws {
         let d = try await TestDaemon.start(inMemory: true)
-        let reader = try await ObsClient.connect(socketPath: d.socketPath)
-        let live = try await reader.subscribe("w", options: SubscriptionOptions(writers: true))
-        let plain = try await reader.subscribe("w")
-        let writer = try await ObsClient.connect(socketPath: d.socketPath)
-        try await writer.set("w", "k", 1)
+        let reader = try await ObsConnection.connect(socketPath: d.socketPath)
+        let live = try await reader.subscribe(to: "w", options: SubscriptionOptions(writers: true))
+        let plain = try await reader.subscribe(to: "w")
+        let writer = try await ObsConnection.connect(socketPath: d.socketPath)
+        try await writer.set("k", to: 1, in: "w")
         var events = live.makeAsyncIterator()
         guard case .change(let first) = try await events.next() else { throw TestFailure("expected a change") }
         #expect(first.revision == 1 && first.by == thisProcess)
@@ -85,16 +85,16 @@ let thisProcess = Writer(uid: getuid(), gid: getgid(), pid: getpid())
         guard case .change(let unasked) = try await plainEvents.next() else { throw TestFailure("expected a change") }
         #expect(unasked.by == nil, "no by without writers")
 
-        let replay = try await reader.subscribe("w", since: 0, options: SubscriptionOptions(writers: true))
+        let replay = try await reader.subscribe(to: "w", since: 0, options: SubscriptionOptions(writers: true))
         var replayed = replay.makeAsyncIterator()
         guard case .change(let again) = try await replayed.next() else { throw TestFailure("expected the replay") }
         #expect(again.revision == 1 && again.by == thisProcess, "by in replayed events too")
 
         let session = ObsSession(socketPath: d.socketPath)
-        var typed = session.watch("w", key: "k", as: Int.self, options: SubscriptionOptions(writers: true)).makeAsyncIterator()
+        var typed = session.watch("k", in: "w", as: Int.self, options: SubscriptionOptions(writers: true)).makeAsyncIterator()
         let snapshot = try await typed.next()
         #expect(snapshot?.isSnapshot == true && snapshot?.by == nil && snapshot?.new == 1)
-        try await writer.set("w", "k", 2)
+        try await writer.set("k", to: 2, in: "w")
         let typedChange = try await typed.next()
         #expect(typedChange?.new == 2 && typedChange?.old == 1 && typedChange?.by == thisProcess)
 
@@ -112,14 +112,14 @@ let thisProcess = Writer(uid: getuid(), gid: getgid(), pid: getpid())
 
     @Test func echoOffHidesThisConnectionsWritesButNotOthers() async throws {
         let d = try await TestDaemon.start(inMemory: true)
-        let a = try await ObsClient.connect(socketPath: d.socketPath)
-        let quiet = try await a.subscribe("e", options: SubscriptionOptions(echo: false))
-        let echoing = try await a.subscribe("e")
-        let b = try await ObsClient.connect(socketPath: d.socketPath)
-        try await a.set("e", "k", 1)
-        try await b.set("e", "k", 2)
-        try await a.batch("e", [.set("k", 3), .set("j", 3)])
-        try await b.delete("e", "j")
+        let a = try await ObsConnection.connect(socketPath: d.socketPath)
+        let quiet = try await a.subscribe(to: "e", options: SubscriptionOptions(echo: false))
+        let echoing = try await a.subscribe(to: "e")
+        let b = try await ObsConnection.connect(socketPath: d.socketPath)
+        try await a.set("k", to: 1, in: "e")
+        try await b.set("k", to: 2, in: "e")
+        try await a.apply([.set("k", 3), .set("j", 3)], in: "e")
+        try await b.delete("j", in: "e")
         var quietEvents = quiet.makeAsyncIterator()
         var seen: [UInt64] = []
         while seen.last != 4 {
@@ -146,12 +146,12 @@ let thisProcess = Writer(uid: getuid(), gid: getgid(), pid: getpid())
         let session = ObsSession(socketPath: d.socketPath)
         var watch = session.watch("c", initial: true, options: SubscriptionOptions(coalesce: true)).makeAsyncIterator()
         guard case .snapshot(0, let initial, false) = try await watch.next() else { throw TestFailure("expected a snapshot") }
-        let writer = try await ObsClient.connect(socketPath: d.socketPath)
+        let writer = try await ObsConnection.connect(socketPath: d.socketPath)
         let writes = 15_000  // past the client's 8192 buffered events, the socket buffers and the queue
         for i in 0..<writes {
-            try await writer.set("c", Key("k\(i % 40)"), .number(UInt64(i)))
+            try await writer.set(Key("k\(i % 40)"), to: .number(UInt64(i)), in: "c")
         }
-        let final = try await writer.list("c", values: true)
+        let final = try await writer.list("c", includingValues: true)
         var state = initial
         var (last, events, coalesced): (UInt64, Int, Int) = (0, 0, 0)
         while last < final.revision {
@@ -169,9 +169,9 @@ let thisProcess = Writer(uid: getuid(), gid: getgid(), pid: getpid())
         #expect(state == final.values, "exactly the repository's state")
         #expect(coalesced > 0 && events < writes)
         #expect(session.connectionState == .connected, "never cut off")
-        let connection = try await session.client()
+        let connection = try await session.connection()
         #expect(connection.isConnected)
-        #expect(try await writer.stats()["overflows"] == 0)
+        #expect(try await writer.statistics().overflows == 0)
         await writer.close()
         await session.close()
     }
@@ -189,7 +189,7 @@ let thisProcess = Writer(uid: getuid(), gid: getgid(), pid: getpid())
         let log = StateLog()
         let stateUpdates = session.connectionStates()
         let recorder = Task { @MainActor in for await s in stateUpdates { log.states.append(s) } }
-        #expect(try await mirror.set("mine", 3) == .applied(revision: 1))  // not echoed
+        #expect(try await mirror.set("mine", to: 3) == .applied(revision: 1))  // not echoed
         let notifications = NotificationCounter { _ = mirror.contents }
 
         // Synchronous writes: the main actor, where the mirror applies events, is blocked.

@@ -19,13 +19,13 @@ extension ClusterTests {
     /// `writes` more revisions of `repo`, compacts etcd, brings member 2 back until it has
     /// applied the compaction, then lets B go on: its watch resumes behind the compaction.
     private func cutOffCompactAndReconnect(
-        _ etcd: EtcdCluster, a: ObsClient, b: ClusterDaemon, repo: String, writes: ClosedRange<Int>
+        _ etcd: EtcdCluster, a: ObsConnection, b: ClusterDaemon, repo: String, writes: ClosedRange<Int>
     ) async throws {
         let client = try ClusterPair.etcdClient(etcd)
         defer { Task { await client.shutdown() } }
         etcd.stop(2)
         b.signal(SIGSTOP)
-        for i in writes { try await a.set(repo, "n", int(i)) }
+        for i in writes { try await a.set("n", to: int(i), in: repo) }
         let at = try await client.range(Array("/obsd-test/epoch".utf8)).revision
         _ = try await client.compact(at, physical: true)
         try etcd.restart(2)
@@ -51,8 +51,8 @@ extension ClusterTests {
         try await b.launch()
         let clientA = try await a.client()
         let clientB = try await b.client()
-        let log = EventLog(try await clientB.subscribe("c"))
-        for i in 1...3 { try await clientA.set("c", "n", int(i)) }
+        let log = EventLog(try await clientB.subscribe(to: "c"))
+        for i in 1...3 { try await clientA.set("n", to: int(i), in: "c") }
         #expect(await log.wait(forRevision: 3), "\(b.log.suffix(3000))")
 
         try await cutOffCompactAndReconnect(etcd, a: clientA, b: b, repo: "c", writes: 4...9)
@@ -62,7 +62,7 @@ extension ClusterTests {
         #expect(log.failure == nil)
         #expect(log.changes.map(\.revision) == Array(1...9))
         #expect(log.changes.map { $0.changes.first?.new } == (1...9).map { int($0) })
-        #expect(try await clientB.set("c", "n", int(10)).revision == 10)
+        #expect(try await clientB.set("n", to: int(10), in: "c").revision == 10)
     }
 
     @Test func aWatchResumedBehindACompactionAndBeyondTheChangeLogStopsTheDaemon() async throws {
@@ -79,8 +79,8 @@ extension ClusterTests {
         try await b.launch()
         let clientA = try await a.client()
         let clientB = try await b.client()
-        let log = EventLog(try await clientB.subscribe("c"))
-        try await clientA.set("c", "n", int(1))
+        let log = EventLog(try await clientB.subscribe(to: "c"))
+        try await clientA.set("n", to: int(1), in: "c")
         #expect(await log.wait(forRevision: 1))
 
         // Six revisions missed, three kept in the change log.
@@ -92,7 +92,7 @@ extension ClusterTests {
         #expect(b.log.contains("no longer holds them all"), "\(b.log.suffix(3000))")
         // Restarted, it reads the current state, in the same epoch.
         try await b.launch()
-        let listing = try await b.client().list("c", values: true)
+        let listing = try await b.client().list("c", includingValues: true)
         #expect(listing.revision == 7 && listing.values == ["n": int(7)])
         let epochA = try await clientA.list("c").epoch
         #expect(listing.epoch == epochA)
@@ -102,7 +102,7 @@ extension ClusterTests {
         let pair = try await ClusterPair.start()
         defer { pair.stop() }
         let a = try await pair.a.client()
-        for i in 1...2 { try await a.set("w", "n", int(i)) }
+        for i in 1...2 { try await a.set("n", to: int(i), in: "w") }
         let epoch = try await a.list("w").epoch
 
         let client = try pair.etcdClient()
@@ -119,12 +119,12 @@ extension ClusterTests {
         try await pair.a.launch()
         try await pair.b.launch()
         let (newA, newB) = (try await pair.a.client(), try await pair.b.client())
-        #expect(try await newA.repos().isEmpty)
-        #expect(try await newB.set("w", "n", int(1)).revision == 1)
+        #expect(try await newA.repositories().isEmpty)
+        #expect(try await newB.set("n", to: int(1), in: "w").revision == 1)
         let newEpoch = try await newA.list("w").epoch
         let newEpochB = try await newB.list("w").epoch
         #expect(newEpoch != epoch && newEpoch == newEpochB)
-        let resume = await refusal { () async throws(ObsClientError) in try await newA.subscribe("w", since: 1, epoch: epoch) }
+        let resume = await refusal { () async throws(ObsClientError) in try await newA.subscribe(to: "w", since: 1, epoch: epoch) }
         #expect(resume?.code == .compacted)
     }
 }

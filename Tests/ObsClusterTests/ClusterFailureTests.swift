@@ -15,21 +15,21 @@ extension ClusterTests {
         defer { pair.stop() }
         let a = try await pair.a.client()
         let b = try await pair.b.client()
-        let log = EventLog(try await b.subscribe("q"))
-        #expect(try await a.set("q", "k", int(1)).revision == 1)
+        let log = EventLog(try await b.subscribe(to: "q"))
+        #expect(try await a.set("k", to: int(1), in: "q").revision == 1)
         #expect(await log.wait(forRevision: 1), "\(pair.diagnostics)")
 
         pair.etcd.stop(1)
         pair.etcd.stop(2)
         let started = ContinuousClock.now
-        let failed = await refusal { () async throws(ObsClientError) in try await a.set("q", "k", int(2)) }
+        let failed = await refusal { () async throws(ObsClientError) in try await a.set("k", to: int(2), in: "q") }
         let took = ContinuousClock.now - started
-        #expect(failed?.code == .internal, "a write without quorum: \(String(describing: failed))")
+        #expect(failed?.code == .internalError, "a write without quorum: \(String(describing: failed))")
         #expect(took < .seconds(10), "the error reply took \(took)")
         print("ClusterTests: without quorum, a write's error reply came after \(took): \(failed.map { "\($0)" } ?? "none")")
         // Reads are answered from the state the daemon holds, quickly.
         let readStarted = ContinuousClock.now
-        let read = try await b.get("q", "k")
+        let read = try await b.get("k", in: "q")
         #expect(read?.value == int(1) || read?.value == int(2))
         #expect(ContinuousClock.now - readStarted < .seconds(2), "a read without quorum took \(ContinuousClock.now - readStarted)")
 
@@ -43,7 +43,7 @@ extension ClusterTests {
         let deadline = ContinuousClock.now + .seconds(20)
         while reply == nil && ContinuousClock.now < deadline {
             do throws(ObsClientError) {
-                reply = try await a.set("q", "k", int(3))
+                reply = try await a.set("k", to: int(3), in: "q")
             } catch {
                 errors.append("\(error)")
             }
@@ -69,7 +69,7 @@ extension ClusterTests {
         defer { Task { await etcd.shutdown() } }
         let a = try await pair.a.client()
         let b = try await pair.b.client()
-        let log = EventLog(try await b.subscribe("load"))
+        let log = EventLog(try await b.subscribe(to: "load"))
 
         var acknowledged: [(i: Int, revision: UInt64)] = []
         var failures: [String] = []
@@ -80,7 +80,7 @@ extension ClusterTests {
         while ContinuousClock.now < deadline && (killed == nil || acknowledged.count < acknowledgedAtKill + 30) {
             i += 1
             do throws(ObsClientError) {
-                let reply = try await a.set("load", Key("k\(i)"), int(i))
+                let reply = try await a.set(Key("k\(i)"), to: int(i), in: "load")
                 acknowledged.append((i, reply.revision))
             } catch {
                 failures.append("write \(i): \(error)")
@@ -107,7 +107,7 @@ extension ClusterTests {
 
         // Every acknowledged write is readable through B, at its revision in B's stream.
         #expect(await log.wait(forRevision: last), "\(pair.diagnostics)")
-        let listing = try await b.list("load", values: true)
+        let listing = try await b.list("load", includingValues: true)
         #expect(listing.revision >= last)
         let events = Dictionary(log.changes.map { ($0.revision, $0) }, uniquingKeysWith: { first, _ in first })
         for (i, revision) in acknowledged {
@@ -125,25 +125,25 @@ extension ClusterTests {
         defer { pair.stop() }
         var a = try await pair.a.client()
         let b = try await pair.b.client()
-        for i in 1...3 { try await a.set("app", Key("a\(i)"), int(i)) }
+        for i in 1...3 { try await a.set(Key("a\(i)"), to: int(i), in: "app") }
         let epoch = try await a.list("app").epoch
 
         pair.a.kill9()
-        for i in 4...5 { try await b.set("app", Key("b\(i)"), int(i)) }
-        try await b.delete("app", "a1")
+        for i in 4...5 { try await b.set(Key("b\(i)"), to: int(i), in: "app") }
+        try await b.delete("a1", in: "app")
         try await pair.a.launch()
         a = try await pair.a.client()
 
-        let listing = try await a.list("app", values: true)
+        let listing = try await a.list("app", includingValues: true)
         #expect(listing.revision == 6 && listing.epoch == epoch)
         #expect(listing.values == ["a2": int(2), "a3": int(3), "b4": int(4), "b5": int(5)])
-        #expect(try await a.get("app", "b5")?.revision == 5)
+        #expect(try await a.get("b5", in: "app")?.revision == 5)
         // The restarted daemon's history reaches back too, and its next write is revision 7.
-        let replay = EventLog(try await a.subscribe("app", since: 2, epoch: epoch))
+        let replay = EventLog(try await a.subscribe(to: "app", since: 2, epoch: epoch))
         #expect(await replay.wait { events in events.contains { if case .synced = $0 { true } else { false } } }, "\(pair.diagnostics)")
         #expect(replay.changes.map(\.revision) == [3, 4, 5, 6])
-        #expect(try await a.set("app", "a1", int(1)).revision == 7)
-        #expect(try await b.get("app", "a1")?.value == int(1))
+        #expect(try await a.set("a1", to: int(1), in: "app").revision == 7)
+        #expect(try await b.get("a1", in: "app")?.value == int(1))
     }
 
     @Test func afterAnEtcdCompactionSinceReplaysFromObsdsOwnLogAndBeyondItIsCompacted() async throws {
@@ -154,7 +154,7 @@ extension ClusterTests {
         let etcd = try pair.etcdClient()
         defer { Task { await etcd.shutdown() } }
         let a = try await pair.a.client()
-        for i in 1...8 { try await a.set("h", "n", int(i)) }
+        for i in 1...8 { try await a.set("n", to: int(i), in: "h") }
         let epoch = try await a.list("h").epoch
         let now = try await etcd.range(Array("/obsd-test/epoch".utf8)).revision
         _ = try await etcd.compact(now, physical: true)
@@ -164,16 +164,16 @@ extension ClusterTests {
         try await pair.b.launch()
         let b = try await pair.b.client()
         for client in [a, b] {
-            let replay = EventLog(try await client.subscribe("h", since: 4, epoch: epoch))
+            let replay = EventLog(try await client.subscribe(to: "h", since: 4, epoch: epoch))
             #expect(await replay.wait { events in events.contains { if case .synced = $0 { true } else { false } } }, "\(pair.diagnostics)")
             #expect(replay.changes.map(\.revision) == [5, 6, 7, 8])
             #expect(replay.changes.first?.changes.first?.old == int(4))
-            let tooOld = await refusal { () async throws(ObsClientError) in try await client.subscribe("h", since: 3, epoch: epoch) }
+            let tooOld = await refusal { () async throws(ObsClientError) in try await client.subscribe(to: "h", since: 3, epoch: epoch) }
             #expect(tooOld?.code == .compacted, "since 3 with 4 revisions kept: \(String(describing: tooOld))")
         }
         // Writes go on from where they were, on both.
-        #expect(try await b.set("h", "n", int(9)).revision == 9)
-        #expect(try await a.get("h", "n")?.value == int(9))
+        #expect(try await b.set("n", to: int(9), in: "h").revision == 9)
+        #expect(try await a.get("n", in: "h")?.value == int(9))
     }
 
     @Test func aDaemonStartedWhileTheClusterIsDownWaitsThenServesOnceItIsUp() async throws {
@@ -194,7 +194,7 @@ extension ClusterTests {
         for i in etcd.members.indices { try etcd.restart(i) }
         try await daemon.waitUntilServing(timeout: .seconds(30))
         let client = try await daemon.client()
-        #expect(try await client.set("late", "k", int(1)).revision == 1)
+        #expect(try await client.set("k", to: int(1), in: "late").revision == 1)
     }
 
     @Test func etcdEndpointsWithInMemoryIsAUsageError() async throws {

@@ -65,7 +65,7 @@ final class ClusterDaemon: Sendable {
         let deadline = ContinuousClock.now + timeout
         while ContinuousClock.now < deadline {
             guard child.isRunning else { throw ClusterTestFailure("obsd \(name) exited (\(child.terminationStatus)) before serving:\n\(log)") }
-            if let client = try? await ObsClient.connect(socketPath: socketPath) {
+            if let client = try? await ObsConnection.connect(socketPath: socketPath) {
                 let answered = (try? await client.ping()) != nil
                 await client.close()
                 if answered { return }
@@ -110,13 +110,13 @@ final class ClusterDaemon: Sendable {
     /// Whether something accepts connections on the socket now.
     var isServing: Bool {
         get async {
-            guard let client = try? await ObsClient.connect(socketPath: socketPath) else { return false }
+            guard let client = try? await ObsConnection.connect(socketPath: socketPath) else { return false }
             await client.close()
             return true
         }
     }
 
-    func client() async throws -> ObsClient { try await ObsClient.connect(socketPath: socketPath) }
+    func client() async throws -> ObsConnection { try await ObsConnection.connect(socketPath: socketPath) }
 
     deinit {
         process.withLock { $0 }?.kill9()

@@ -24,10 +24,10 @@ struct ClusterTests {
         defer { pair.stop() }
         let a = try await pair.a.client()
         let b = try await pair.b.client()
-        let log = EventLog(try await b.subscribe("flags"))
+        let log = EventLog(try await b.subscribe(to: "flags"))
 
-        let first = try await a.set("flags", "beta", int(1))
-        let second = try await a.set("flags", "beta", int(2))
+        let first = try await a.set("beta", to: int(1), in: "flags")
+        let second = try await a.set("beta", to: int(2), in: "flags")
         #expect(first.revision == 1 && first.changed && first.old == nil)
         #expect(second.revision == 2 && second.changed && second.old == int(1))
 
@@ -39,7 +39,7 @@ struct ClusterTests {
         #expect(changes.first?.changes.first?.old == nil && changes.first?.changes.first?.new == int(1))
         #expect(changes.last?.changes.first?.old == int(1) && changes.last?.changes.first?.new == int(2))
         // A read on B after A's acknowledgement sees the write (linearizable).
-        let read = try await b.get("flags", "beta")
+        let read = try await b.get("beta", in: "flags")
         #expect(read?.value == int(2) && read?.revision == 2)
     }
 
@@ -48,13 +48,13 @@ struct ClusterTests {
         defer { pair.stop() }
         let a = try await pair.a.client()
         let b = try await pair.b.client()
-        let logA = EventLog(try await a.subscribe("seq"))
-        let logB = EventLog(try await b.subscribe("seq"))
+        let logA = EventLog(try await a.subscribe(to: "seq"))
+        let logB = EventLog(try await b.subscribe(to: "seq"))
 
         let count = 40
         for i in 1...count {
             let writer = i.isMultiple(of: 2) ? b : a
-            let reply = try await writer.set("seq", Key("k\(i % 3)"), int(i))
+            let reply = try await writer.set(Key("k\(i % 3)"), to: int(i), in: "seq")
             #expect(reply.revision == UInt64(i) && reply.changed, "write \(i) on \(i.isMultiple(of: 2) ? "B" : "A")")
         }
 
@@ -70,7 +70,7 @@ struct ClusterTests {
             #expect(event.changes.count == 1 && event.changes[0].key == Key("k\(n % 3)") && event.changes[0].new == int(n))
             #expect(event.changes[0].old == (n > 3 ? int(n - 3) : JSONValue?.none))
         }
-        let repos = (try await a.repos(), try await b.repos())
+        let repos = (try await a.repositories(), try await b.repositories())
         #expect(repos.0.map(\.revision) == [UInt64(count)] && repos.0 == repos.1)
     }
 
@@ -79,11 +79,11 @@ struct ClusterTests {
         defer { pair.stop() }
         let a = try await pair.a.client()
         let b = try await pair.b.client()
-        let log = EventLog(try await b.subscribe("cfg"))
+        let log = EventLog(try await b.subscribe(to: "cfg"))
 
-        let batch = try await a.batch("cfg", [.set("x", int(1)), .set("y", int(2)), .set("z", int(3))])
+        let batch = try await a.apply([.set("x", int(1)), .set("y", int(2)), .set("z", int(3))], in: "cfg")
         #expect(batch.revision == 1 && batch.changed)
-        let after = try await a.set("cfg", "x", int(10))
+        let after = try await a.set("x", to: int(10), in: "cfg")
         #expect(after.revision == 2)
 
         #expect(await log.wait(forRevision: 2), "\(pair.diagnostics)")
@@ -100,19 +100,19 @@ struct ClusterTests {
         let a = try await pair.a.client()
         let b = try await pair.b.client()
 
-        #expect(try await a.set("cas", "owner", .string("a")).revision == 1)
+        #expect(try await a.set("owner", to: .string("a"), in: "cas").revision == 1)
         // B may not have A's revision yet when it plans: the cluster decides, not B's state.
-        let create = await refusal { () async throws(ObsClientError) in try await b.set("cas", "owner", .string("b"), ifRev: 0) }
+        let create = await refusal { () async throws(ObsClientError) in try await b.set("owner", to: .string("b"), in: "cas", ifRevision: 0) }
         #expect(create?.code == .conflict, "create-if-absent on B after A created: \(String(describing: create))")
-        #expect(try await a.set("cas", "owner", .string("a2")).revision == 2)
-        let stale = await refusal { () async throws(ObsClientError) in try await b.set("cas", "owner", .string("b"), ifRev: 1) }
+        #expect(try await a.set("owner", to: .string("a2"), in: "cas").revision == 2)
+        let stale = await refusal { () async throws(ObsClientError) in try await b.set("owner", to: .string("b"), in: "cas", ifRevision: 1) }
         #expect(stale?.code == .conflict, "ifRev 1 on B after A's revision 2: \(String(describing: stale))")
-        let staleDelete = await refusal { () async throws(ObsClientError) in try await b.delete("cas", "owner", ifRev: 1) }
+        let staleDelete = await refusal { () async throws(ObsClientError) in try await b.delete("owner", in: "cas", ifRevision: 1) }
         #expect(staleDelete?.code == .conflict)
 
-        let current = try await b.set("cas", "owner", .string("b"), ifRev: 2)
+        let current = try await b.set("owner", to: .string("b"), in: "cas", ifRevision: 2)
         #expect(current.revision == 3 && current.changed && current.old == .string("a2"))
-        #expect(try await a.get("cas", "owner")?.value == .string("b"))
+        #expect(try await a.get("owner", in: "cas")?.value == .string("b"))
     }
 
     @Test func anEqualValueThroughBAfterAsWriteChangesNothingAndSendsNoEvent() async throws {
@@ -120,18 +120,18 @@ struct ClusterTests {
         defer { pair.stop() }
         let a = try await pair.a.client()
         let b = try await pair.b.client()
-        let logA = EventLog(try await a.subscribe("ui"))
-        let logB = EventLog(try await b.subscribe("ui"))
+        let logA = EventLog(try await a.subscribe(to: "ui"))
+        let logB = EventLog(try await b.subscribe(to: "ui"))
 
-        #expect(try await a.set("ui", "theme", .string("dark")).revision == 1)
-        let same = try await b.set("ui", "theme", .string("dark"))
+        #expect(try await a.set("theme", to: .string("dark"), in: "ui").revision == 1)
+        let same = try await b.set("theme", to: .string("dark"), in: "ui")
         #expect(!same.changed && same.revision == 1 && same.old == .string("dark"))
-        let sameBatch = try await b.batch("ui", [.set("theme", .string("dark"))])
+        let sameBatch = try await b.apply([.set("theme", .string("dark"))], in: "ui")
         #expect(!sameBatch.changed && sameBatch.revision == 1)
         // The next revision is 2, and it is the next event on both: nothing came between.
-        #expect(try await a.set("ui", "theme", .string("light")).revision == 2)
+        #expect(try await a.set("theme", to: .string("light"), in: "ui").revision == 2)
         // `force` makes an equal value a change, with its event.
-        let forced = try await b.set("ui", "theme", .string("light"), force: true)
+        let forced = try await b.set("theme", to: .string("light"), in: "ui", force: true)
         #expect(forced.changed && forced.revision == 3)
 
         let arrivedA = await logA.wait(forRevision: 3)
@@ -149,19 +149,19 @@ struct ClusterTests {
         defer { pair.stop() }
         let a = try await pair.a.client()
         let first = try await pair.b.client()
-        let log = EventLog(try await first.subscribe("state"))
-        for i in 1...3 { try await a.set("state", "n", int(i)) }
+        let log = EventLog(try await first.subscribe(to: "state"))
+        for i in 1...3 { try await a.set("n", to: int(i), in: "state") }
         #expect(await log.wait(forRevision: 3), "\(pair.diagnostics)")
         let epoch = log.subscription.epoch
         await first.close()
 
         // Missed while disconnected: A's writes and one through B itself.
-        for i in 4...5 { try await a.set("state", "n", int(i)) }
+        for i in 4...5 { try await a.set("n", to: int(i), in: "state") }
         let b = try await pair.b.client()
-        try await b.set("state", "m", .string("b"))
-        for i in 7...8 { try await a.set("state", "n", int(i)) }
+        try await b.set("m", to: .string("b"), in: "state")
+        for i in 7...8 { try await a.set("n", to: int(i), in: "state") }
 
-        let resumed = EventLog(try await b.subscribe("state", since: 3, epoch: epoch))
+        let resumed = EventLog(try await b.subscribe(to: "state", since: 3, epoch: epoch))
         let synced = await resumed.wait { events in events.contains { if case .synced = $0 { true } else { false } } }
         #expect(synced, "\(pair.diagnostics)")
         #expect(resumed.changes.map(\.revision) == [4, 5, 6, 7, 8], "exactly the missed changes, no gap and no duplicate")
@@ -180,7 +180,7 @@ struct ClusterTests {
         #expect(resumed.subscription.epoch == epoch)
         // A resume with another epoch is refused.
         let foreign = await refusal { () async throws(ObsClientError) in
-            try await b.subscribe("state", since: 3, epoch: String(repeating: "0", count: 32))
+            try await b.subscribe(to: "state", since: 3, epoch: String(repeating: "0", count: 32))
         }
         #expect(foreign?.code == .compacted)
     }

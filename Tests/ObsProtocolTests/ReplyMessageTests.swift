@@ -168,7 +168,7 @@ func expectDaemonLine<R: ReplyMessage & Equatable>(
                 #"{"id":14,"ok":false,"error":{"code":"not_found","message":"key \"nope\" does not exist in repository ui"}}"#,
                 as: GetReply<JSONValue>.self)
         }
-        #expect(throws: ProtocolError(.internal, "from_the_future: m")) {
+        #expect(throws: ProtocolError(ErrorCode(rawValue: "from_the_future"), "m"), "a code this version does not know is kept") {
             try reply(#"{"id":1,"ok":false,"error":{"code":"from_the_future","message":"m"}}"#, as: EmptyReply.self)
         }
     }

@@ -1,7 +1,9 @@
-// ObsClient — the client: one connection to obsd, every operation as an async call.
+// ObsClient — one connection to obsd: every operation as an async call.
 //
 // Calls may be made concurrently from any task; they are pipelined on the one
-// connection and each gets its own reply.
+// connection and each gets its own reply. The calls read as Swift, not as the wire:
+// `set(_:to:in:)`, `ifRevision`, `apply(_:in:)`, `statistics()` (Deprecated.swift keeps
+// the earlier spellings for one release).
 
 import NIOCore
 import NIOPosix
@@ -10,18 +12,19 @@ import ObservableKit
 
 /// A connection to obsd.
 ///
-/// Close it with `close()`. A client that is dropped without closing closes its connection
+/// Close it with ``close()``. A connection that is dropped without closing closes itself
 /// (its subscriptions end with `connectionClosed`); a subscription being iterated keeps its
-/// client alive.
+/// connection alive. For a connection that comes back after the daemon restarts, use
+/// ``ObsSession``.
 ///
 /// ```swift
-/// let client = try await ObsClient.connect()            // flag > OBSD_SOCKET > default path
-/// try await client.set("ui", "theme", "dark")
-/// let sub = try await client.subscribe("ui", .keys(["theme"]), initial: true)
-/// for try await event in sub { print(event) }
+/// let connection = try await ObsConnection.connect()     // OBSD_SOCKET, then the default path
+/// try await connection.set("theme", to: "dark", in: "ui")
+/// let subscription = try await connection.subscribe(to: "ui", selecting: .keys(["theme"]), initial: true)
+/// for try await event in subscription { print(event) }
 /// ```
-public final class ObsClient: Sendable {
-    /// The socket this client is connected to.
+public final class ObsConnection: Sendable {
+    /// The socket this connection is connected to.
     public let socketPath: String
     /// This connection's number in the process, increasing in the order of connecting.
     let serial = ConnectionSerial.next()
@@ -56,7 +59,7 @@ public final class ObsClient: Sendable {
     public static func connect(
         socketPath: String? = nil,
         eventLoopGroup: any EventLoopGroup = MultiThreadedEventLoopGroup.singleton
-    ) async throws(ObsClientError) -> ObsClient {
+    ) async throws(ObsClientError) -> ObsConnection {
         try await connect(socketPath: socketPath, eventLoopGroup: eventLoopGroup, localWrites: nil)
     }
 
@@ -65,7 +68,7 @@ public final class ObsClient: Sendable {
     static func connect(
         socketPath: String?, eventLoopGroup: any EventLoopGroup, localWrites: LocalWriteFanOut?,
         limits: FlowControl.Limits = .standard
-    ) async throws(ObsClientError) -> ObsClient {
+    ) async throws(ObsClientError) -> ObsConnection {
         let path = SocketPath.resolve(explicit: socketPath, environment: ProcessEnvironment.current)
         let flow = FlowControl(limits: limits)
         let fate = ConnectionFate()
@@ -79,7 +82,7 @@ public final class ObsClient: Sendable {
                 }
                 .connect(unixDomainSocketPath: path).get()
             flow.attach(channel)
-            return ObsClient(socketPath: path, channel: channel, flow: flow, fate: fate, ids: ids, localWrites: localWrites)
+            return ObsConnection(socketPath: path, channel: channel, flow: flow, fate: fate, ids: ids, localWrites: localWrites)
         } catch {
             throw .cannotConnect(path: path, reason: Self.explain(error))
         }
@@ -87,7 +90,7 @@ public final class ObsClient: Sendable {
 
     /// Connects, runs `body`, and closes the connection, whatever `body` does.
     public static func withConnection<R: Sendable>(
-        socketPath: String? = nil, isolation: isolated (any Actor)? = #isolation, _ body: (ObsClient) async throws -> R
+        socketPath: String? = nil, isolation: isolated (any Actor)? = #isolation, _ body: (ObsConnection) async throws -> R
     ) async throws -> R {
         let client = try await connect(socketPath: socketPath)
         do {
@@ -128,7 +131,7 @@ public final class ObsClient: Sendable {
     // MARK: Operations
 
     /// Greets the daemon; returns its protocol version, name and maximum line length.
-    public func hello(client name: String? = nil) async throws(ObsClientError) -> ServerInfo {
+    public func hello(client name: String? = nil) async throws(ObsClientError) -> HelloReply {
         try await call(.hello(protocol: ObsProtocolVersion.current, client: name), as: HelloReply.self)
     }
 
@@ -137,84 +140,93 @@ public final class ObsClient: Sendable {
         _ = try await call(.ping, as: EmptyReply.self)
     }
 
-    /// The value and revision of a key, or `nil` if it does not exist.
-    public func get(_ repo: String, _ key: Key) async throws(ObsClientError) -> Entry<JSONValue>? {
+    /// The value of `key` in `repository` and the revision that last changed it; nil if
+    /// the key does not exist.
+    public func get(_ key: Key, in repository: String) async throws(ObsClientError) -> Entry<JSONValue>? {
         do throws(ObsClientError) {
-            let reply = try await call(.get(repo: repo, key: key), as: GetReply<JSONValue>.self)
+            let reply = try await call(.get(repo: repository, key: key), as: GetReply<JSONValue>.self)
             return Entry(value: reply.value, revision: reply.revision)
-        } catch .server(let e) where e.code == .notFound {
+        } catch where error.code == .notFound {
             return nil
         }
     }
 
-    /// Sets a key. An equal value is not a change unless `force`; `ifRev` makes it a
-    /// compare-and-set (0: the key must not exist), failing with `conflict`.
+    /// Sets `key` in `repository` to `value`.
+    ///
+    /// A value equal to the current one changes nothing (`changed: false`, no event) unless
+    /// `force`. With `ifRevision`, the write is a compare-and-set on the key's revision (0:
+    /// the key must not exist), failing with `conflict`.
     @discardableResult
     public func set(
-        _ repo: String, _ key: Key, _ value: JSONValue, ifRev: UInt64? = nil, force: Bool = false
+        _ key: Key, to value: JSONValue, in repository: String, ifRevision: UInt64? = nil, force: Bool = false
     ) async throws(ObsClientError) -> WriteReply<JSONValue> {
-        let command = Command.set(repo: repo, key: key, value: CanonicalJSON(value), ifRev: ifRev, force: force)
-        return try await call(command, as: WriteReply<JSONValue>.self, purpose: reporting(repo, [.init(key: key, new: value)]))
+        let command = Command.set(repo: repository, key: key, value: CanonicalJSON(value), ifRev: ifRevision, force: force)
+        return try await call(command, as: WriteReply<JSONValue>.self, purpose: reporting(repository, [.init(key: key, new: value)]))
     }
 
-    /// Deletes a key; deleting an absent key is not an error (`changed: false`).
+    /// Deletes `key` from `repository`; deleting an absent key is not an error
+    /// (`changed: false`). With `ifRevision`, only if the key's revision is still that.
     @discardableResult
-    public func delete(_ repo: String, _ key: Key, ifRev: UInt64? = nil) async throws(ObsClientError) -> WriteReply<JSONValue> {
+    public func delete(_ key: Key, in repository: String, ifRevision: UInt64? = nil) async throws(ObsClientError) -> WriteReply<JSONValue> {
         try await call(
-            .delete(repo: repo, key: key, ifRev: ifRev), as: WriteReply<JSONValue>.self, purpose: reporting(repo, [.init(key: key, new: nil)]))
+            .delete(repo: repository, key: key, ifRev: ifRevision), as: WriteReply<JSONValue>.self,
+            purpose: reporting(repository, [.init(key: key, new: nil)]))
     }
 
-    /// Applies writes atomically, as one revision.
+    /// Applies `operations` to `repository` atomically, as one revision: all of them or,
+    /// if an `ifRevision` fails (`conflict`), none.
     @discardableResult
-    public func batch(_ repo: String, _ ops: [WriteOp<JSONValue>]) async throws(ObsClientError) -> BatchReply {
-        let canonical = ops.map { op -> WriteOp<CanonicalJSON> in
+    public func apply(_ operations: [WriteOp<JSONValue>], in repository: String) async throws(ObsClientError) -> BatchReply {
+        let canonical = operations.map { op -> WriteOp<CanonicalJSON> in
             switch op {
-            case .set(let key, let value, let ifRev, let force): return .set(key, CanonicalJSON(value), ifRevision: ifRev, force: force)
-            case .delete(let key, let ifRev): return .delete(key, ifRevision: ifRev)
+            case .set(let key, let value, let ifRevision, let force): return .set(key, CanonicalJSON(value), ifRevision: ifRevision, force: force)
+            case .delete(let key, let ifRevision): return .delete(key, ifRevision: ifRevision)
             }
         }
-        let effects = ops.map { op -> LocalWrite.Effect in
+        let effects = operations.map { op -> LocalWrite.Effect in
             switch op {
             case .set(let key, let value, _, _): return .init(key: key, new: value)
             case .delete(let key, _): return .init(key: key, new: nil)
             }
         }
-        return try await call(.batch(repo: repo, ops: canonical), as: BatchReply.self, purpose: reporting(repo, effects))
+        return try await call(.batch(repo: repository, ops: canonical), as: BatchReply.self, purpose: reporting(repository, effects))
     }
 
-    /// The keys of a repository (optionally with a prefix), in byte order, and optionally their values.
-    public func list(_ repo: String, prefix: String? = nil, values: Bool = false) async throws(ObsClientError) -> Listing {
-        try await call(.list(repo: repo, prefix: prefix, values: values), as: ListReply<JSONValue>.self)
+    /// The keys of `repository` (those starting with `prefix`, if given) in byte order, with
+    /// their values when `includingValues`.
+    public func list(_ repository: String, prefix: String? = nil, includingValues: Bool = false) async throws(ObsClientError) -> ListReply<JSONValue> {
+        try await call(.list(repo: repository, prefix: prefix, values: includingValues), as: ListReply<JSONValue>.self)
     }
 
-    /// The repositories that exist, sorted by name.
-    public func repos() async throws(ObsClientError) -> [RepositoryInfo] {
+    /// The repositories that exist (those this peer may read), sorted by name.
+    public func repositories() async throws(ObsClientError) -> [RepositoryInfo] {
         try await call(.repos, as: ReposReply.self).repositories
     }
 
-    /// The daemon's counters.
-    public func stats() async throws(ObsClientError) -> JSONObject {
-        try await call(.stats)
+    /// The daemon's counters (the daemon's totals only for a privileged peer).
+    public func statistics() async throws(ObsClientError) -> Stats {
+        try await call(.stats, as: Stats.self)
     }
 
-    /// Subscribes to the keys `selection` includes.
+    /// Subscribes to the keys of `repository` that `selection` includes.
     ///
     /// - Parameters:
     ///   - initial: first deliver a `snapshot` of the selected keys.
     ///   - since: first replay every selected change above this revision, then `synced`.
     ///     Fails with `compacted` if the daemon's history no longer reaches back that far.
-    ///   - epoch: with `since`, the epoch revision `since` belongs to (`Subscription.epoch`
+    ///   - epoch: with `since`, the epoch revision `since` belongs to (the ``Subscription/epoch``
     ///     of the subscription being resumed); another epoch fails with `compacted`.
     ///   - once: end after the first `change`.
     ///   - options: `coalesce` (state rather than every change while this client lags),
     ///     `writers` (events carry `by`), `echo: false` (no events for this connection's
-    ///     own writes); see `SubscriptionOptions`.
+    ///     own writes); see ``SubscriptionOptions``.
     /// - Returns: the subscription, an async sequence of its events. Iterating it ends
-    ///   after `cancel()`, after a `once` change, or throws when the connection ends.
-    /// - Throws: `bad_request` without asking the daemon for `once` with `coalesce`.
+    ///   after ``Subscription/cancel()``, after a `once` change, or throws when the
+    ///   connection ends.
+    /// - Throws: `badRequest` without asking the daemon for `once` with `coalesce`.
     public func subscribe(
-        _ repo: String, _ selection: Selection = .all, initial: Bool = false, since: UInt64? = nil, epoch: String? = nil,
-        once: Bool = false, options: SubscriptionOptions = .default
+        to repository: String, selecting selection: Selection = .all, initial: Bool = false, since: UInt64? = nil,
+        epoch: String? = nil, once: Bool = false, options: SubscriptionOptions = .default
     ) async throws(ObsClientError) -> Subscription {
         if once && options.coalesce {
             throw .server(
@@ -223,19 +235,19 @@ public final class ObsClient: Sendable {
         let (events, continuation) = AsyncThrowingStream.makeStream(of: SubscriptionEvent.self, throwing: (any Error).self)
         let stream = SubscriptionStream(continuation: continuation, once: once, flow: flow)
         let request = SubscribeRequest(
-            repo: repo, selection: selection, initial: initial, since: since, epoch: epoch, once: once, coalesce: options.coalesce,
+            repo: repository, selection: selection, initial: initial, since: since, epoch: epoch, once: once, coalesce: options.coalesce,
             writers: options.writers, echo: options.echo)
         let reply = try await call(.subscribe(request), as: SubscribeReply.self, purpose: .subscribe(stream, since: since, initial: initial))
         let sub = reply.subscription
         stream.setOnCancel { [weak self] in self?.sendUnsubscribe(sub) }
         return Subscription(
-            id: sub, repository: repo, revision: reply.revision, epoch: reply.epoch, options: options, events: events, stream: stream,
+            id: sub, repository: repository, revision: reply.revision, epoch: reply.epoch, options: options, events: events, stream: stream,
             client: self)
     }
 
-    /// Ends a subscription. Its sequence finishes; no event follows.
-    public func unsubscribe(_ sub: UInt64) async throws(ObsClientError) {
-        _ = try await call(.unsubscribe(sub: sub), as: EmptyReply.self, purpose: .unsubscribe(sub))
+    /// Ends subscription `id`. Its sequence finishes; no event follows.
+    public func unsubscribe(_ id: UInt64) async throws(ObsClientError) {
+        _ = try await call(.unsubscribe(sub: id), as: EmptyReply.self, purpose: .unsubscribe(id))
     }
 
     // MARK: Plumbing
@@ -269,7 +281,8 @@ public final class ObsClient: Sendable {
         }
     }
 
-    private func call(_ command: Command, purpose: OutboundRequest.Purpose = .plain) async throws(ObsClientError) -> JSONObject {
+    /// Sends `command`; its reply's members.
+    func call(_ command: Command, purpose: OutboundRequest.Purpose = .plain) async throws(ObsClientError) -> JSONObject {
         let promise = channel.eventLoop.makePromise(of: JSONObject.self)
         send(command, promise: promise, purpose: purpose)
         do {
@@ -300,61 +313,5 @@ public final class ObsClient: Sendable {
             }
         }
         return "\(error)"
-    }
-}
-
-/// A live subscription: an async sequence of its events.
-public struct Subscription: AsyncSequence, Sendable {
-    public typealias Element = SubscriptionEvent
-
-    /// The subscription number on its connection.
-    public let id: UInt64
-    public let repository: String
-    /// The repository revision when the subscription began.
-    public let revision: UInt64
-    /// The history its revisions belong to: resume with `since` and this epoch.
-    public let epoch: String
-    /// The options it was made with.
-    public let options: SubscriptionOptions
-    /// The serial number of the connection it is on.
-    var connection: UInt64 { client.serial }
-    private let events: AsyncThrowingStream<SubscriptionEvent, any Error>
-    private let stream: SubscriptionStream
-    private let client: ObsClient
-
-    init(
-        id: UInt64, repository: String, revision: UInt64, epoch: String, options: SubscriptionOptions,
-        events: AsyncThrowingStream<SubscriptionEvent, any Error>, stream: SubscriptionStream, client: ObsClient
-    ) {
-        self.id = id
-        self.repository = repository
-        self.revision = revision
-        self.epoch = epoch
-        self.options = options
-        self.events = events
-        self.stream = stream
-        self.client = client
-    }
-
-    /// Unsubscribes. The sequence finishes after the events that preceded the reply.
-    public func cancel() async throws(ObsClientError) {
-        try await client.unsubscribe(id)
-    }
-
-    public func makeAsyncIterator() -> AsyncIterator {
-        AsyncIterator(base: events.makeAsyncIterator(), stream: stream, client: client)
-    }
-
-    public struct AsyncIterator: AsyncIteratorProtocol {
-        var base: AsyncThrowingStream<SubscriptionEvent, any Error>.AsyncIterator
-        let stream: SubscriptionStream
-        /// Keeps the connection open while the subscription is iterated.
-        let client: ObsClient
-
-        public mutating func next() async throws -> SubscriptionEvent? {
-            let event = try await base.next()
-            if event != nil { stream.consumed() }
-            return event
-        }
     }
 }

@@ -1,0 +1,61 @@
+// ObsClient — a live subscription on one connection: its number, where it started, and its
+// events as an async sequence. Iterating it keeps its connection open.
+
+import ObsProtocol
+import ObservableKit
+
+/// A live subscription: an async sequence of its events.
+public struct Subscription: AsyncSequence, Sendable {
+    public typealias Element = SubscriptionEvent
+
+    /// The subscription number on its connection.
+    public let id: UInt64
+    public let repository: String
+    /// The repository revision when the subscription began.
+    public let revision: UInt64
+    /// The history its revisions belong to: resume with `since` and this epoch.
+    public let epoch: String
+    /// The options it was made with.
+    public let options: SubscriptionOptions
+    /// The serial number of the connection it is on.
+    var connection: UInt64 { client.serial }
+    private let events: AsyncThrowingStream<SubscriptionEvent, any Error>
+    private let stream: SubscriptionStream
+    private let client: ObsConnection
+
+    init(
+        id: UInt64, repository: String, revision: UInt64, epoch: String, options: SubscriptionOptions,
+        events: AsyncThrowingStream<SubscriptionEvent, any Error>, stream: SubscriptionStream, client: ObsConnection
+    ) {
+        self.id = id
+        self.repository = repository
+        self.revision = revision
+        self.epoch = epoch
+        self.options = options
+        self.events = events
+        self.stream = stream
+        self.client = client
+    }
+
+    /// Unsubscribes. The sequence finishes after the events that preceded the reply.
+    public func cancel() async throws(ObsClientError) {
+        try await client.unsubscribe(id)
+    }
+
+    public func makeAsyncIterator() -> AsyncIterator {
+        AsyncIterator(base: events.makeAsyncIterator(), stream: stream, client: client)
+    }
+
+    public struct AsyncIterator: AsyncIteratorProtocol {
+        var base: AsyncThrowingStream<SubscriptionEvent, any Error>.AsyncIterator
+        let stream: SubscriptionStream
+        /// Keeps the connection open while the subscription is iterated.
+        let client: ObsConnection
+
+        public mutating func next() async throws -> SubscriptionEvent? {
+            let event = try await base.next()
+            if event != nil { stream.consumed() }
+            return event
+        }
+    }
+}
