@@ -110,8 +110,11 @@ let package = Package(
                 "ObsClient",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]),
-        // An example app of the client library (README, "The Swift client library").
-        .executableTarget(name: "obs-mirror", dependencies: ["ObsClient", "ObsProtocol", "ObservableKit"], path: "Examples/obs-mirror"),
+        // The example apps of the client library (README, "The Swift client library"): each
+        // imports ObsClient alone. The mirror prints a repository as it changes; the settings
+        // app is an @Observable model over RemoteValue with Codable types.
+        .executableTarget(name: "obs-mirror", dependencies: ["ObsClient"], path: "Examples/obs-mirror"),
+        .executableTarget(name: "obs-settings", dependencies: ["ObsClient"], path: "Examples/obs-settings"),
         // libFuzzer harness for the framer and request decoder (fuzz/run.sh); a corpus
         // replayer when built normally.
         .executableTarget(name: "obsfuzz", dependencies: ["ObsProtocol", "ObservableKit"]),
@@ -160,7 +163,7 @@ let package = Package(
             name: "EndToEndTests",
             dependencies: [
                 "ObsClient", "ObsProtocol", "ObservableKit", "ObsServer", "ObsStore", "ObsConfig", "TestSupport", "obsd", "obsctl",
-                "obs-mirror", .product(name: "Logging", package: "swift-log"),
+                "obs-mirror", "obs-settings", .product(name: "Logging", package: "swift-log"),
             ]),
     ]
 )

@@ -1,16 +1,13 @@
-// obs-mirror — an example app of the ObsClient library: mirrors a repository into an
-// `@Observable` RemoteRepository and prints it each time it changes, the way a SwiftUI
-// view would redraw. It survives daemon restarts (the session reconnects and the mirror
-// resumes without a gap); connection changes go to standard error.
+// obs-mirror — an example app of the ObsClient library, which is all it imports of obsd's:
+// mirrors a repository into an `@Observable` RemoteRepository and prints it each time it
+// changes, the way a SwiftUI view would redraw. It survives daemon restarts (the session
+// reconnects and the mirror resumes without a gap); connection changes go to standard error.
 //
 //   obs-mirror REPO [--prefix P] [--socket PATH] [--count N]
 //
 // Each line: `rev R: {"key":value,...}` (keys sorted). --count exits after N lines.
 
 import ObsClient
-import ObsProtocol
-import ObservableKit
-import Observation
 
 #if canImport(Glibc)
 import Glibc

@@ -4,6 +4,10 @@
 // `Entry`, `WriteOp`) and the protocol's typed replies, events and errors it returns
 // (ObsProtocol). Each is re-exported by name, so the daemon-side pieces of those modules
 // (request decoding, encoders, in-process repositories) stay out of an app's namespace.
+// Observation comes along whole: the mirrors are `@Observable`, and an app that follows them
+// outside SwiftUI needs `withObservationTracking`.
+
+@_exported import Observation
 
 @_exported import struct ObservableKit.Key
 @_exported import enum ObservableKit.Selection

@@ -14,12 +14,17 @@ import ObservableKit
 /// ```swift
 /// do {
 ///     try await connection.set("theme", to: "dark", in: "ui", ifRevision: 4)
-/// } catch where error.code == .conflict {
-///     // someone wrote the key since revision 4: read it again and retry
-/// } catch where error.code == .connectionClosed {
-///     // the call may or may not have been applied
+/// } catch {
+///     switch error.code {
+///     case .conflict: break          // someone wrote the key since revision 4: read it again, retry
+///     case .connectionClosed: break  // the call may or may not have been applied
+///     default: throw error
+///     }
 /// }
 /// ```
+///
+/// (Swift 6.3.1 crashes compiling `catch where error.code == …` when the error it does not
+/// catch goes on as `any Error`; a whole `catch` that throws the rest again, as above, is fine.)
 public struct ObsClientError: Error, Sendable, Equatable, CustomStringConvertible {
     /// What kind of failure this is. Extensible: `switch` over it with a `default`.
     public struct Code: Sendable, Hashable, CustomStringConvertible {

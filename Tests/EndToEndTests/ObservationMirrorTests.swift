@@ -95,18 +95,6 @@ import TestSupport
         #expect(ui.values == ["k": "new"] && ui.revision == 1)
         await session.close()
     }
-
-    @Test @MainActor func theExampleProgramMirrorsARepositoryLive() async throws {
-        let d = try await TestDaemon.start(inMemory: true)
-        try await ObsConnection.withConnection(socketPath: d.socketPath) { client in _ = try await client.set("theme", to: "light", in: "ui") }
-        let example = try LineReadingProcess(BuildProducts.path("obs-mirror"), ["ui", "--socket", d.socketPath, "--count", "2"])
-        #expect(try example.line() == #"rev 1: {"theme":"light"}"#)
-        try await ObsConnection.withConnection(socketPath: d.socketPath) { client in _ = try await client.set("lang", to: "fr", in: "ui") }
-        #expect(try example.line() == #"rev 2: {"lang":"fr","theme":"light"}"#)
-        #expect(example.waitForExit() == 0)
-        let usage = try run(BuildProducts.path("obs-mirror"), [])
-        #expect(usage.status == 64 && usage.stderr.contains("usage: obs-mirror REPO"))
-    }
 }
 
 /// Counts the notifications of everything `read` reads, re-registering after each one
