@@ -3,7 +3,7 @@
 SWIFT ?= swift
 RELEASE := .build/release
 
-.PHONY: all build run test unit-test tsan fuzz fuzz-smoke bench bench-calibrate soak deps test-deps etcd install uninstall clean
+.PHONY: all build run test unit-test docs tsan fuzz fuzz-smoke bench bench-calibrate soak deps test-deps etcd install uninstall clean
 
 # Install layout (make install PREFIX=/usr DESTDIR=/tmp/pkg).
 PREFIX ?= /usr/local
@@ -68,8 +68,10 @@ run: build
 	$(RELEASE)/obsd $(ARGS)
 
 # Every test: unit, codec and end-to-end suites (with a short soak and the fuzz corpus
-# replayed), the observation core under ThreadSanitizer, then thirty seconds of fuzzing.
-test: unit-test tsan fuzz-smoke
+# replayed, the example apps and a package outside the repository built against the
+# client library), the documentation without a warning, the observation core under
+# ThreadSanitizer, then thirty seconds of fuzzing.
+test: unit-test docs tsan fuzz-smoke
 
 # Some suites run on their own after the others, one after another: the soak (its fast
 # subscribers must never fall a queue behind, which is a statement about obsd, not about a
@@ -89,6 +91,14 @@ unit-test: test-deps
 	$(SWIFT) build --build-tests
 	$(SWIFT) test --skip-build $(foreach s,$(ALONE_SUITES),--skip $(s))
 	for suite in $(ALONE_SUITES); do $(SWIFT) test --skip-build --filter $$suite || exit 1; done
+
+# The DocC catalogs of the library products (Sources/ObsClient/ObsClient.docc,
+# Sources/ObservableKit/ObservableKit.docc) with their API reference, built with
+# swift-docc-plugin into .build/plugins/Swift-DocC/outputs/*.doccarchive. A documentation
+# warning — a link that resolves to nothing, a parameter left undocumented — fails it.
+DOCC_TARGETS := ObsClient ObservableKit
+docs: deps
+	$(SWIFT) package generate-documentation $(foreach t,$(DOCC_TARGETS),--target $(t)) --warnings-as-errors
 
 tsan: deps
 	$(SWIFT) test --scratch-path .build-tsan --sanitize=thread --filter ObservableKitTests

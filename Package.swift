@@ -20,6 +20,8 @@ let package = Package(
         .package(url: "https://github.com/LebJe/TOMLKit.git", from: "0.6.0"),
         // Typed errno, stat and file descriptors for the daemon's files (already in SwiftNIO's graph).
         .package(url: "https://github.com/apple/swift-system.git", from: "1.8.1"),
+        // `make docs`: the DocC catalogs of ObsClient and ObservableKit (no code of it is linked).
+        .package(url: "https://github.com/swiftlang/swift-docc-plugin", from: "1.5.0"),
     ],
     targets: [
         // Core observation types: keys, changes, keyed state, observer sets, repository. No I/O.

@@ -82,9 +82,14 @@ extension ObsSession {
     /// Watches `key` of `repository` as `T`, across reconnections: first its current value,
     /// then every change, each with the old and the new value (nil when the key does not exist).
     ///
-    /// - Parameter options: the subscription options (see ``SubscriptionOptions``): with
-    ///   `coalesce`, a reader that lags gets the latest value rather than every one; with
-    ///   `writers`, each change carries `by`.
+    /// - Parameters:
+    ///   - key: the key.
+    ///   - repository: its repository.
+    ///   - type: the type its values decode as; a value that does not ends the sequence
+    ///     with `undecodable`.
+    ///   - options: the subscription options (see ``SubscriptionOptions``): with
+    ///     `coalesce`, a reader that lags gets the latest value rather than every one; with
+    ///     `writers`, each change carries `by`.
     public func watch<T: Decodable & Sendable>(
         _ key: Key, in repository: String, as type: T.Type, options: SubscriptionOptions = .default
     ) -> TypedWatch<T> {

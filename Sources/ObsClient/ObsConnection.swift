@@ -54,8 +54,10 @@ public final class ObsConnection: Sendable {
 
     /// Connects to the daemon.
     ///
-    /// - Parameter socketPath: the socket; `nil` resolves it as the contract says
-    ///   (`OBSD_SOCKET`, then `$XDG_RUNTIME_DIR/obsd.sock`, then `/run/obsd/obsd.sock`).
+    /// - Parameters:
+    ///   - socketPath: the socket; `nil` resolves it as the contract says (`OBSD_SOCKET`,
+    ///     then `$XDG_RUNTIME_DIR/obsd.sock`, then `/run/obsd/obsd.sock`).
+    ///   - eventLoopGroup: the SwiftNIO event loops the connection runs on.
     public static func connect(
         socketPath: String? = nil,
         eventLoopGroup: any EventLoopGroup = MultiThreadedEventLoopGroup.singleton
@@ -211,6 +213,8 @@ public final class ObsConnection: Sendable {
     /// Subscribes to the keys of `repository` that `selection` includes.
     ///
     /// - Parameters:
+    ///   - repository: the repository.
+    ///   - selection: the keys: some, a prefix, or all of them.
     ///   - initial: first deliver a `snapshot` of the selected keys.
     ///   - since: first replay every selected change above this revision, then `synced`.
     ///     Fails with `compacted` if the daemon's history no longer reaches back that far.

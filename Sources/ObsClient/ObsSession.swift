@@ -72,7 +72,11 @@ public final class ObsSession: Sendable {
 
     /// Starts connecting at once.
     ///
-    /// - Parameter socketPath: the socket; `nil` resolves it as the contract says.
+    /// - Parameters:
+    ///   - socketPath: the socket; `nil` resolves it as the contract says (`OBSD_SOCKET`,
+    ///     then `$XDG_RUNTIME_DIR/obsd.sock`, then `/run/obsd/obsd.sock`).
+    ///   - backoff: how long to wait between connection attempts.
+    ///   - eventLoopGroup: the SwiftNIO event loops its connections run on.
     public convenience init(
         socketPath: String? = nil, backoff: Backoff = Backoff(),
         eventLoopGroup: any EventLoopGroup = MultiThreadedEventLoopGroup.singleton

@@ -69,6 +69,8 @@ public final class RemoteRepository {
     /// Starts mirroring `selection` of repository `name` through `session`.
     ///
     /// - Parameters:
+    ///   - name: the repository.
+    ///   - selection: the keys mirrored: some, a prefix, or all of them.
     ///   - options: the watch's subscription options; by default `.mirror` (coalesced, no
     ///     echo). With `writers`, nothing changes: a mirror keeps values only.
     ///   - session: the session to follow the daemon through; by default ``ObsSession/shared``.

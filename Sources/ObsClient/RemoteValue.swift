@@ -54,6 +54,10 @@ public final class RemoteValue<Value: Codable & Sendable> {
     /// Starts mirroring `key` of `repository` through `session`.
     ///
     /// - Parameters:
+    ///   - key: the key.
+    ///   - repository: its repository.
+    ///   - type: the type its value decodes as (a value that does not is `nil`, and
+    ///     `current.decodingError` says why).
     ///   - options: the watch's subscription options; by default `.mirror` (coalesced, no echo).
     ///   - session: the session to follow the daemon through; by default ``ObsSession/shared``.
     public init(

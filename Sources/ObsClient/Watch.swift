@@ -34,6 +34,8 @@ extension ObsSession {
     /// Watches the keys of `repository` that `selection` includes, across reconnections.
     ///
     /// - Parameters:
+    ///   - repository: the repository.
+    ///   - selection: the keys: some, a prefix, or all of them.
     ///   - initial: start with a `snapshot` of the selected keys.
     ///   - since: start after this revision instead (replaying what followed it); with
     ///     `initial`, `since` wins unless the daemon cannot replay that far.

@@ -78,7 +78,11 @@ public final class ObservableRepository<Value: Equatable & Sendable>: Sendable {
 
     /// Sets `key` to `value`. An equal value is not a change unless `force` is set.
     ///
-    /// - Parameter ifRevision: write only if the key's revision equals this (0: absent).
+    /// - Parameters:
+    ///   - value: the new value.
+    ///   - key: the key.
+    ///   - ifRevision: write only if the key's revision equals this (0: absent).
+    ///   - force: count an equal value as a change (revision raised, observers notified).
     /// - Returns: the repository revision after the call, whether it changed, and the previous entry.
     @discardableResult
     public func set(
@@ -120,7 +124,10 @@ public final class ObservableRepository<Value: Equatable & Sendable>: Sendable {
 
     /// Calls `handler` with each later revision's changes to the keys `selection` includes.
     ///
-    /// - Parameter once: stop after the first notification (`withObservationTracking` style).
+    /// - Parameters:
+    ///   - selection: the keys observed.
+    ///   - once: stop after the first notification (`withObservationTracking` style).
+    ///   - handler: called with each revision's changes to the selected keys, in order.
     /// - Returns: a token; the observation ends when it is cancelled or deallocated.
     public func observe(
         _ selection: Selection = .all, once: Bool = false,
