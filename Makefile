@@ -46,7 +46,7 @@ test-deps: deps etcd
 	$(call apt_install,$(TEST_DEB_PACKAGES))
 
 # etcd and etcdctl, for the suites that run an etcd cluster (Tests/TestSupport/EtcdCluster.swift
-# starts its own members on free ports), the README's "Several hosts" walk-through and
+# starts its own members on free ports), the walk-through of docs/SEVERAL-HOSTS.md and
 # bench/etcd-*.sh: Debian's etcd-server and etcd-client unpacked into $(ETCD_DIR), not installed.
 # Installing etcd-server would enable and start a system etcd on 127.0.0.1:2379 (and create an
 # etcd user); unpacked, nothing runs until a test or a person starts it. Nothing to do when

@@ -57,7 +57,7 @@ let package = Package(
             dependencies: [
                 "ObservableKit", "ObsProtocol", "ObsStore", "ObsCore", "CLinux",
                 // Only for `System.coreCount` (cgroup quotas and cpusets honoured): the daemon's
-                // connections run on its own event loops (README "Architecture").
+                // connections run on its own event loops (docs/ARCHITECTURE.md).
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "SystemPackage", package: "swift-system"),
                 .product(name: "Logging", package: "swift-log"),
@@ -122,7 +122,7 @@ let package = Package(
         .executableTarget(name: "obsfuzz", dependencies: ["ObsProtocol", "ObservableKit"]),
         // <sys/epoll.h>, which Swift's Glibc module leaves out, for obsbench's raw event loop.
         .systemLibrary(name: "CEpoll"),
-        // The benchmark load generator (see README, "Performance").
+        // The benchmark load generator (see docs/PERFORMANCE.md).
         .executableTarget(
             name: "obsbench",
             dependencies: [

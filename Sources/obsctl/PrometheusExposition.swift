@@ -1,8 +1,9 @@
 // obsctl — a small writer of the Prometheus text exposition format, version 0.0.4: the
 // format node_exporter's textfile collector reads and every Prometheus server scrapes.
 // Used by `obsctl stats --prometheus` to format another process's counters (obsd's), which
-// is why it is a plain value built per run rather than a metrics backend (swift-prometheus
-// is one, for a process's own metrics).
+// is why it is a plain value built per run rather than a metrics backend. swift-prometheus
+// is one, for a process's own metrics; the README (Metrics) says what this writer handles
+// that its registry does not — name clashes reported rather than fatal, a fixed order.
 
 /// Metric families in the Prometheus text exposition format, version 0.0.4.
 ///
