@@ -187,8 +187,29 @@ public struct SnapshotEvent<Value: WireValue>: EventMessage, Equatable {
     }
 }
 
+/// An event that says only where a subscription stands — `synced` and `progress`:
+/// `{"event":…,"sub":…,"repo":…,"rev":…}`.
+public protocol SubscriptionPositionEvent: EventMessage, Equatable {
+    var subscription: UInt64 { get }
+    var repository: String { get }
+    var revision: UInt64 { get }
+    init(subscription: UInt64, repository: String, revision: UInt64)
+}
+
+extension SubscriptionPositionEvent {
+    @inlinable
+    public func encode<S: JSONSink & ~Copyable>(into sink: inout S) {
+        EventEncoder.writePosition(&sink, event: Self.name, sub: subscription, repo: repository, rev: revision)
+    }
+
+    public init(decoding members: JSONObject) throws(ProtocolViolation) {
+        let f = MessageFields(members, "the \(Self.name) event")
+        self.init(subscription: try f.unsigned("sub"), repository: try f.string("repo"), revision: try f.revision())
+    }
+}
+
 /// A `synced` event: the `since` replay is complete up to `revision`; what follows is live.
-public struct SyncedEvent: EventMessage, Equatable {
+public struct SyncedEvent: SubscriptionPositionEvent {
     public static var name: String { "synced" }
 
     public var subscription: UInt64
@@ -200,21 +221,11 @@ public struct SyncedEvent: EventMessage, Equatable {
         self.repository = repository
         self.revision = revision
     }
-
-    @inlinable
-    public func encode<S: JSONSink & ~Copyable>(into sink: inout S) {
-        EventEncoder.writeSynced(&sink, sub: subscription, repo: repository, rev: revision)
-    }
-
-    public init(decoding members: JSONObject) throws(ProtocolViolation) {
-        let f = MessageFields(members, "the synced event")
-        self.init(subscription: try f.unsigned("sub"), repository: try f.string("repo"), revision: try f.revision())
-    }
 }
 
 /// A `progress` event (`progress: true`): every change the subscription selects up to
 /// `revision` was delivered, so `since: revision` resumes it with nothing missed.
-public struct ProgressEvent: EventMessage, Equatable {
+public struct ProgressEvent: SubscriptionPositionEvent {
     public static var name: String { "progress" }
 
     public var subscription: UInt64
@@ -225,19 +236,6 @@ public struct ProgressEvent: EventMessage, Equatable {
         self.subscription = subscription
         self.repository = repository
         self.revision = revision
-    }
-
-    @inlinable
-    public func encode<S: JSONSink & ~Copyable>(into sink: inout S) {
-        sink.writeMember("{\"event\":\"progress\",\"sub\":", subscription)
-        sink.writeMember(",\"repo\":", repository)
-        sink.writeMember(",\"rev\":", revision)
-        sink.writeRaw("}\n")
-    }
-
-    public init(decoding members: JSONObject) throws(ProtocolViolation) {
-        let f = MessageFields(members, "the progress event")
-        self.init(subscription: try f.unsigned("sub"), repository: try f.string("repo"), revision: try f.revision())
     }
 }
 

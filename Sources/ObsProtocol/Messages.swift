@@ -116,7 +116,15 @@ public enum EventEncoder {
     /// Writes a whole `synced` event.
     @inlinable
     public static func writeSynced<S: JSONSink & ~Copyable>(_ sink: inout S, sub: UInt64, repo: String, rev: UInt64) {
-        sink.writeMember("{\"event\":\"synced\",\"sub\":", sub)
+        writePosition(&sink, event: "synced", sub: sub, repo: repo, rev: rev)
+    }
+
+    /// Writes a whole event that says where a subscription stands (`synced`, `progress`):
+    /// `{"event":<event>,"sub":…,"repo":…,"rev":…}`.
+    @inlinable
+    public static func writePosition<S: JSONSink & ~Copyable>(_ sink: inout S, event: String, sub: UInt64, repo: String, rev: UInt64) {
+        sink.writeMember("{\"event\":", event)
+        sink.writeMember(",\"sub\":", sub)
         sink.writeMember(",\"repo\":", repo)
         sink.writeMember(",\"rev\":", rev)
         sink.writeRaw("}\n")

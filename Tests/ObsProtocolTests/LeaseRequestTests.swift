@@ -6,30 +6,19 @@ import ObsProtocol
 import ObservableKit
 import Testing
 
-func decodeWithLeases(_ text: String) throws(RequestFailure) -> Request {
-    let bytes = Array(text.utf8)
-    let result = bytes.withUnsafeBytes { raw in Result { () throws(RequestFailure) in try Request.decode(line: raw) } }
-    return try result.get()
-}
-
 func leaseFailure(_ text: String) -> RequestFailure? {
-    do {
-        _ = try decodeWithLeases(text)
-        return nil
-    } catch {
-        return error
-    }
+    failure(text, with: { raw throws(RequestFailure) in try Request.decode(line: raw) })
 }
 
 @Suite struct LeaseRequestTests {
     @Test func decodesTheLeaseOperations() throws {
-        #expect(try decodeWithLeases(#"{"id":1,"op":"grant"}"#) == Request(id: 1, command: .lease(.grant(ttl: nil))))
-        #expect(try decodeWithLeases(#"{"id":1,"op":"grant","ttl":null}"#) == Request(id: 1, command: .lease(.grant(ttl: nil))))
-        #expect(try decodeWithLeases(#"{"op":"grant","ttl":31536000}"#) == Request(id: .null, command: .lease(.grant(ttl: 31_536_000))))
-        #expect(try decodeWithLeases(#"{"op":"grant","ttl":1.0}"#) == Request(id: .null, command: .lease(.grant(ttl: 1))))
-        #expect(try decodeWithLeases(#"{"id":"k","op":"keepalive","lease":7}"#) == Request(id: "k", command: .lease(.keepalive(lease: 7))))
-        #expect(try decodeWithLeases(#"{"op":"revoke","lease":9223372036854775807}"#) == Request(id: .null, command: .lease(.revoke(lease: UInt64(Int64.max)))))
-        #expect(try decodeWithLeases(#"{"op":"ping"}"#) == Request(command: .ping))
+        #expect(try decode(#"{"id":1,"op":"grant"}"#) == Request(id: 1, command: .lease(.grant(ttl: nil))))
+        #expect(try decode(#"{"id":1,"op":"grant","ttl":null}"#) == Request(id: 1, command: .lease(.grant(ttl: nil))))
+        #expect(try decode(#"{"op":"grant","ttl":31536000}"#) == Request(id: .null, command: .lease(.grant(ttl: 31_536_000))))
+        #expect(try decode(#"{"op":"grant","ttl":1.0}"#) == Request(id: .null, command: .lease(.grant(ttl: 1))))
+        #expect(try decode(#"{"id":"k","op":"keepalive","lease":7}"#) == Request(id: "k", command: .lease(.keepalive(lease: 7))))
+        #expect(try decode(#"{"op":"revoke","lease":9223372036854775807}"#) == Request(id: .null, command: .lease(.revoke(lease: UInt64(Int64.max)))))
+        #expect(try decode(#"{"op":"ping"}"#) == Request(command: .ping))
     }
 
     @Test(arguments: [
@@ -55,7 +44,7 @@ func leaseFailure(_ text: String) -> RequestFailure? {
     }
 
     @Test func writesCarryTheLeaseOfEachKeyTheySet() throws {
-        let set = try decodeWithLeases(#"{"id":1,"op":"set","repo":"r","key":"web/ready","value":true,"lease":7}"#)
+        let set = try decode(#"{"id":1,"op":"set","repo":"r","key":"web/ready","value":true,"lease":7}"#)
         guard case .set("r", "web/ready", true, nil, false) = set.command else {
             Issue.record("set"); return
         }
@@ -90,7 +79,7 @@ func leaseFailure(_ text: String) -> RequestFailure? {
             var line: [UInt8] = []
             command.encodeRequest(into: &line, id: 5)
             #expect(line.last == UInt8(ascii: "\n"))
-            #expect(try decodeWithLeases(String(decoding: line.dropLast(), as: UTF8.self)) == Request(id: 5, command: .lease(command)))
+            #expect(try decode(String(decoding: line.dropLast(), as: UTF8.self)) == Request(id: 5, command: .lease(command)))
         }
         var line: [UInt8] = []
         Command.subscribe(SubscribeRequest(repo: "ui", progress: true)).encodeRequest(into: &line, id: 1)

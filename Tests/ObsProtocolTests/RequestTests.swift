@@ -6,15 +6,23 @@ import ObsProtocol
 import ObservableKit
 import Testing
 
-func decode(_ text: String) throws(RequestFailure) -> Request {
+/// `text` read by `decoder` (`Request.decode(line:)` unless told).
+func decode<R>(
+    _ text: String, with decoder: (UnsafeRawBufferPointer) throws(RequestFailure) -> R = { raw throws(RequestFailure) in try Request.decode(line: raw) }
+) throws(RequestFailure) -> R {
     let bytes = Array(text.utf8)
-    let result = bytes.withUnsafeBytes { raw in Result { () throws(RequestFailure) in try Request.decode(line: raw) } }
+    let result = bytes.withUnsafeBytes { raw in Result { () throws(RequestFailure) in try decoder(raw) } }
     return try result.get()
 }
 
-func failure(_ text: String) -> RequestFailure? {
+func decode(_ text: String) throws(RequestFailure) -> Request { try decode(text, with: { raw throws(RequestFailure) in try Request.decode(line: raw) }) }
+
+/// Why `decoder` refuses `text`, or nil if it accepts it.
+func failure<R>(
+    _ text: String, with decoder: (UnsafeRawBufferPointer) throws(RequestFailure) -> R = { raw throws(RequestFailure) in try Request.decode(line: raw) }
+) -> RequestFailure? {
     do {
-        _ = try decode(text)
+        _ = try decode(text, with: decoder)
         return nil
     } catch {
         return error
