@@ -5,7 +5,7 @@
 // integers, strings or null, revisions that are plain integer literals, booleans, a value
 // (canonicalized in one pass), a list of plain keys. Every other member is validated and
 // skipped as the general decoder would skip it. Anything else — an escape, a `batch`, a
-// field of an unexpected type, a `lease` (the lease extension), a rule broken, invalid JSON —
+// field of an unexpected type, a rule broken, invalid JSON —
 // returns nil and the general decoder takes the line, so every answer, every error message
 // included, is exactly the general decoder's (the fuzz harness checks that the two agree).
 
@@ -59,6 +59,7 @@ struct ScannedFields {
     var value: CanonicalJSON?
     var ifRev: UInt64?
     var force: Bool?
+    var lease: UInt64?
     var since: UInt64?
     var sub: UInt64?
     var epoch: String?
@@ -79,10 +80,12 @@ struct ScannedFields {
     consuming func request() -> Request? {
         guard let op else { return nil }
         let command: Command
+        var leases: [Key: UInt64] = [:]
         switch op {
         case .set:
             guard let repo, let key, let value else { return nil }
             command = .set(repo: repo, key: key, value: value, ifRev: ifRev, force: force ?? false)
+            if let lease { leases[key] = lease }
         case .get:
             guard let repo, let key else { return nil }
             command = .get(repo: repo, key: key)
@@ -112,7 +115,7 @@ struct ScannedFields {
         case .stats: command = .stats
         case .other: return nil
         }
-        return Request(id: id, command: command)
+        return Request(id: id, command: command, leases: leases)
     }
 }
 
@@ -188,9 +191,10 @@ extension Parser {
         case 4 where Self.equal(name, "echo"): f.echo = try optionalBool()
         case 8 where Self.equal(name, "progress"): f.progress = try optionalBool()
         case 5 where Self.equal(name, "lease"):
-            // A lease to attach (the lease extension): the general decoder reads it.
-            guard base[pos] == UInt8(ascii: "n") else { throw NotFast() }
-            try expectLiteral("null")
+            // A lease to attach (the lease extension), or null; 0 is the general decoder's to refuse.
+            guard let lease = try optionalUnsigned() else { f.lease = nil; break }
+            guard lease >= 1 else { throw NotFast() }
+            f.lease = lease
         case 6 where Self.equal(name, "values"): f.values = try optionalBool()
         case 6 where Self.equal(name, "prefix"): f.prefix = try optionalText()
         case 5 where Self.equal(name, "epoch"): f.epoch = try optionalText()
@@ -205,8 +209,6 @@ extension Parser {
             }
         case 4 where Self.equal(name, "keys"): f.keys = try optionalKeys()
         case 3 where Self.equal(name, "ops"): throw NotFast()  // a batch: the general decoder
-        case 5 where Self.equal(name, "lease"): throw NotFast()  // leases and progress: the general decoder
-        case 8 where Self.equal(name, "progress"): throw NotFast()
         default:
             _ = try parseValue(depth: 1)  // validated, ignored
         }
