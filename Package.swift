@@ -20,6 +20,8 @@ let package = Package(
         .package(url: "https://github.com/LebJe/TOMLKit.git", from: "0.6.0"),
         // Typed errno, stat and file descriptors for the daemon's files (already in SwiftNIO's graph).
         .package(url: "https://github.com/apple/swift-system.git", from: "1.8.1"),
+        // Heap, for timer and lease deadlines (already in SwiftNIO's graph).
+        .package(url: "https://github.com/apple/swift-collections.git", from: "1.6.0"),
         // `make docs`: the DocC catalogs of ObsClient and ObservableKit (no code of it is linked).
         .package(url: "https://github.com/swiftlang/swift-docc-plugin", from: "1.5.0"),
     ],
@@ -60,6 +62,7 @@ let package = Package(
                 // connections run on its own event loops (docs/ARCHITECTURE.md).
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "SystemPackage", package: "swift-system"),
+                .product(name: "HeapModule", package: "swift-collections"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ],

@@ -13,6 +13,7 @@
 // from the loop is what Redis does). SwiftNIO stays where it serves well: the etcd client.
 
 import CLinux
+import HeapModule
 import ObsStore
 import Synchronization
 
@@ -283,31 +284,32 @@ final class IOLoop: @unchecked Sendable {
     }
 }
 
-/// Timers by deadline: a binary heap; a cancelled timer's task is dropped, its entry stays
-/// until it comes up.
+/// A deadline (monotonic nanoseconds) and what it is for, ordered by time (then id).
+struct Deadline: Comparable, Sendable {
+    let time: UInt64
+    let id: UInt64
+
+    static func < (a: Deadline, b: Deadline) -> Bool { (a.time, a.id) < (b.time, b.id) }
+}
+
+/// Timers by deadline: a heap (swift-collections); a cancelled timer's task is dropped, its
+/// entry stays until it comes up.
 struct TimerHeap {
-    private var heap: [(deadline: UInt64, id: UInt64)] = []
+    private var heap = Heap<Deadline>()
     private var tasks: [UInt64: () -> Void] = [:]
     private var nextID: UInt64 = 0
 
     var nextDeadline: UInt64? {
         mutating get {
-            while let top = heap.first, tasks[top.id] == nil { pop() }
-            return heap.first?.deadline
+            while let top = heap.min, tasks[top.id] == nil { heap.removeMin() }
+            return heap.min?.time
         }
     }
 
     mutating func schedule(at deadline: UInt64, _ task: @escaping () -> Void) -> UInt64 {
         nextID += 1
         tasks[nextID] = task
-        heap.append((deadline, nextID))
-        var i = heap.count - 1
-        while i > 0 {
-            let parent = (i - 1) / 2
-            guard heap[parent].deadline > heap[i].deadline else { break }
-            heap.swapAt(parent, i)
-            i = parent
-        }
+        heap.insert(Deadline(time: deadline, id: nextID))
         return nextID
     }
 
@@ -317,26 +319,10 @@ struct TimerHeap {
 
     /// The task of a timer due at `now`, removed; nil when none is due.
     mutating func popDue(now: UInt64) -> (() -> Void)? {
-        while let top = heap.first, top.deadline <= now {
-            pop()
+        while let top = heap.min, top.time <= now {
+            heap.removeMin()
             if let task = tasks.removeValue(forKey: top.id) { return task }
         }
         return nil
-    }
-
-    private mutating func pop() {
-        heap.swapAt(0, heap.count - 1)
-        heap.removeLast()
-        var i = 0
-        while true {
-            let l = 2 * i + 1
-            let r = l + 1
-            var smallest = i
-            if l < heap.count, heap[l].deadline < heap[smallest].deadline { smallest = l }
-            if r < heap.count, heap[r].deadline < heap[smallest].deadline { smallest = r }
-            guard smallest != i else { return }
-            heap.swapAt(i, smallest)
-            i = smallest
-        }
     }
 }

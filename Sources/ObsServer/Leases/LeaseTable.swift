@@ -10,6 +10,7 @@
 // first (a write that names it from then on is `not_found`), then its keys are deleted
 // through the same write path as any write (see `LeaseEnds`).
 
+import HeapModule
 import ObsCore
 import ObsProtocol
 import ObsValues
@@ -48,7 +49,7 @@ final class LeaseTable: Sendable {
         var nextID: UInt64 = 1
         var perUID: [UInt32: Int] = [:]
         /// Deadlines of leases with a TTL (a heap; stale entries skipped).
-        var deadlines = DeadlineHeap()
+        var deadlines = Heap<Deadline>()
         var byConnection: [ConnectionID: Set<UInt64>] = [:]
     }
 
@@ -80,7 +81,7 @@ final class LeaseTable: Sendable {
             if ttl == nil {
                 s.byConnection[connection, default: []].insert(id)
             } else {
-                s.deadlines.push(deadline, id)
+                s.deadlines.insert(Deadline(time: deadline, id: id))
             }
             return .success(id)
         }
@@ -94,7 +95,7 @@ final class LeaseTable: Sendable {
             if let ttl = lease.ttl {
                 lease.deadline = now &+ UInt64(ttl) * 1_000_000_000
                 s.leases[id] = lease
-                s.deadlines.push(lease.deadline, id)
+                s.deadlines.insert(Deadline(time: lease.deadline, id: id))
             }
             return .success(lease.ttl)
         }
@@ -149,10 +150,10 @@ final class LeaseTable: Sendable {
     func expire(now: UInt64) -> [EndedLease] {
         state.withLock { s in
             var ended: [EndedLease] = []
-            while let (deadline, id) = s.deadlines.top, deadline <= now {
-                s.deadlines.pop()
-                guard let lease = s.leases[id], lease.deadline == deadline else { continue }  // kept alive since, or ended
-                if let end = Self.end(&s, id, .expired) { ended.append(end) }
+            while let top = s.deadlines.min, top.time <= now {
+                s.deadlines.removeMin()
+                guard let lease = s.leases[top.id], lease.deadline == top.time else { continue }  // kept alive since, or ended
+                if let end = Self.end(&s, top.id, .expired) { ended.append(end) }
             }
             return ended
         }
@@ -161,8 +162,8 @@ final class LeaseTable: Sendable {
     /// The earliest deadline of a lease with a TTL, if any.
     var nextDeadline: UInt64? {
         state.withLock { s in
-            while let (deadline, id) = s.deadlines.top, s.leases[id]?.deadline != deadline { s.deadlines.pop() }
-            return s.deadlines.top?.deadline
+            while let top = s.deadlines.min, s.leases[top.id]?.deadline != top.time { s.deadlines.removeMin() }
+            return s.deadlines.min?.time
         }
     }
 
@@ -175,41 +176,6 @@ final class LeaseTable: Sendable {
             if s.byConnection[connection]?.isEmpty == true { s.byConnection[connection] = nil }
         }
         return EndedLease(id: id, owner: lease.owner, end: end, keys: lease.keys)
-    }
-}
-
-/// Deadlines by time: a binary min-heap of (deadline, lease id).
-struct DeadlineHeap: Sendable {
-    private var heap: [(deadline: UInt64, id: UInt64)] = []
-
-    var top: (deadline: UInt64, id: UInt64)? { heap.first }
-
-    mutating func push(_ deadline: UInt64, _ id: UInt64) {
-        heap.append((deadline, id))
-        var i = heap.count - 1
-        while i > 0 {
-            let parent = (i - 1) / 2
-            guard heap[parent].deadline > heap[i].deadline else { break }
-            heap.swapAt(parent, i)
-            i = parent
-        }
-    }
-
-    mutating func pop() {
-        guard !heap.isEmpty else { return }
-        heap.swapAt(0, heap.count - 1)
-        heap.removeLast()
-        var i = 0
-        while true {
-            let l = 2 * i + 1
-            let r = l + 1
-            var smallest = i
-            if l < heap.count, heap[l].deadline < heap[smallest].deadline { smallest = l }
-            if r < heap.count, heap[r].deadline < heap[smallest].deadline { smallest = r }
-            guard smallest != i else { return }
-            heap.swapAt(i, smallest)
-            i = smallest
-        }
     }
 }
 
