@@ -152,7 +152,7 @@ let package = Package(
                 "ObsServer", "ObsCore", "ObsStore", "ObsProtocol", "ObservableKit", "CLinux", "TestSupport",
                 .product(name: "Logging", package: "swift-log"),
             ]),
-        .target(name: "TestSupport", dependencies: ["ObsStore"], path: "Tests/TestSupport"),
+        .target(name: "TestSupport", dependencies: ["ObsStore", "ObsProtocol"], path: "Tests/TestSupport"),
         // ObsEtcd against a real 3-member etcd cluster on loopback (TestSupport's EtcdCluster).
         .testTarget(name: "ObsEtcdTests", dependencies: ["ObsEtcd", "TestSupport"]),
         // ObsCluster's encodings and key layout, without a cluster; and two real obsd daemons

@@ -1,11 +1,14 @@
 // ObsCluster — commits and reads.
 //
 // A commit is one txn: compare the counter's mod_revision with the position the daemon's
-// state is at (and, for a repository's first revision, the epoch), then put the counter, the
-// final value of every key the group changed, one log record per revision, and trim the log
-// to `historyLimit`. The failure branch reads the counter, to catch up before planning
-// again. A commit is acknowledged once the watch has delivered it, so the writer's next read
-// on this daemon sees it.
+// state is at (and, for a repository's first revision, the epoch; for each lease the group's
+// writes name, the create revision of its alive key — the lease is still that one), then
+// put the counter, the final value and lease attachment of every key the group changed or
+// re-attached, one log record per revision, and trim the log to `historyLimit`. A group that
+// only moves attachments puts the counter unchanged (its position moves, its revision does
+// not). The failure branch reads the counter and the leases' alive keys, to catch up — or
+// find a lease ended — before planning again. A commit is acknowledged once the watch has
+// delivered it, so the writer's next read on this daemon sees it.
 //
 // What etcd could not answer:
 // - not applied, and transient (no leader, every member unreachable): retried with a backoff
@@ -48,7 +51,7 @@ extension ClusterStorage {
             entry = tracker.entry(group.repo)
         }
         guard entry.revision == group.basisRevision else { return .stale }
-        if group.records.isEmpty { return await check(group, position: entry.position) }
+        if !group.writes && group.leases.isEmpty { return await check(group, position: entry.position) }
 
         let (compare, success, failure) = transaction(for: group, position: entry.position)
         tracker.expect(group.writeID)
@@ -67,10 +70,19 @@ extension ClusterStorage {
                     compare: compare, success: success, failure: failure, timeout: min(remaining, configuration.requestTimeout))
                 health.succeeded()
                 if result.succeeded {
+                    guard group.writes else { return .current }  // the leases named are live, the basis current
                     counters.commits.add(1, ordering: .relaxed)
                     counters.records.add(group.records.count, ordering: .relaxed)
                     await awaitDelivery(group.repo, position: result.revision, deadline: group.deadline)
                     return .committed
+                }
+                let ended = endedLeases(group, failure: result.responses)
+                guard ended.isEmpty else {
+                    leases.drop(ended)
+                    if case .range(let counter)? = result.responses.first, let now = counter.kvs.first?.modRevision, now > entry.position {
+                        await awaitDelivery(group.repo, position: now, deadline: group.deadline)
+                    }
+                    return .leaseEnded(ended)
                 }
                 return await catchUp(group, position: entry.position, failure: result.responses)
             } catch let error as EtcdError {
@@ -99,7 +111,11 @@ extension ClusterStorage {
         let counterKey = layout.counterKey(repo)
         var compare: [EtcdCompare] = [.modRevision(counterKey, .equal, position)]
         if group.basisRevision == 0 { compare.append(.value(layout.epochKey, .equal, Array(epoch.utf8))) }
-        let last = group.records.last!.revision
+        compare += group.leases.map { .createRevision(layout.aliveKey($0.id), .equal, $0.generation) }
+        var failure: [EtcdOp] = [.range(EtcdRangeRequest(key: counterKey)), .range(EtcdRangeRequest(key: layout.epochKey))]
+        failure += group.leases.map { .range(EtcdRangeRequest(key: layout.aliveKey($0.id))) }
+        guard group.writes else { return (compare, [], failure) }
+        let last = group.records.last?.revision ?? group.basisRevision
         var success: [EtcdOp] = [.put(key: counterKey, value: Codec.counter(last))]
         // Each key's final state after the group, in the order keys first changed.
         var order: [[UInt8]] = []
@@ -108,24 +124,42 @@ extension ClusterStorage {
             for change in record.changes {
                 let key = layout.dataKey(repo, change.key)
                 if final[key] == nil { order.append(key) }
-                final[key] = change.new.map { .put(key: key, value: Codec.data(revision: record.revision, value: $0)) } ?? .deleteRange(key: key)
+                final[key] =
+                    change.new.map { .put(key: key, value: Codec.data(revision: record.revision, value: $0, lease: group.attachments[change.key])) }
+                    ?? .deleteRange(key: key)
             }
         }
-        success += order.map { final[$0]! }
+        for moved in group.reattached {
+            let key = layout.dataKey(repo, moved.key)
+            guard final[key] == nil else { continue }
+            order.append(key)
+            final[key] = .put(key: key, value: Codec.data(revision: moved.entry.revision, value: moved.entry.value, lease: moved.lease))
+        }
+        success += order.compactMap { final[$0] }
         for record in group.records {
-            success.append(.put(key: layout.logKey(repo, record.revision), value: Codec.log(record, writeID: group.writeID)))
+            success.append(
+                .put(key: layout.logKey(repo, record.revision), value: Codec.log(record, writeID: group.writeID, lease: group.leaseEnds[record.revision])))
         }
         let keep = UInt64(max(1, configuration.historyLimit))
-        if last > keep {
+        if !group.records.isEmpty, last > keep {
             success.append(.deleteRange(key: layout.logPrefix(repo), rangeEnd: layout.logKey(repo, last - keep + 1)))
         }
-        let failure: [EtcdOp] = [.range(EtcdRangeRequest(key: counterKey)), .range(EtcdRangeRequest(key: layout.epochKey))]
         return (compare, success, failure)
+    }
+
+    /// The leases of `group` whose alive key the failed txn's reads found gone or replaced.
+    private func endedLeases(_ group: SharedCommit, failure: [EtcdOpResult]) -> Set<UInt64> {
+        var ended = Set<UInt64>()
+        for (i, lease) in group.leases.enumerated() where failure.count > 2 + i {
+            guard case .range(let alive) = failure[2 + i] else { continue }
+            if alive.kvs.first?.createRevision != lease.generation { ended.insert(lease.id) }
+        }
+        return ended
     }
 
     /// The compare failed: waits for the watch to deliver what beat the group.
     private func catchUp(_ group: SharedCommit, position: Int64, failure: [EtcdOpResult]) async -> SharedCommitOutcome {
-        guard failure.count == 2, case .range(let counter) = failure[0], case .range(let epochNow) = failure[1] else {
+        guard failure.count >= 2, case .range(let counter) = failure[0], case .range(let epochNow) = failure[1] else {
             return .failed(SharedFailure(.refused, "etcd answered a failed commit without its reads"))
         }
         if epochNow.kvs.first.map({ String(decoding: $0.value, as: UTF8.self) }) != epoch {
@@ -236,14 +270,16 @@ extension ClusterStorage {
     /// Why `records` cannot be one commit, if they cannot: more operations than one txn may
     /// hold (`maxTxnOps`), or — for more than one record — more than `maxGroupBytes` of keys
     /// and values (a single record is left to etcd's own request size limit).
-    public func limitExceeded(by records: [RevisionRecord]) -> String? {
+    public func limitExceeded(by records: [RevisionRecord]) -> String? { limitExceeded(by: records, extraOperations: 0) }
+
+    public func limitExceeded(by records: [RevisionRecord], extraOperations: Int) -> String? {
         var keys = Set<Key>()
         var bytes = 0
         for record in records {
             for change in record.changes { keys.insert(change.key) }
             bytes += 2 * record.byteSize
         }
-        let operations = 2 + keys.count + records.count
+        let operations = 2 + keys.count + records.count + extraOperations
         if operations > configuration.maxTxnOps {
             return records.count == 1
                 ? "in etcd mode one revision may change at most \(configuration.maxTxnOps - 3) keys (etcd's --max-txn-ops is \(configuration.maxTxnOps)); this one changes \(keys.count): split the batch"

@@ -1,6 +1,6 @@
 // ObsCluster — start-up: the epoch (created by the first daemon that finds none under the
-// prefix), then every repository — counters, values and the change log — read at one etcd
-// revision, from which the watch continues.
+// prefix), then every repository — counters, values, lease attachments and the change log —
+// and every lease, read at one etcd revision, from which the watch continues.
 
 import ObsEtcd
 import ObsProtocol
@@ -17,6 +17,17 @@ struct ClusterSnapshot: Sendable {
     let repositories: [LoadedRepository]
     /// Every counter's revision and position (a counter can exist at revision 0 after a fence).
     let positions: [String: DeliveryTracker.Entry]
+    /// Every key attached to a lease, by repository.
+    let attachments: [String: [SharedAttachment]]
+    let leases: LeaseSnapshot
+}
+
+/// Every lease under the prefix at one revision.
+struct LeaseSnapshot: Sendable {
+    var records: [LeaseRecord] = []
+    var alive: [UInt64: LeaseMirror.Alive] = [:]
+    /// The last id handed out, and the counter's mod revision.
+    var counter: (id: UInt64, position: Int64) = (0, 0)
 }
 
 enum ClusterLoader {
@@ -32,6 +43,7 @@ enum ClusterLoader {
         }
         let data = try await client.range(layout.dataPrefix, rangeEnd: EtcdKey.prefixEnd(layout.dataPrefix), revision: at, timeout: timeout)
         let log = try await client.range(layout.logPrefix, rangeEnd: EtcdKey.prefixEnd(layout.logPrefix), revision: at, timeout: timeout)
+        let leases = try await Self.leases(client: client, layout: layout, at: at, timeout: timeout)
 
         var positions: [String: DeliveryTracker.Entry] = [:]
         for kv in counters.kvs {
@@ -41,6 +53,7 @@ enum ClusterLoader {
             positions[repo] = DeliveryTracker.Entry(revision: revision, position: kv.modRevision)
         }
         var entries: [String: [Key: Entry<CanonicalJSON>]] = [:]
+        let attachments = Self.attachments(in: data, layout: layout)
         for kv in data.kvs {
             guard case .data(let repo) = layout.classify(kv.key), let key = layout.key(ofDataKey: kv.key, repo: repo) else { continue }
             do {
@@ -69,7 +82,42 @@ enum ClusterLoader {
             let history = contiguousTail(logs[repo] ?? [], endingAt: position.revision, limit: historyLimit)
             repositories.append(LoadedRepository(name: repo, epoch: epoch, state: state, history: history))
         }
-        return ClusterSnapshot(epoch: epoch, createdEpoch: created, revision: at, repositories: repositories, positions: positions)
+        return ClusterSnapshot(
+            epoch: epoch, createdEpoch: created, revision: at, repositories: repositories, positions: positions, attachments: attachments,
+            leases: leases)
+    }
+
+    /// Every lease under the prefix at revision `at`.
+    static func leases(client: EtcdClient, layout: KeyLayout, at: Int64, timeout: Duration) async throws -> LeaseSnapshot {
+        let records = try await client.range(layout.leasePrefix, rangeEnd: EtcdKey.prefixEnd(layout.leasePrefix), revision: at, timeout: timeout)
+        let alive = try await client.range(layout.alivePrefix, rangeEnd: EtcdKey.prefixEnd(layout.alivePrefix), revision: at, timeout: timeout)
+        let counter = try await client.range(layout.leaseCounterKey, revision: at, timeout: timeout)
+        var snapshot = LeaseSnapshot()
+        for kv in records.kvs {
+            do {
+                snapshot.records.append(try Codec.lease(from: kv.value))
+            } catch {
+                throw Malformed(description: "\(String(decoding: kv.key, as: UTF8.self)): \(error)")
+            }
+        }
+        for kv in alive.kvs {
+            guard case .alive(let id) = layout.classify(kv.key) else { continue }
+            snapshot.alive[id] = LeaseMirror.Alive(etcdLease: kv.lease, created: kv.createRevision)
+        }
+        if let kv = counter.kvs.first { snapshot.counter = (Codec.counter(from: kv.value) ?? 0, kv.modRevision) }
+        return snapshot
+    }
+
+    /// The keys attached to a lease among the values `data` read, by repository.
+    static func attachments(in data: EtcdRangeResult, layout: KeyLayout) -> [String: [SharedAttachment]] {
+        var attachments: [String: [SharedAttachment]] = [:]
+        for kv in data.kvs {
+            guard let lease = Codec.lease(ofData: kv.value), case .data(let repo) = layout.classify(kv.key),
+                let key = layout.key(ofDataKey: kv.key, repo: repo)
+            else { continue }
+            attachments[repo, default: []].append(SharedAttachment(key: key, lease: lease))
+        }
+        return attachments
     }
 
     /// The epoch under the prefix, created (128 random bits) if there is none.

@@ -3,9 +3,11 @@
 //
 // This module owns everything obsd keeps in etcd and how it gets there: the key layout and
 // encodings (KeyLayout.swift), start-up (ClusterLoader.swift), the one watch over the prefix
-// that delivers every daemon's revisions in order (this file), commits with group commit,
-// retries and the settling of unknown outcomes, and linearizable reads (ClusterCommit.swift).
-// It implements ObsStore's `SharedStorage`; the daemon (ObsServer) never sees etcd.
+// that delivers every daemon's revisions, lease attachments and lease ends in order (this
+// file), commits with group commit, retries and the settling of unknown outcomes, and
+// linearizable reads (ClusterCommit.swift), leases (ClusterLeases.swift, LeaseMirror.swift)
+// and this daemon's liveness lease (ClusterLiveness.swift). It implements ObsStore's
+// `SharedStorage`; the daemon (ObsServer) never sees etcd.
 //
 // Revisions are decided by etcd: a commit is one txn that compares the repository's counter
 // key's mod_revision with the one this daemon's state is at, and puts the counter, the
@@ -41,6 +43,10 @@ public final class ClusterStorage: SharedStorage {
         /// The most bytes of keys and values one txn of several revisions may carry (etcd's
         /// `--max-request-bytes` is 1.5 MiB by default).
         public var maxGroupBytes = 1 << 20
+        /// The TTL of this daemon's liveness lease (at least etcd's minimum, 2 s by default):
+        /// the leases it grants bound to its connections end this long after it dies or
+        /// loses etcd, at most (plus etcd's half-second expiry check and a commit).
+        public var livenessTTL: Duration = .seconds(5)
 
         /// A configuration with the default timeouts.
         public init(endpoints: [String], prefix: String, historyLimit: Int) {
@@ -58,9 +64,16 @@ public final class ClusterStorage: SharedStorage {
     let health = Health()
     /// Commits (txns that wrote), revisions committed, and commits that failed.
     public let counters: StorageCounters? = StorageCounters()
+    let leases = LeaseMirror()
+    let liveness: Liveness
+    /// Names this daemon (in its lease records), new at every start.
+    let daemonID = String(Epoch.random().prefix(16))
     private let snapshot = Mutex<ClusterSnapshot?>(nil)
     private let unloaded = Mutex<[LoadedRepository]?>(nil)
-    private let watchTask = Mutex<Task<Void, Never>?>(nil)
+    /// The watch and the liveness keeper.
+    let tasks = Mutex<[Task<Void, Never>]>([])
+    /// Leases that ended while no daemon watched, found at start-up: told once the sink is there.
+    private let endedBeforeStart = Mutex<[(lease: SharedLease, reason: SharedLeaseReason)]>([])
 
     /// A storage on the cluster at `configuration.endpoints`; nothing is contacted until
     /// `connect`. Throws `EtcdError.invalidConfiguration` for an endpoint that is not
@@ -72,6 +85,7 @@ public final class ClusterStorage: SharedStorage {
         self.client = try EtcdClient(configuration: etcd)
         self.layout = KeyLayout(prefix: configuration.prefix)
         self.logger = logger
+        self.liveness = Liveness(ttl: configuration.livenessTTL, client: client, logger: logger)
     }
 
     // MARK: Storage
@@ -100,9 +114,9 @@ public final class ClusterStorage: SharedStorage {
     public func discard(_ listener: any DurabilityListener, after revision: UInt64) {}
 
     public func close() {
-        watchTask.withLock { task in
-            task?.cancel()
-            task = nil
+        tasks.withLock { tasks in
+            for task in tasks { task.cancel() }
+            tasks = []
         }
         let client = self.client
         Task { await client.shutdown() }
@@ -121,7 +135,10 @@ public final class ClusterStorage: SharedStorage {
             do {
                 let loaded = try await ClusterLoader.load(
                     client: client, layout: layout, historyLimit: max(1, configuration.historyLimit), timeout: configuration.requestTimeout)
-                tracker.seed(loaded.positions)
+                tracker.seed(loaded.positions.merging([DeliveryTracker.leases: DeliveryTracker.Entry(position: loaded.revision)]) { $1 })
+                let ended = leases.reconcile(
+                    records: loaded.leases.records, alive: loaded.leases.alive, counter: loaded.leases.counter, at: loaded.revision)
+                endedBeforeStart.withLock { $0 = ended }
                 snapshot.withLock { $0 = loaded }
                 unloaded.withLock { $0 = loaded.repositories }
                 if lastLog != nil { logger.notice("reached the etcd cluster after \(ContinuousClock.now - started)") }
@@ -142,9 +159,16 @@ public final class ClusterStorage: SharedStorage {
     }
 
     public func start(delivering sink: any SharedStorageSink) {
-        let from = (snapshot.withLock { $0?.revision } ?? 0) + 1
-        let task = Task { await self.watch(from: from, sink: sink) }
-        watchTask.withLock { $0 = task }
+        let loaded = snapshot.withLock { $0 }
+        for (repo, attachments) in (loaded?.attachments ?? [:]).sorted(by: { $0.key < $1.key }) {
+            sink.deliver(repo: repo, revisions: [], attachments: attachments, replacing: true)
+        }
+        for (lease, reason) in endedBeforeStart.withLock({ $0 }) { sink.leaseEnded(lease, reason: reason) }
+        endedBeforeStart.withLock { $0 = [] }
+        let from = (loaded?.revision ?? 0) + 1
+        let watch = Task { await self.watch(from: from, sink: sink) }
+        let keeper = Task { await self.liveness.run { [weak sink, leases] lease in sink?.leasesLost(leases.drop(keptBy: lease)) } }
+        tasks.withLock { $0 = [watch, keeper] }
     }
 
     // MARK: The watch
@@ -190,38 +214,71 @@ public final class ClusterStorage: SharedStorage {
         }
     }
 
-    /// Hands the revisions of one etcd revision to `sink`, by repository.
+    /// What one etcd revision brings one repository.
+    private struct Found {
+        var revisions: [SharedRevision] = []
+        var counter: DeliveryTracker.Entry?
+        var attachments: [SharedAttachment] = []
+    }
+
+    /// Hands one etcd revision to `sink`: new leases first, then each repository's revisions
+    /// and attachments, then the leases that ended there.
     private func deliver(_ response: EtcdWatchResponse, to sink: any SharedStorageSink) throws {
         var order: [String] = []
-        var found: [String: (revisions: [SharedRevision], counter: DeliveryTracker.Entry?)] = [:]
+        var found: [String: Found] = [:]
+        var events = LeaseMirror.Events()
+        func note(_ repo: String) { if found[repo] == nil { order.append(repo) } }
         for event in response.events {
-            switch layout.classify(event.kv.key) {
+            let kv = event.kv
+            switch layout.classify(kv.key) {
             case .epoch:
-                if event.kind == .delete || String(decoding: event.kv.value, as: UTF8.self) != epoch {
+                if event.kind == .delete || String(decoding: kv.value, as: UTF8.self) != epoch {
                     throw HistoryLost(reason: "the epoch under etcd prefix \(configuration.prefix) was deleted or replaced (the prefix was wiped or restored)")
                 }
             case .counter(let repo):
-                guard event.kind == .put, let revision = Codec.counter(from: event.kv.value) else {
+                guard event.kind == .put, let revision = Codec.counter(from: kv.value) else {
                     throw HistoryLost(reason: "the revision counter of repository \(repo) was deleted or overwritten in etcd (the prefix was wiped?)")
                 }
-                if found[repo] == nil { order.append(repo) }
-                found[repo, default: ([], nil)].counter = DeliveryTracker.Entry(revision: revision, position: event.kv.modRevision)
+                note(repo)
+                found[repo, default: Found()].counter = DeliveryTracker.Entry(revision: revision, position: kv.modRevision)
             case .log(let repo) where event.kind == .put:
-                if found[repo] == nil { order.append(repo) }
-                found[repo, default: ([], nil)].revisions.append(try Codec.log(from: event.kv.value, repo: repo))
-            case .log, .data, .other:
+                note(repo)
+                found[repo, default: Found()].revisions.append(try Codec.log(from: kv.value, repo: repo))
+            case .data(let repo):
+                guard let key = layout.key(ofDataKey: kv.key, repo: repo) else { continue }
+                note(repo)
+                found[repo, default: Found()].attachments.append(
+                    SharedAttachment(key: key, lease: event.kind == .put ? Codec.lease(ofData: kv.value) : nil))
+            case .leaseCounter where event.kind == .put:
+                events.counter = (Codec.counter(from: kv.value) ?? 0, kv.modRevision)
+            case .lease(let id):
+                if event.kind == .put { events.records.append(try Codec.lease(from: kv.value)) } else { events.recordsGone.append(id) }
+            case .alive(let id):
+                if event.kind == .put {
+                    events.alive.append((id, LeaseMirror.Alive(etcdLease: kv.lease, created: kv.createRevision)))
+                } else {
+                    events.aliveGone.append(id)
+                }
+            case .log, .leaseCounter, .other:
                 continue
             }
         }
+        leases.applyPuts(events)
         for repo in order {
-            let (revisions, counter) = found[repo]!
-            try deliver(revisions, of: repo, counter: counter, to: sink)
+            let f = found[repo]!
+            try deliver(f.revisions, of: repo, counter: f.counter, attachments: f.attachments, replacing: false, to: sink)
         }
+        for (lease, reason) in leases.applyEnds(events, at: response.revision) { sink.leaseEnded(lease, reason: reason) }
+        tracker.advance(DeliveryTracker.leases, to: DeliveryTracker.Entry(position: response.revision))
     }
 
     /// Delivers the revisions of `repo` after the ones delivered so far, checking that they
-    /// continue them, and moves the tracker to the counter.
-    private func deliver(_ revisions: [SharedRevision], of repo: String, counter: DeliveryTracker.Entry?, to sink: any SharedStorageSink) throws {
+    /// continue them, and the attachments its counter's move brought; moves the tracker to
+    /// the counter.
+    private func deliver(
+        _ revisions: [SharedRevision], of repo: String, counter: DeliveryTracker.Entry?, attachments: [SharedAttachment], replacing: Bool,
+        to sink: any SharedStorageSink
+    ) throws {
         let current = tracker.entry(repo)
         let fresh = revisions.filter { $0.record.revision > current.revision }.sorted { $0.record.revision < $1.record.revision }
         for (i, revision) in fresh.enumerated() where revision.record.revision != current.revision + 1 + UInt64(i) {
@@ -232,8 +289,11 @@ public final class ClusterStorage: SharedStorage {
         if let counter, counter.revision < last {
             throw HistoryLost(reason: "the revision counter of repository \(repo) in etcd went back to \(counter.revision)")
         }
-        if !fresh.isEmpty {
-            sink.deliver(repo: repo, revisions: fresh)
+        // Attachments written with a counter this daemon has not passed yet (every commit
+        // moves the counter), or all of them (replacing).
+        let moved = replacing || (counter.map { $0.position > current.position } ?? false)
+        if !fresh.isEmpty || (moved && !attachments.isEmpty) || replacing {
+            sink.deliver(repo: repo, revisions: fresh, attachments: moved ? attachments : [], replacing: replacing)
         }
         let entry = DeliveryTracker.Entry(revision: last, position: counter?.position ?? current.position)
         tracker.advance(repo, to: entry, writeIDs: fresh.compactMap(\.writeID))
@@ -249,6 +309,10 @@ public final class ClusterStorage: SharedStorage {
         guard epochNow.kvs.first.map({ String(decoding: $0.value, as: UTF8.self) }) == epoch else {
             throw HistoryLost(reason: "the epoch under etcd prefix \(configuration.prefix) was deleted or replaced (the prefix was wiped or restored)")
         }
+        // Attachments and leases may have moved in the gap too: read them whole.
+        let data = try await client.range(layout.dataPrefix, rangeEnd: EtcdKey.prefixEnd(layout.dataPrefix), revision: at, timeout: timeout)
+        let attachments = ClusterLoader.attachments(in: data, layout: layout)
+        let leaseState = try await ClusterLoader.leases(client: client, layout: layout, at: at, timeout: timeout)
         var present = Set<String>()
         for kv in counters.kvs {
             guard case .counter(let repo) = layout.classify(kv.key), let revision = Codec.counter(from: kv.value) else { continue }
@@ -265,11 +329,16 @@ public final class ClusterStorage: SharedStorage {
                         reason: "this daemon missed revisions \(current.revision + 1)–\(revision) of repository \(repo) while cut off, and etcd's change log no longer holds them all (history.limit)")
                 }
             }
-            try deliver(revisions, of: repo, counter: DeliveryTracker.Entry(revision: revision, position: kv.modRevision), to: sink)
+            try deliver(
+                revisions, of: repo, counter: DeliveryTracker.Entry(revision: revision, position: kv.modRevision),
+                attachments: attachments[repo] ?? [], replacing: true, to: sink)
         }
         for (repo, entry) in tracker.all where entry.revision > 0 && !present.contains(repo) {
             throw HistoryLost(reason: "repository \(repo) disappeared from etcd (the prefix was wiped?)")
         }
+        let ended = leases.reconcile(records: leaseState.records, alive: leaseState.alive, counter: leaseState.counter, at: at)
+        for (lease, reason) in ended { sink.leaseEnded(lease, reason: reason) }
+        tracker.advance(DeliveryTracker.leases, to: DeliveryTracker.Entry(position: at))
         return at + 1
     }
 }

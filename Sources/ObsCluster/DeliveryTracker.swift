@@ -6,11 +6,16 @@
 // settle unknown outcomes). A daemon's state of a repository is current exactly when its
 // position equals the counter's mod_revision in etcd, which is what a commit compares and a
 // linearizable read checks. The watch updates an entry only after the sink installed the
-// revisions, so a waiter woken here finds them in the daemon's state.
+// revisions, so a waiter woken here finds them in the daemon's state. One more entry tracks
+// how far the watch has gone in all (`leases`).
 
 import Synchronization
 
 final class DeliveryTracker: Sendable {
+    /// The entry of no repository (a repository's name is never empty) whose position is the
+    /// etcd revision the watch applied last: what a grant waits for before it is answered.
+    static let leases = ""
+
     /// Where one repository is.
     struct Entry: Sendable, Equatable {
         var revision: UInt64 = 0

@@ -4,9 +4,20 @@
 //   P epoch                      the epoch of every repository under P (created once, 32 hex digits)
 //   P rev/<repo>                 the repository's revision counter, decimal; one obsd write is
 //                                one txn that compares this key's mod_revision and puts it
-//   P data/<repo>/<key>          a key's value: "<revision that last changed it> <canonical JSON>"
+//   P data/<repo>/<key>          a key's value: "<revision that last changed it> <canonical JSON>",
+//                                or "<revision> @<lease> <canonical JSON>" when the key is attached
+//                                to a lease (a set that keeps the value but moves the attachment
+//                                rewrites it: the attachment is shared state, not a revision)
 //   P log/<repo>/<revision>      the change log, one record per revision (20-digit revision, so
-//                                keys sort by revision): JSON {"rev","time","w","by","changes"}
+//                                keys sort by revision): JSON {"rev","time","w","by","changes"},
+//                                and "lease":{"id","end"} for a lease's end
+//   P lease-id                   the last lease id handed out, decimal (a grant compares its
+//                                mod_revision and puts it + 1: ids are small and never reused)
+//   P lease/<id>                 a lease (20-digit id): JSON {"id","by","ttl"?,"daemon","w","end"?},
+//                                kept until no key is attached to it any more
+//   P alive/<id>                 "" while lease <id> lives, attached to the etcd lease that keeps it:
+//                                its own (a lease with a TTL) or its daemon's liveness lease (a
+//                                lease bound to a connection); its deletion is the lease's end
 //
 // Repository names are `[A-Za-z0-9._-]`, so the first `/` after `data/` or `log/` ends the
 // name. Values and the log are JSON so that `etcdctl get --prefix /obsd/` reads as text.
@@ -28,16 +39,25 @@ struct KeyLayout: Sendable {
     var counterPrefix: [UInt8] { prefix + Array("rev/".utf8) }
     var dataPrefix: [UInt8] { prefix + Array("data/".utf8) }
     var logPrefix: [UInt8] { prefix + Array("log/".utf8) }
+    var leaseCounterKey: [UInt8] { prefix + Array("lease-id".utf8) }
+    var leasePrefix: [UInt8] { prefix + Array("lease/".utf8) }
+    var alivePrefix: [UInt8] { prefix + Array("alive/".utf8) }
+
+    func leaseKey(_ id: UInt64) -> [UInt8] { leasePrefix + Self.digits(id) }
+    func aliveKey(_ id: UInt64) -> [UInt8] { alivePrefix + Self.digits(id) }
 
     func counterKey(_ repo: String) -> [UInt8] { counterPrefix + Array(repo.utf8) }
     func dataPrefix(_ repo: String) -> [UInt8] { dataPrefix + Array(repo.utf8) + [UInt8(ascii: "/")] }
     func dataKey(_ repo: String, _ key: Key) -> [UInt8] { dataPrefix(repo) + Array(key.string.utf8) }
     func logPrefix(_ repo: String) -> [UInt8] { logPrefix + Array(repo.utf8) + [UInt8(ascii: "/")] }
 
-    func logKey(_ repo: String, _ revision: UInt64) -> [UInt8] {
-        var digits = Array(String(revision).utf8)
+    func logKey(_ repo: String, _ revision: UInt64) -> [UInt8] { logPrefix(repo) + Self.digits(revision) }
+
+    /// 20 decimal digits, so that keys sort by number.
+    private static func digits(_ n: UInt64) -> [UInt8] {
+        var digits = Array(String(n).utf8)
         if digits.count < 20 { digits.insert(contentsOf: repeatElement(UInt8(ascii: "0"), count: 20 - digits.count), at: 0) }
-        return logPrefix(repo) + digits
+        return digits
     }
 
     /// What a key under the prefix is.
@@ -46,6 +66,9 @@ struct KeyLayout: Sendable {
         case counter(repo: String)
         case data(repo: String)
         case log(repo: String)
+        case leaseCounter
+        case lease(id: UInt64)
+        case alive(id: UInt64)
         /// Not obsd's (or not under the prefix).
         case other
     }
@@ -57,6 +80,9 @@ struct KeyLayout: Sendable {
         if let name = Self.after("rev/", in: rest, nameEnds: false) { return .counter(repo: name) }
         if let name = Self.after("data/", in: rest, nameEnds: true) { return .data(repo: name) }
         if let name = Self.after("log/", in: rest, nameEnds: true) { return .log(repo: name) }
+        if rest.elementsEqual("lease-id".utf8) { return .leaseCounter }
+        if let id = Self.after("lease/", in: rest, nameEnds: false).flatMap(UInt64.init) { return .lease(id: id) }
+        if let id = Self.after("alive/", in: rest, nameEnds: false).flatMap(UInt64.init) { return .alive(id: id) }
         return .other
     }
 
@@ -96,10 +122,16 @@ enum Codec {
 
     static func counter(from bytes: [UInt8]) -> UInt64? { UInt64(String(decoding: bytes, as: UTF8.self)) }
 
-    /// `"<revision> <canonical JSON>"`.
-    static func data(revision: UInt64, value: CanonicalJSON) -> [UInt8] {
+    /// `"<revision> <canonical JSON>"`, or `"<revision> @<lease> <canonical JSON>"` for a key
+    /// attached to a lease (JSON never starts with `@`).
+    static func data(revision: UInt64, value: CanonicalJSON, lease: UInt64? = nil) -> [UInt8] {
         var out = Array(String(revision).utf8)
         out.append(UInt8(ascii: " "))
+        if let lease {
+            out.append(UInt8(ascii: "@"))
+            out.append(contentsOf: String(lease).utf8)
+            out.append(UInt8(ascii: " "))
+        }
         out.append(contentsOf: value.bytes)
         return out
     }
@@ -108,16 +140,38 @@ enum Codec {
         guard let space = bytes.firstIndex(of: UInt8(ascii: " ")),
             let revision = UInt64(String(decoding: bytes[..<space], as: UTF8.self))
         else { throw Malformed(description: "a value without its revision") }
+        var start = space + 1
+        if start < bytes.endIndex, bytes[start] == UInt8(ascii: "@") {
+            guard let end = bytes[start...].firstIndex(of: UInt8(ascii: " ")) else { throw Malformed(description: "a lease without its value") }
+            start = end + 1
+        }
         do {
-            let value = try bytes[(space + 1)...].withUnsafeBytes { (raw) throws(JSONParseError) in try CanonicalJSON(validating: raw) }
+            let value = try bytes[start...].withUnsafeBytes { (raw) throws(JSONParseError) in try CanonicalJSON(validating: raw) }
             return Entry(value: value, revision: revision)
         } catch {
             throw Malformed(description: "a value that is not JSON (\(error))")
         }
     }
 
-    /// A log record: `{"rev":N,"time":T,"w":"<write id>","by":{…},"changes":[{"key","old","new"}…]}`.
-    static func log(_ record: RevisionRecord, writeID: String) -> [UInt8] {
+    /// A writer (`{"uid","gid","pid"}`) read from `by` of `what`.
+    static func writer(from by: JSONValue, in what: String) throws(Malformed) -> Writer {
+        guard let by = by.objectValue, let uid = by["uid"]?.uint64Value, let gid = by["gid"]?.uint64Value, let pid = by["pid"]?.int64Value,
+            let u = UInt32(exactly: uid), let g = UInt32(exactly: gid), let p = Int32(exactly: pid)
+        else { throw Malformed(description: "\(what) with a malformed writer") }
+        return Writer(uid: u, gid: g, pid: p)
+    }
+
+    /// The lease a value's key is attached to (nil: none), without reading the value.
+    static func lease(ofData bytes: [UInt8]) -> UInt64? {
+        guard let space = bytes.firstIndex(of: UInt8(ascii: " ")), space + 1 < bytes.endIndex, bytes[space + 1] == UInt8(ascii: "@"),
+            let end = bytes[(space + 1)...].firstIndex(of: UInt8(ascii: " "))
+        else { return nil }
+        return UInt64(String(decoding: bytes[(space + 2)..<end], as: UTF8.self))
+    }
+
+    /// A log record: `{"rev":N,"time":T,"w":"<write id>","by":{…},"changes":[{"key","old","new"}…]}`,
+    /// and `"lease":{"id":L,"end":E}` when it deleted a lease's keys.
+    static func log(_ record: RevisionRecord, writeID: String, lease: SharedLeaseEnd? = nil) -> [UInt8] {
         var out: [UInt8] = []
         out.reserveCapacity(record.byteSize + 96)
         out.writeMember("{\"rev\":", record.revision)
@@ -130,7 +184,9 @@ enum Codec {
             if i > 0 { out.writeByte(UInt8(ascii: ",")) }
             EventEncoder.writeChange(&out, change) { sink, value in sink.writeCanonical(value) }
         }
-        out.writeRaw("]}")
+        out.writeByte(UInt8(ascii: "]"))
+        if let lease { LeaseEnd(lease: lease.lease, reason: LeaseEnd.Reason(rawValue: lease.reason.rawValue)).writeMember(into: &out) }
+        out.writeByte(UInt8(ascii: "}"))
         return out
     }
 
@@ -140,13 +196,7 @@ enum Codec {
         guard case .object(let o) = tree, let revision = o["rev"]?.uint64Value, revision > 0, let time = o["time"]?.int64Value,
             let changes = o["changes"]?.arrayValue
         else { throw Malformed(description: "a log record without rev, time or changes") }
-        var writer: Writer? = nil
-        if let by = o["by"]?.objectValue {
-            guard let uid = by["uid"]?.uint64Value, let gid = by["gid"]?.uint64Value, let pid = by["pid"]?.int64Value,
-                let u = UInt32(exactly: uid), let g = UInt32(exactly: gid), let p = Int32(exactly: pid)
-            else { throw Malformed(description: "a log record with a malformed writer") }
-            writer = Writer(uid: u, gid: g, pid: p)
-        }
+        let writer = try o["by"].map { by throws(Malformed) in try Self.writer(from: by, in: "a log record") }
         var decoded: [Change<CanonicalJSON>] = []
         decoded.reserveCapacity(changes.count)
         for change in changes {
@@ -155,8 +205,15 @@ enum Codec {
             }
             decoded.append(Change(key: Key(key), old: c["old"].map(CanonicalJSON.init), new: c["new"].map(CanonicalJSON.init)))
         }
+        var lease: SharedLeaseEnd? = nil
+        if let member = o["lease"]?.objectValue {
+            guard let id = member["id"]?.uint64Value, let reason = member["end"]?.stringValue.flatMap(SharedLeaseReason.init(rawValue:)) else {
+                throw Malformed(description: "a log record with a malformed lease")
+            }
+            lease = SharedLeaseEnd(lease: id, reason: reason)
+        }
         let record = RevisionRecord(
             repo: repo, changeSet: ChangeSet(revision: revision, changes: decoded), time: time, writer: writer)
-        return SharedRevision(record: record, writeID: o["w"]?.stringValue)
+        return SharedRevision(record: record, writeID: o["w"]?.stringValue, lease: lease)
     }
 }

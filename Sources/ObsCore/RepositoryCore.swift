@@ -182,6 +182,14 @@ public struct RepositoryCore: Sendable {
         for key in keys { attachments[key] = nil }
     }
 
+    /// Attaches `key` to `lease` (nil: to none) as a shared store decided it; returns the
+    /// lease it was attached to.
+    @discardableResult
+    public mutating func setAttachment(_ key: Key, to lease: UInt64?) -> UInt64? {
+        guard let lease else { return attachments.isEmpty ? nil : attachments.removeValue(forKey: key) }
+        return attachments.updateValue(lease, forKey: key)
+    }
+
     /// What a tentative install replaced, to take it back.
     public typealias Tentative = [(key: Key, entry: Entry<CanonicalJSON>?)]
 
@@ -200,13 +208,14 @@ public struct RepositoryCore: Sendable {
     }
 
     /// Installs a revision decided elsewhere (another daemon's, through a shared store; or this
-    /// daemon's, once the store committed it). Ignored unless it is the next revision.
+    /// daemon's, once the store committed it) — with `tail`, a lease's end, in its event.
+    /// Ignored unless it is the next revision.
     @discardableResult
-    public mutating func install(_ changes: [Change<CanonicalJSON>], info: RevisionInfo) -> Bool {
+    public mutating func install(_ changes: [Change<CanonicalJSON>], info: RevisionInfo, tail: [UInt8] = []) -> Bool {
         guard info.revision == data.revision + 1 else { return false }
         data.install(ChangeSet(revision: info.revision, changes: changes))
         lastTime = max(lastTime, info.time)
-        record(info, changes, durable: true)
+        record(info, changes, durable: true, tail: tail)
         return true
     }
 

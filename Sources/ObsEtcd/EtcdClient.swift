@@ -228,7 +228,7 @@ public final class EtcdClient: Sendable {
 
     func answered(by index: Int) { preferred.store(index, ordering: .relaxed) }
 
-    private func call<T: Decodable>(
+    func call<T: Decodable>(
         _ path: String, _ body: [UInt8], isWrite: Bool, requireLeader: Bool, timeout: Duration?
     ) async throws -> T {
         try await callWithEndpoint(path, body, isWrite: isWrite, requireLeader: requireLeader, timeout: timeout, only: nil).0

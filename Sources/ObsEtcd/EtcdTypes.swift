@@ -154,8 +154,11 @@ public struct EtcdCompare: Sendable, Hashable {
 
 /// One operation of a transaction (`RequestOp`).
 public enum EtcdOp: Sendable, Hashable {
-    /// Set `key` to `value`; `prevKV`: answer the key's previous state.
-    case put(key: [UInt8], value: [UInt8], prevKV: Bool = false)
+    /// Set `key` to `value`; `prevKV`: answer the key's previous state; `lease`: attach the
+    /// key to that lease (etcd deletes it when the lease ends), 0 for none. A put of a key
+    /// attached to a lease that does not exist fails the whole transaction (code 5, "requested
+    /// lease not found").
+    case put(key: [UInt8], value: [UInt8], prevKV: Bool = false, lease: Int64 = 0)
     /// Delete `key` (or the range up to `rangeEnd`); `prevKV`: answer the deleted keys.
     case deleteRange(key: [UInt8], rangeEnd: [UInt8]? = nil, prevKV: Bool = false)
     /// Read, at the transaction's revision. Its `revision` and `serializable` are ignored by etcd.

@@ -91,6 +91,7 @@ struct WirePutRequest: Encodable {
     var key: WireBytes
     var value: WireBytes
     var prev_kv: Bool?
+    var lease: WireInt?
 }
 
 struct WireDeleteRangeRequest: Encodable {
@@ -106,8 +107,9 @@ struct WireRequestOp: Encodable {
 
     init(_ op: EtcdOp) {
         switch op {
-        case .put(let key, let value, let prevKV):
-            request_put = WirePutRequest(key: WireBytes(key), value: WireBytes(value), prev_kv: prevKV ? true : nil)
+        case .put(let key, let value, let prevKV, let lease):
+            request_put = WirePutRequest(
+                key: WireBytes(key), value: WireBytes(value), prev_kv: prevKV ? true : nil, lease: lease != 0 ? WireInt(lease) : nil)
         case .deleteRange(let key, let rangeEnd, let prevKV):
             request_delete_range = WireDeleteRangeRequest(
                 key: WireBytes(key), range_end: rangeEnd.map(WireBytes.init), prev_kv: prevKV ? true : nil)

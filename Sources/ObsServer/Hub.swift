@@ -87,8 +87,10 @@ final class Hub: Sendable {
     let users = UserDatabase()
     /// The uid the daemon runs as (its peers of this uid are privileged), read once.
     let daemonUID = getuid()
-    /// Every lease, and which keys each holds.
+    /// Every lease, and which keys each holds (local storage).
     let leases = LeaseTable()
+    /// Leases kept by a shared store, and this daemon's part in them (etcd mode).
+    let sharedLeases: SharedLeases?
     /// Expires leases with a TTL (on the first loop).
     let leaseClock: LeaseClock
 
@@ -118,11 +120,13 @@ final class Hub: Sendable {
         self.leaseClock = LeaseClock(loop: shards[0].loop)
         if let shared = storage as? any SharedStorage {
             self.shared = shared
-            self.sequencer = SharedSequencer(store: shared, stats: stats)
+            self.sequencer = SharedSequencer(store: shared, stats: stats, leaseLoop: shards[0].loop)
+            self.sharedLeases = shared.keepsLeases ? SharedLeases(store: shared) : nil
             self.freshEpoch = shared.epoch
         } else {
             self.shared = nil
             self.sequencer = LocalSequencer(storage: storage, stats: stats, leases: leases)
+            self.sharedLeases = nil
             self.freshEpoch = Epoch.random()
         }
         let loaded = try storage.load()
@@ -250,20 +254,46 @@ final class Hub: Sendable {
 // MARK: - A shared store's revisions
 
 extension Hub: SharedStorageSink {
-    func deliver(repo name: String, revisions: [SharedRevision]) {
+    func deliver(repo name: String, revisions: [SharedRevision], attachments: [SharedAttachment], replacing: Bool) {
         // Kept for good under the map's lock, so a placeholder cannot be dropped between here
-        // and the install that makes it a repository.
-        let repository = repositories.withLock { map -> Repository in
-            let repository = map[name]?.repository ?? makeRepository(name)
-            if map[name] == nil { map[name] = Slot(repository: repository) }
-            repository.makePermanent()
-            return repository
+        // and the install that makes it a repository. Attachments alone need a repository
+        // this daemon holds (they are of keys that exist).
+        let repository: Repository
+        if revisions.isEmpty {
+            guard let existing = existing(name) else { return }
+            repository = existing
+        } else {
+            repository = repositories.withLock { map -> Repository in
+                let repository = map[name]?.repository ?? makeRepository(name)
+                if map[name] == nil { map[name] = Slot(repository: repository) }
+                repository.makePermanent()
+                return repository
+            }
         }
         let sequencer = self.sequencer as? SharedSequencer
-        repository.install(revisions.map { ($0.record, sequencer?.origin(of: $0.writeID, revision: $0.record.revision, in: repository) ?? 0) })
+        let installs = revisions.map { revision -> (record: RevisionRecord, origin: UInt64, tail: [UInt8]) in
+            let origin = sequencer?.origin(of: revision.writeID, revision: revision.record.revision, in: repository) ?? 0
+            guard let end = revision.lease else { return (revision.record, origin, []) }
+            sequencer?.noteEnd(of: end.lease, in: repository, revision: revision.record.revision)
+            var tail: [UInt8] = []
+            LeaseEnd(lease: end.lease, reason: LeaseEnd.Reason(rawValue: end.reason.rawValue)).writeMember(into: &tail)
+            return (revision.record, origin, tail)
+        }
+        let moves = repository.install(installs, attachments: attachments, replacing: replacing)
+        if let sharedLeases {
+            for move in moves { sharedLeases.move(move.key, of: name, from: move.from, to: move.to) }
+        }
     }
 
     func historyLost(_ reason: String) {
         onHistoryLost(reason)
+    }
+
+    func leaseEnded(_ lease: SharedLease, reason: SharedLeaseReason) {
+        sharedLeaseEnded(lease, reason: reason)
+    }
+
+    func leasesLost(_ ids: [UInt64]) {
+        sharedLeasesLost(ids)
     }
 }

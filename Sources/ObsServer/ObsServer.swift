@@ -177,6 +177,8 @@ public final class ObsServer: Service, Sendable {
         // Stop taking requests, make durable what storage holds (its replies fill their
         // slots), let those replies reach their clients (two seconds at most), then close.
         for loop in loops { await loop.run { for connection in loop.connections.all.values { connection.quiesce() } } }
+        // A shared store ends the leases bound to this daemon's connections now (1 s at most).
+        await (storage as? any SharedStorage)?.leave()
         storage.close()
         for loop in loops { await loop.drain(within: 2_000_000_000) }
         for loop in loops { await loop.run { for connection in loop.connections.all.values { connection.close() } } }

@@ -204,13 +204,18 @@ final class Repository: DurabilityListener, Sendable {
     }
 
     /// Installs revisions a shared store decided (every daemon's, in the store's order) and
-    /// publishes them; each names who wrote it (`origin`: a connection of this daemon, or 0).
-    func install(_ revisions: [(record: RevisionRecord, origin: UInt64)]) {
+    /// publishes them; each names who wrote it (`origin`: a connection of this daemon, or 0)
+    /// and carries `tail` (a lease's end) in its event. Then applies the lease attachments
+    /// the store delivered with them (`replacing`: every attachment); returns the moves.
+    @discardableResult
+    func install(
+        _ revisions: [(record: RevisionRecord, origin: UInt64, tail: [UInt8])], attachments: [SharedAttachment] = [], replacing: Bool = false
+    ) -> [(key: Key, from: UInt64?, to: UInt64?)] {
         state.withLock { s in
             let loops = s.subscriberLoops
-            for (record, origin) in revisions {
+            for (record, origin, tail) in revisions {
                 let info = RevisionInfo(revision: record.revision, time: record.time, writer: record.writer, origin: origin, weight: record.byteSize)
-                guard s.core.install(record.changes, info: info) else { continue }
+                guard s.core.install(record.changes, info: info, tail: tail) else { continue }
                 _ = Self.applied(&s, revision: record.revision, durable: true, on: self)
                 if record.revision == 1 {
                     stats.repositories.add(1, ordering: .relaxed)
@@ -218,6 +223,19 @@ final class Repository: DurabilityListener, Sendable {
                 }
                 if !loops.isEmpty { s.core.withLastRecord { Self.publish($0, to: loops, of: self) } }
             }
+            var moves: [(key: Key, from: UInt64?, to: UInt64?)] = []
+            if replacing {
+                let listed = Set(attachments.map(\.key))
+                for (key, lease) in s.core.attachments where !listed.contains(key) {
+                    s.core.setAttachment(key, to: nil)
+                    moves.append((key, lease, nil))
+                }
+            }
+            for attachment in attachments {
+                let from = s.core.setAttachment(attachment.key, to: attachment.lease)
+                if from != attachment.lease { moves.append((attachment.key, from, attachment.lease)) }
+            }
+            return moves
         }
     }
 

@@ -8,24 +8,32 @@
 // the only way the daemon's state moves. So a local write is applied exactly once, in the
 // same order as on every other daemon, and only once it is in the store.
 //
-// This file is the boundary only: what the daemon asks (`commit`, `linearize`) and what it
-// is told (`SharedStorageSink`). It names no cluster technology.
+// This file is the boundary only: what the daemon asks (`commit`, `linearize`; leases in
+// SharedLeases.swift) and what it is told (`SharedStorageSink`). It names no cluster
+// technology.
+
+import ObsValues
+import ObservableKit
 
 /// Where a committed revision came from: its record, and the write id the committing
-/// daemon gave its group (nil when unknown).
+/// daemon gave its group (nil when unknown); for a revision that deleted a lease's keys, which
+/// lease and why.
 public struct SharedRevision: Sendable {
     public let record: RevisionRecord
     public let writeID: String?
+    public let lease: SharedLeaseEnd?
 
-    public init(record: RevisionRecord, writeID: String?) {
+    public init(record: RevisionRecord, writeID: String?, lease: SharedLeaseEnd? = nil) {
         self.record = record
         self.writeID = writeID
+        self.lease = lease
     }
 }
 
 /// Revisions planned by this daemon on `basisRevision` of `repo`, to commit together (group
-/// commit): each keeps its own revision, `basisRevision + 1`… in order. With no records, a
-/// check that the basis is current (for answers that change nothing: a no-op, a conflict).
+/// commit): each keeps its own revision, `basisRevision + 1`… in order; and the lease
+/// attachments its writes move. With nothing to write, a check that the basis is current (for
+/// answers that change nothing: a no-op, a conflict) and that the leases named are live.
 public struct SharedCommit: Sendable {
     public let repo: String
     public let basisRevision: UInt64
@@ -36,6 +44,18 @@ public struct SharedCommit: Sendable {
     /// When the daemon must have an answer (the store may take a little longer to settle an
     /// unknown outcome; see `SharedCommitOutcome.failed`).
     public let deadline: ContinuousClock.Instant
+    /// Leases the group's writes name: it commits only while each is live (else
+    /// `SharedCommitOutcome.leaseEnded`).
+    public var leases: [SharedLease] = []
+    /// The lease each key changed by `records` is attached to after the group (absent: none).
+    public var attachments: [Key: UInt64] = [:]
+    /// Keys whose attachment the group moves without changing their value.
+    public var reattached: [SharedReattachment] = []
+    /// The revisions (by number) that delete a lease's keys, and which lease and why.
+    public var leaseEnds: [UInt64: SharedLeaseEnd] = [:]
+
+    /// Whether committing the group changes anything in the store.
+    public var writes: Bool { !records.isEmpty || !reattached.isEmpty }
 
     public init(repo: String, basisRevision: UInt64, records: [RevisionRecord], writeID: String, deadline: ContinuousClock.Instant) {
         self.repo = repo
@@ -57,6 +77,9 @@ public enum SharedCommitOutcome: Sendable {
     case stale
     /// Not committed, or not known to be (`SharedFailure.Kind`).
     case failed(SharedFailure)
+    /// Nothing was committed: these leases the group names have ended (the daemon no longer
+    /// finds them live, and the sink is told of their end as usual). Plan again.
+    case leaseEnded(Set<UInt64>)
 }
 
 /// Why a shared store could not commit.
@@ -95,8 +118,18 @@ public enum SharedScope: Sendable, Hashable {
 /// Told about every committed revision of a shared store, in order. Called from the store's
 /// own task; it must not wait for the store.
 public protocol SharedStorageSink: AnyObject, Sendable {
-    /// The next revisions of `repo`, contiguous and in order, committed by any daemon.
-    func deliver(repo: String, revisions: [SharedRevision])
+    /// The next revisions of `repo`, contiguous and in order, committed by any daemon; then the
+    /// lease attachments of keys they, or a commit that only moved attachments, wrote —
+    /// `replacing`: every attachment of `repo` (a key not listed is attached to none).
+    func deliver(repo: String, revisions: [SharedRevision], attachments: [SharedAttachment], replacing: Bool)
+    /// Lease `lease` ended, after every revision and attachment committed before its end was
+    /// delivered. Every daemon is told; each deletes the keys still attached to it (the store
+    /// lets exactly one deletion through).
+    func leaseEnded(_ lease: SharedLease, reason: SharedLeaseReason)
+    /// This daemon can no longer vouch for these leases it granted bound to its connections:
+    /// it lost the store for longer than their bound, and the store ends them (or has) without
+    /// it. It treats them as ended at once.
+    func leasesLost(_ ids: [UInt64])
     /// The store's history no longer matches what this daemon showed its clients (the
     /// store's data was wiped or replaced): the daemon cannot go on with the same epoch.
     func historyLost(_ reason: String)
@@ -117,10 +150,32 @@ public protocol SharedStorage: Storage {
     /// Why `records` cannot be committed together, if they cannot (the daemon then commits
     /// fewer at a time, or refuses a single revision that is too large with this reason).
     func limitExceeded(by records: [RevisionRecord]) -> String?
+    /// The same, for a group that also needs `extraOperations` (keys whose lease attachment
+    /// it moves, leases it names).
+    func limitExceeded(by records: [RevisionRecord], extraOperations: Int) -> String?
     /// Commits `group` if its basis is current.
     func commit(_ group: SharedCommit) async -> SharedCommitOutcome
     /// Returns once every revision of `scope` committed before the call has been delivered
     /// (true), or false when the store could not say so quickly (it is unreachable or has
     /// no quorum): the caller then answers from the state it holds.
     func linearize(_ scope: SharedScope) async -> Bool
+
+    // Leases (SharedLeases.swift says what each does; a store that keeps none leaves the
+    // defaults there).
+    var keepsLeases: Bool { get }
+    func grantLease(owner: Writer, ttl: Int64?, limit: Int?) async -> Result<SharedLease, SharedGrantFailure>
+    func liveLease(_ id: UInt64) -> SharedLease?
+    func lease(_ id: UInt64) async -> Result<SharedLease?, SharedFailure>
+    func keepAlive(_ lease: SharedLease) async -> Result<Bool, SharedFailure>
+    func endLease(_ lease: SharedLease, reason: SharedLeaseReason) async -> Result<Bool, SharedFailure>
+    func leaseFinished(_ id: UInt64)
+    var liveLeaseCount: Int { get }
+    func leave() async
+}
+
+extension SharedStorageSink {
+    /// The next revisions of `repo`, with no attachment moved.
+    public func deliver(repo: String, revisions: [SharedRevision]) {
+        deliver(repo: repo, revisions: revisions, attachments: [], replacing: false)
+    }
 }

@@ -10,6 +10,7 @@ import NIOPosix
 import ObsProtocol
 import ObservableKit
 import Testing
+import TestSupport
 
 @Suite(.timeLimit(.minutes(3))) struct ClientFlowControlTests {
     /// Small bounds, so that a test reaches them in a few hundred writes.

@@ -6,6 +6,7 @@ import ObsClient
 import ObsProtocol
 import ObservableKit
 import Testing
+import TestSupport
 
 /// Consumes a subscription, recording every change event's revision and changes.
 func collect(_ subscription: Subscription, until lastRevision: UInt64) async throws -> [ChangeSet<JSONValue>] {

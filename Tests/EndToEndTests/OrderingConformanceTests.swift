@@ -6,6 +6,7 @@
 
 import ObsProtocol
 import Testing
+import TestSupport
 
 extension JSONObject {
     var asValue: JSONValue { .object(self) }

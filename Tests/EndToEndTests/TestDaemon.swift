@@ -8,11 +8,6 @@ import TestSupport
 import Glibc
 #endif
 
-struct TestFailure: Error, CustomStringConvertible {
-    let description: String
-    init(_ description: String) { self.description = description }
-}
-
 /// A running `obsd` process owned by a test.
 final class TestDaemon: @unchecked Sendable {
     // @unchecked: `process` is only touched by the test that owns this daemon, one call at a time.

@@ -4,7 +4,7 @@
 // the no-op rule, `since` replay and one epoch (this file); etcd losing its quorum, its
 // leader killed under a write loop, a daemon killed -9, an etcd compaction, starting while
 // etcd is down (ClusterFailureTests.swift); a watch resumed behind a compaction and a wiped
-// prefix (ClusterCatchUpTests.swift).
+// prefix (ClusterCatchUpTests.swift); leases across daemons (ClusterLeaseTests.swift).
 //
 // Each test starts its own cluster and daemons and stops every process by PID in a `defer`.
 // Tests await events and replies; the waits' bounds are failure guards only. The suite runs

@@ -1,5 +1,5 @@
-// ObsCluster without a cluster: the key layout, and the encodings of values and of the
-// change log read back exactly.
+// ObsCluster without a cluster: the key layout, and the encodings of values (with their lease
+// attachment), of the change log (with a lease's end) and of lease records read back exactly.
 
 import ObsProtocol
 import ObsStore
@@ -52,6 +52,36 @@ import Testing
         #expect(decoded.record.changes.map { $0.new?.bytes } == changes.map { $0.new?.bytes })
         #expect(throws: Malformed.self) { try Codec.log(from: Array("{}".utf8), repo: "ui") }
         #expect(throws: Malformed.self) { try Codec.data(from: Array("x {}".utf8)) }
+    }
+
+    @Test func leaseKeysAttachmentsLeaseEndsAndLeaseRecordsRoundTrip() throws {
+        #expect(layout.classify(layout.leaseCounterKey) == .leaseCounter)
+        #expect(layout.classify(layout.leaseKey(7)) == .lease(id: 7))
+        #expect(layout.classify(layout.aliveKey(7)) == .alive(id: 7))
+        #expect(String(decoding: layout.aliveKey(7), as: UTF8.self) == "/obsd/alive/00000000000000000007")
+        #expect(layout.classify(Array("/obsd/lease/x".utf8)) == .other)
+
+        let value = CanonicalJSON(JSONValue.string("@ not a lease"))
+        let attached = Codec.data(revision: 3, value: value, lease: 12)
+        #expect(String(decoding: attached, as: UTF8.self) == #"3 @12 "@ not a lease""#)
+        #expect(Codec.lease(ofData: attached) == 12)
+        #expect(try Codec.data(from: attached).value == value && Codec.data(from: attached).revision == 3)
+        #expect(Codec.lease(ofData: Codec.data(revision: 3, value: value)) == nil, "a value of no lease, even one starting with @")
+
+        let record = RevisionRecord(
+            repo: "svc", changeSet: ChangeSet(revision: 5, changes: [Change(key: Key("up"), old: CanonicalJSON(.bool(true)), new: nil)]), time: 1,
+            writer: Writer(uid: 1, gid: 2, pid: 3))
+        let end = try Codec.log(from: Codec.log(record, writeID: "w", lease: SharedLeaseEnd(lease: 12, reason: .expired)), repo: "svc")
+        #expect(end.lease == SharedLeaseEnd(lease: 12, reason: .expired) && end.record.changes == record.changes)
+        #expect(try Codec.log(from: Codec.log(record, writeID: "w"), repo: "svc").lease == nil)
+
+        var lease = LeaseRecord(id: 12, owner: Writer(uid: 1000, gid: 1000, pid: 77), ttl: 30, daemon: "d1", grant: "g1")
+        #expect(try Codec.lease(from: Codec.lease(lease)) == lease)
+        lease.revoked = true
+        #expect(try Codec.lease(from: Codec.lease(lease)) == lease)
+        let bound = LeaseRecord(id: 13, owner: Writer(uid: 0, gid: 0, pid: 1), ttl: nil, daemon: "d2", grant: "g2")
+        #expect(try Codec.lease(from: Codec.lease(bound)) == bound)
+        #expect(throws: Malformed.self) { try Codec.lease(from: Array(#"{"id":1}"#.utf8)) }
     }
 
     @Test func theLoadedHistoryIsTheContiguousTailWithinTheLimit() {

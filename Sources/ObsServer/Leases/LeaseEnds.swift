@@ -37,6 +37,7 @@ extension Hub {
 
     /// A connection closed: its connection-bound leases end (`closed`).
     func connectionClosed(_ connection: ConnectionID, time: Int64) {
+        if sharedLeases != nil { return sharedConnectionClosed(connection) }
         for ended in leases.connectionClosed(connection) { end(ended, time: time) }
     }
 }

@@ -4,13 +4,19 @@
 // Here the state never moves on a local write. Writes queue per repository; one group at a
 // time is planned on the current state — each write on top of the ones before it in the
 // group, by the same rules as ever, installed tentatively then taken back, so readers never
-// see a plan — and handed to the store, which commits it only if that state is still current
-// everywhere. Every committed revision, this daemon's and every other's, arrives through the
-// hub (`SharedStorageSink`) in the store's order and is installed and published like a local
-// one. A group's writers are answered once the store says: committed (their revisions are
-// installed by then), current (writes that change nothing were checked against the cluster),
-// stale (another daemon's revisions came first: the same writes are planned again on the new
-// state) or failed (the cause, for the reply).
+// see a plan (SharedSequencer+Plan.swift) — and handed to the store, which commits it only if
+// that state is still current everywhere. Every committed revision, this daemon's and every
+// other's, arrives through the hub (`SharedStorageSink`) in the store's order and is installed
+// and published like a local one. A group's writers are answered once the store says:
+// committed (their revisions are installed by then), current (writes that change nothing were
+// checked against the cluster), stale (another daemon's revisions came first: the same writes
+// are planned again on the new state), a lease they name ended (planned again: those writes
+// are then `not_found`), or failed (the cause, for the reply).
+//
+// A lease's end is queued the same way: it deletes the keys still attached to the lease when
+// its group is planned. Every daemon queues it when the store tells of the end; the first
+// group to commit deletes them, and every other daemon's plan — on a state that then includes
+// that revision — finds nothing left to delete: one deletion per repository, whoever wins.
 
 import ObsCore
 import ObsStore
@@ -28,21 +34,31 @@ final class WriteIDs: Sendable {
 
 final class SharedSequencer: Sequencer, Sendable {
     let store: any SharedStorage
-    private let stats: ServerStats
-    private let writeIDs = WriteIDs()
+    let stats: ServerStats
+    let writeIDs = WriteIDs()
+    /// Where lease ends are committed from (the first loop).
+    private let leaseLoop: IOLoop
     /// How long a write may wait for the cluster before it is answered with the cause (the
     /// store may take a little longer to settle an unknown outcome).
     static let writeTimeout: Duration = .seconds(4)
+    /// The most keys one revision of a lease's end deletes (etcd's `--max-txn-ops` bounds a
+    /// revision at 125 keys); a lease holding more in one repository ends in several.
+    static let leaseEndKeys = 100
 
-    /// A write waiting for the store.
-    private struct Item: Sendable {
-        let write: WriteRequest
-        let route: AnswerRoute
-        let token: UInt64
-        /// Past it, the write is answered with an error instead of being planned again.
+    /// A write, or a lease's end, waiting for the store.
+    struct Item: Sendable {
+        enum Work: Sendable {
+            case write(WriteRequest)
+            /// Deletes those of `keys` still attached to the lease (at most `limit`).
+            case leaseEnd(EndedLease, keys: Set<Key>, limit: Int)
+        }
+
+        let work: Work
+        /// Where the commit runs: the first writer's loop.
+        let loop: IOLoop
+        /// Past it, the item is answered with an error instead of being planned again.
         let deadline: ContinuousClock.Instant
-
-        func answer(_ result: WriteDecision) { route.answer(token, result) }
+        let answer: @Sendable (WriteDecision) -> Void
     }
 
     /// A group's connections per revision, kept until its revisions arrive (or for a while
@@ -64,26 +80,84 @@ final class SharedSequencer: Sequencer, Sendable {
 
     private let queues = Mutex<[UInt64: Queue]>([:])
 
-    init(store: any SharedStorage, stats: ServerStats) {
+    /// The revisions that deleted recent leases' keys, by repository and lease (at most
+    /// `endsKept`): a daemon whose own deletion found the keys gone reports the winner's.
+    private let ends = Mutex<(revisions: [EndKey: UInt64], order: [EndKey])>(([:], []))
+    private struct EndKey: Hashable { let repository: UInt64, lease: UInt64 }
+    static let endsKept = 4096
+
+    init(store: any SharedStorage, stats: ServerStats, leaseLoop: IOLoop) {
         self.store = store
         self.stats = stats
+        self.leaseLoop = leaseLoop
     }
 
     func submit(_ write: WriteRequest, to repository: Repository, route: AnswerRoute, token: UInt64) -> WriteDecision? {
-        let item = Item(write: write, route: route, token: token, deadline: .now + Self.writeTimeout)
-        let start = queues.withLock { q -> Bool in
-            q[repository.id, default: Queue()].waiting.append(item)
-            if q[repository.id]!.busy { return false }
-            q[repository.id]!.busy = true
-            return true
+        let item = Item(work: .write(write), loop: route.loop, deadline: .now + Self.writeTimeout) { route.answer(token, $0) }
+        // A lease granted on another daemon a moment ago may not have reached this one yet.
+        let unknown = Set(write.leases.compactMap { $0 }).filter { store.liveLease($0) == nil }.sorted()
+        guard !unknown.isEmpty else {
+            enqueue(item, to: repository)
+            return nil
         }
-        if start { commitNextGroup(of: repository) }
+        Task(executorPreference: route.loop) {
+            for id in unknown {
+                switch await self.store.lease(id) {
+                case .success(nil): return item.answer(.failure(.lease(.notFound(id))))
+                case .failure(let failure): return item.answer(.failure(.shared(failure)))
+                case .success: continue
+                }
+            }
+            self.enqueue(item, to: repository)
+        }
         return nil
     }
 
-    /// Leases are not granted when the store is shared (see `Session.grant`): none ends here.
+    /// Deletes the keys still attached to `lease` in `repository`, in revisions of at most
+    /// `leaseEndKeys` keys, retrying while the cluster cannot commit; `done` gets the first
+    /// revision that deleted them — this daemon's, or another's that came first — or nil.
     func end(_ lease: EndedLease, keys: Set<Key>, in repository: Repository, time: Int64, done: @escaping @Sendable (WriteOutcome?) -> Void) {
-        done(nil)
+        end(lease, keys: keys, in: repository, limit: Self.leaseEndKeys, first: nil, done: done)
+    }
+
+    private func end(
+        _ lease: EndedLease, keys: Set<Key>, in repository: Repository, limit: Int, first: WriteOutcome?,
+        done: @escaping @Sendable (WriteOutcome?) -> Void
+    ) {
+        let item = Item(work: .leaseEnd(lease, keys: keys, limit: limit), loop: leaseLoop, deadline: .now + Self.writeTimeout) { [self] decision in
+            switch decision {
+            case .success(let outcome) where outcome.changed:
+                // Deleted up to `limit` keys: plan again for any left.
+                end(lease, keys: keys, in: repository, limit: limit, first: first ?? outcome, done: done)
+            case .success(let outcome):
+                // Nothing left; `revision` names another daemon's deletion if one is known.
+                let known = outcome.revision > 0 ? WriteOutcome(revision: outcome.revision, changed: true, previous: nil, sequence: outcome.sequence) : nil
+                done(first ?? known)
+            case .failure(let failure):
+                // The keys must go: try again (with fewer per revision if the store found too many).
+                var fewer = limit
+                if case .shared(let shared) = failure, shared.kind == .tooLarge { fewer = max(1, limit / 2) }
+                Task {
+                    try? await Task.sleep(for: .milliseconds(500))
+                    self.end(lease, keys: keys, in: repository, limit: fewer, first: first, done: done)
+                }
+            }
+        }
+        enqueue(item, to: repository)
+    }
+
+    /// A revision of `repository` that deleted lease `lease`'s keys arrived.
+    func noteEnd(of lease: UInt64, in repository: Repository, revision: UInt64) {
+        ends.withLock { e in
+            let key = EndKey(repository: repository.id, lease: lease)
+            if e.revisions.updateValue(revision, forKey: key) == nil { e.order.append(key) }
+            if e.order.count > Self.endsKept { e.revisions[e.order.removeFirst()] = nil }
+        }
+    }
+
+    /// The revision that deleted lease `lease`'s keys in `repository`, if one arrived lately.
+    func endRevision(of lease: UInt64, in repository: Repository) -> UInt64? {
+        ends.withLock { $0.revisions[EndKey(repository: repository.id, lease: lease)] }
     }
 
     /// The connection of this daemon that wrote `revision` of group `writeID` (0: none).
@@ -94,6 +168,16 @@ final class SharedSequencer: Sequencer, Sendable {
             if let inflight = queue.inflight, inflight.writeID == writeID { return inflight.origins[revision]?.value ?? 0 }
             return queue.unsettled.last { $0.writeID == writeID }?.origins[revision]?.value ?? 0
         }
+    }
+
+    private func enqueue(_ item: Item, to repository: Repository) {
+        let start = queues.withLock { q -> Bool in
+            q[repository.id, default: Queue()].waiting.append(item)
+            if q[repository.id]!.busy { return false }
+            q[repository.id]!.busy = true
+            return true
+        }
+        if start { commitNextGroup(of: repository) }
     }
 
     /// Plans the next group and commits it; the queue is idle once nothing waits.
@@ -111,11 +195,11 @@ final class SharedSequencer: Sequencer, Sendable {
                 q[repository.id] = queue
                 return items
             }
-            guard let loop = items.first?.route.loop else { return }
+            guard let loop = items.first?.loop else { return }
             let (group, decided, rest) = plan(items, in: repository)
             for (item, result) in decided { item.answer(result) }
             if !rest.isEmpty { queues.withLock { q in q[repository.id, default: Queue()].waiting.insert(contentsOf: rest, at: 0) } }
-            guard let group else { continue }  // every write decided without the store: on to the next ones
+            guard let group else { continue }  // every item decided without the store: on to the next ones
             if !group.records.isEmpty {
                 queues.withLock { q in q[repository.id, default: Queue()].inflight = (group.commit.writeID, group.origins) }
             }
@@ -126,14 +210,14 @@ final class SharedSequencer: Sequencer, Sendable {
         }
     }
 
-    private struct Group: Sendable {
+    struct Group: Sendable {
         let commit: SharedCommit
         let records: [RevisionRecord]
         let origins: [UInt64: ConnectionID]
         let answers: [(item: Item, answer: WriteDecision)]
     }
 
-    /// Answers a group's writes by the store's outcome, then goes on with the next group.
+    /// Answers a group's items by the store's outcome, then goes on with the next group.
     private func finish(_ group: Group, in repository: Repository, _ outcome: SharedCommitOutcome) {
         var answers: [(Item, WriteDecision)] = []
         queues.withLock { q in
@@ -146,7 +230,8 @@ final class SharedSequencer: Sequencer, Sendable {
             switch outcome {
             case .committed, .current:
                 answers = group.answers.map { ($0.item, $0.answer) }
-            case .stale:
+            case .stale, .leaseEnded:
+                // Planned again on the newer state (where the ended leases are no longer live).
                 queue.waiting.insert(contentsOf: group.answers.map(\.item), at: 0)
             case .failed(let failure):
                 answers = group.answers.map { ($0.item, .failure(.shared(failure))) }
@@ -155,73 +240,5 @@ final class SharedSequencer: Sequencer, Sendable {
         }
         for (item, answer) in answers { item.answer(answer) }
         commitNextGroup(of: repository)
-    }
-
-    /// Plans `items` into a group on the current state. Writes whose answer needs no store —
-    /// a batch naming a key twice, a deadline passed, a revision too large for one commit —
-    /// are `decided`; those that do not fit this group are the `rest`.
-    private func plan(_ items: [Item], in repository: Repository) -> (Group?, decided: [(Item, WriteDecision)], rest: [Item]) {
-        let clock = ContinuousClock.now
-        let now = WallClock.unixSeconds()
-        let writeID = writeIDs.next()
-        return repository.withState { s in
-            let basis = s.core.revision
-            var decided: [(Item, WriteDecision)] = []
-            var answers: [(item: Item, answer: WriteDecision)] = []
-            var records: [RevisionRecord] = []
-            var tentatives: [RepositoryCore.Tentative] = []
-            var origins: [UInt64: ConnectionID] = [:]
-            var rest: [Item] = []
-            var time = now
-            for (index, item) in items.enumerated() {
-                if clock >= item.deadline {
-                    let failure = SharedFailure(
-                        .unavailable,
-                        "the write could not be committed in time: other daemons' writes to repository \(repository.name) kept coming first; nothing was applied")
-                    decided.append((item, .failure(.shared(failure))))
-                    continue
-                }
-                let plan: WritePlan
-                do throws(WriteRefusal) {
-                    plan = try s.core.plan(item.write.ops, limits: item.write.limits)
-                } catch {
-                    if case .rules(.duplicateKey) = error {
-                        decided.append((item, .failure(.refused(error))))
-                    } else {
-                        answers.append((item, .failure(.refused(error))))  // a conflict: true if the state is current
-                    }
-                    continue
-                }
-                guard !plan.changes.isEmpty else {
-                    answers.append((item, .success(WriteOutcome(revision: s.core.revision, changed: false, previous: plan.previous, sequence: 0))))
-                    continue
-                }
-                if plan.creates, stats.repositories.load(ordering: .relaxed) >= item.write.maxRepositories {
-                    answers.append((item, .failure(.tooManyRepositories(limit: item.write.maxRepositories))))
-                    continue
-                }
-                let revision = s.core.revision + 1
-                time = max(time, item.write.time)
-                let record = RevisionRecord(
-                    repo: repository.name, changeSet: ChangeSet(revision: revision, changes: plan.changes), time: time, writer: item.write.writer)
-                if let reason = store.limitExceeded(by: records + [record]) {
-                    guard records.isEmpty else {
-                        rest = Array(items[index...])
-                        break
-                    }
-                    decided.append((item, .failure(.shared(SharedFailure(.tooLarge, reason)))))
-                    continue
-                }
-                tentatives.append(s.core.installTentatively(plan))
-                records.append(record)
-                origins[revision] = item.write.origin
-                answers.append((item, .success(WriteOutcome(revision: revision, changed: true, previous: plan.previous, sequence: 0))))
-            }
-            s.core.revert(tentatives)
-            guard !answers.isEmpty else { return (nil, decided, rest) }
-            let deadline = answers.map(\.item.deadline).min()!
-            let commit = SharedCommit(repo: repository.name, basisRevision: basis, records: records, writeID: writeID, deadline: deadline)
-            return (Group(commit: commit, records: records, origins: origins, answers: answers), decided, rest)
-        }
     }
 }

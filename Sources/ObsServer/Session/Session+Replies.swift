@@ -170,24 +170,14 @@ extension Session {
     /// answered from the state held here, as etcd's serializable reads are), holding the
     /// connection's later requests meanwhile.
     func afterLinearizing(_ scope: SharedScope, _ shared: any SharedStorage, _ body: @escaping (Session) -> Void) {
-        wait(for: .cluster)
-        let ref = ConnectionRef(connection)
-        let run = UncheckedSendableBox(body)
-        Task(executorPreference: ref.loop) {
-            _ = await shared.linearize(scope)
-            ref.loop.execute {
-                guard let session = ref.session else { return }
-                run.value(session)
-                session.resume(from: .cluster)
-            }
-        }
+        afterStore { await shared.linearize(scope) } then: { session, _ in body(session) }
     }
 }
 
 /// Carries a loop-confined closure to a task that hands it back to the loop.
 struct UncheckedSendableBox<Value>: @unchecked Sendable {
     // @unchecked Sendable: the value is created on a loop and called only back on that loop
-    // (the one `afterLinearizing` hops to); the task in between only holds it.
+    // (the one `afterStore` hops to); the task in between only holds it.
     let value: Value
     init(_ value: Value) { self.value = value }
 }

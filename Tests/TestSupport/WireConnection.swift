@@ -1,15 +1,21 @@
-// End-to-end test support: a raw protocol connection — bytes in, JSON lines out — with a
-// deadline on every read, so a missing message fails the test instead of hanging it.
+// Test support: a raw protocol connection to a daemon — bytes in, JSON lines out — with a
+// deadline on every read, so a missing message fails the test instead of hanging it (the
+// end-to-end suites, and the cluster suites, which need every field of the contract).
 
 import Foundation
 import ObsProtocol
-import TestSupport
 
 #if canImport(Glibc)
 import Glibc
 #endif
 
-final class WireConnection: @unchecked Sendable {
+/// A test's failure with a message.
+public struct TestFailure: Error, CustomStringConvertible {
+    public let description: String
+    public init(_ description: String) { self.description = description }
+}
+
+public final class WireConnection: @unchecked Sendable {
     // @unchecked: used by one test task at a time; the descriptor and buffer are not shared.
     /// -1 once closed: a descriptor is closed exactly once, since closing a number twice
     /// can close whatever reused it (a client's event loop, another test's socket).
@@ -19,7 +25,7 @@ final class WireConnection: @unchecked Sendable {
     /// Events that arrived while `call` waited for a reply; `receive` returns them first.
     private var stashed: [JSONObject] = []
 
-    init(path: String, receiveBuffer: Int? = nil) throws {
+    public init(path: String, receiveBuffer: Int? = nil) throws {
         // Close-on-exec: a process another test spawns must not keep this connection open.
         fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         guard fd >= 0 else { throw TestFailure("socket: \(errno)") }
@@ -35,11 +41,11 @@ final class WireConnection: @unchecked Sendable {
     }
 
     /// The server's end of an accepted connection (a `ScriptedServer`'s).
-    init(accepted descriptor: Int32) {
+    public init(accepted descriptor: Int32) {
         fd = descriptor
     }
 
-    func close() {
+    public func close() {
         guard fd >= 0 else { return }
         Glibc.close(fd)
         fd = -1
@@ -49,7 +55,7 @@ final class WireConnection: @unchecked Sendable {
 
     // MARK: Sending
 
-    func sendRaw(_ bytes: [UInt8]) throws {
+    public func sendRaw(_ bytes: [UInt8]) throws {
         var offset = 0
         while offset < bytes.count {
             let n = bytes[offset...].withUnsafeBytes { write(fd, $0.baseAddress!, $0.count) }
@@ -58,14 +64,14 @@ final class WireConnection: @unchecked Sendable {
         }
     }
 
-    func send(_ line: String) throws { try sendRaw(Array((line + "\n").utf8)) }
+    public func send(_ line: String) throws { try sendRaw(Array((line + "\n").utf8)) }
 
     /// Shuts down the sending side (the daemon sees end of file; replies still arrive).
-    func shutdownSending() { _ = shutdown(fd, Int32(SHUT_WR)) }
+    public func shutdownSending() { _ = shutdown(fd, Int32(SHUT_WR)) }
 
     /// Sends a request object (adding an `id` when it has none) and returns its id.
     @discardableResult
-    func request(_ object: JSONValue) throws -> JSONValue {
+    public func request(_ object: JSONValue) throws -> JSONValue {
         guard case .object(var o) = object else { throw TestFailure("request must be an object") }
         if o["id"] == nil {
             nextID += 1
@@ -78,7 +84,7 @@ final class WireConnection: @unchecked Sendable {
     /// Sends a request and returns its reply, checking the id. Events that arrive before
     /// the reply (the contract allows a write's events to precede its reply) are kept for
     /// `receive`, in order.
-    func call(_ object: JSONValue, timeout: Duration = .seconds(10)) throws -> JSONObject {
+    public func call(_ object: JSONValue, timeout: Duration = .seconds(10)) throws -> JSONObject {
         let id = try request(object)
         while true {
             let message = try read(timeout: timeout)
@@ -94,7 +100,7 @@ final class WireConnection: @unchecked Sendable {
     // MARK: Receiving
 
     /// The next message (stashed events first), waiting at most `timeout`.
-    func receive(timeout: Duration = .seconds(10)) throws -> JSONObject {
+    public func receive(timeout: Duration = .seconds(10)) throws -> JSONObject {
         if !stashed.isEmpty { return stashed.removeFirst() }
         return try read(timeout: timeout)
     }
@@ -106,7 +112,7 @@ final class WireConnection: @unchecked Sendable {
     }
 
     /// The next line, or `nil` at end of stream.
-    func receiveLine(timeout: Duration = .seconds(10)) throws -> [UInt8]? {
+    public func receiveLine(timeout: Duration = .seconds(10)) throws -> [UInt8]? {
         let deadline = ContinuousClock.now + timeout
         while true {
             if let nl = buffer.firstIndex(of: 10) {
@@ -119,7 +125,7 @@ final class WireConnection: @unchecked Sendable {
     }
 
     /// Reads until end of stream; returns every remaining message.
-    func receiveUntilClosed(timeout: Duration = .seconds(60)) throws -> [JSONObject] {
+    public func receiveUntilClosed(timeout: Duration = .seconds(60)) throws -> [JSONObject] {
         var messages: [JSONObject] = []
         while let line = try receiveLine(timeout: timeout) {
             guard case .object(let o) = try JSONParser.parse(line) else { throw TestFailure("non-object message") }
@@ -154,10 +160,10 @@ final class WireConnection: @unchecked Sendable {
 
 extension JSONObject {
     /// The `error.code` of an error reply.
-    var errorCode: String? { self["error"]?.objectValue?["code"]?.stringValue }
-    var ok: Bool { self["ok"] == true }
+    public var errorCode: String? { self["error"]?.objectValue?["code"]?.stringValue }
+    public var ok: Bool { self["ok"] == true }
     /// The message without its `id`, to compare replies to different requests.
-    var withoutID: JSONObject {
+    public var withoutID: JSONObject {
         var copy = self
         copy["id"] = nil
         return copy

@@ -1,0 +1,177 @@
+// ObsServer — leases when repositories are shared through a store several daemons use (etcd
+// mode). The store keeps the leases themselves — ids, owners, TTLs, what keeps each alive —
+// and tells every daemon when one ends (ObsStore's SharedLeases.swift). This daemon keeps:
+// which of its connections each lease it granted without a TTL is bound to (to end it when
+// the connection closes, or to close the connection when the daemon can no longer vouch for
+// the lease); which keys each lease holds here, as the store delivered the attachments; and
+// the revokes waiting for their lease's keys to be deleted.
+//
+// When the store says a lease ended, this daemon deletes the keys still attached to it
+// through the sequencer like any other daemon does (`Hub.end`), and once that is decided
+// lets the store forget the lease and answers the revokes waiting for it.
+
+import ObsCore
+import ObsProtocol
+import ObsStore
+import ObsValues
+import ObservableKit
+import Synchronization
+
+final class SharedLeases: Sendable {
+    let store: any SharedStorage
+
+    private struct State {
+        /// This daemon's connection-bound leases, by connection.
+        var bound: [ConnectionID: [SharedLease]] = [:]
+        /// Where each of them is bound: to close the connection when the lease is lost.
+        var connections: [UInt64: ConnectionRef] = [:]
+        /// The keys each lease holds, by repository.
+        var keys: [UInt64: [String: Set<Key>]] = [:]
+        /// Revokes waiting for their lease's keys to be deleted.
+        var waiting: [UInt64: [EndWaiter]] = [:]
+    }
+
+    private let state = Mutex(State())
+
+    init(store: any SharedStorage) {
+        self.store = store
+    }
+
+    // MARK: Connections
+
+    /// Lease `lease`, granted without a TTL, is bound to `connection` (on its loop).
+    func bind(_ lease: SharedLease, to connection: Connection) {
+        let ref = ConnectionRef(connection)
+        state.withLock { s in
+            s.bound[connection.id, default: []].append(lease)
+            s.connections[lease.id] = ref
+        }
+    }
+
+    /// `connection` closed: the leases bound to it.
+    func unbind(_ connection: ConnectionID) -> [SharedLease] {
+        state.withLock { s in
+            let leases = s.bound.removeValue(forKey: connection) ?? []
+            for lease in leases { s.connections[lease.id] = nil }
+            return leases
+        }
+    }
+
+    /// The connections the leases `ids` are bound to.
+    func connections(holding ids: [UInt64]) -> [ConnectionRef] {
+        state.withLock { s in ids.compactMap { s.connections[$0] } }
+    }
+
+    // MARK: Attachments
+
+    /// Key `key` of `repo` moved from lease `from` to lease `to` (as the store delivered).
+    func move(_ key: Key, of repo: String, from: UInt64?, to: UInt64?) {
+        state.withLock { s in
+            if let from {
+                s.keys[from]?[repo]?.remove(key)
+                if s.keys[from]?[repo]?.isEmpty == true { s.keys[from]?[repo] = nil }
+                if s.keys[from]?.isEmpty == true { s.keys[from] = nil }
+            }
+            if let to { s.keys[to, default: [:]][repo, default: []].insert(key) }
+        }
+    }
+
+    /// The keys lease `id` holds, by repository (it ended: they are about to go).
+    func keys(of id: UInt64) -> [String: Set<Key>] { state.withLock { $0.keys[id] ?? [:] } }
+
+    // MARK: Revokes
+
+    /// A revoke of lease `id` waits for its keys to be deleted: registered before the store
+    /// is asked, so the end cannot pass unseen.
+    func expectEnd(of id: UInt64) -> EndWaiter {
+        let waiter = EndWaiter()
+        state.withLock { $0.waiting[id, default: []].append(waiter) }
+        return waiter
+    }
+
+    func forget(_ waiter: EndWaiter, of id: UInt64) {
+        state.withLock { s in
+            s.waiting[id]?.removeAll { $0 === waiter }
+            if s.waiting[id]?.isEmpty == true { s.waiting[id] = nil }
+        }
+    }
+
+    /// The keys of ended lease `id` are deleted (`deletions`, per repository).
+    func finished(_ id: UInt64, _ deletions: [LeaseDeletion]) {
+        for waiter in state.withLock({ $0.waiting.removeValue(forKey: id) ?? [] }) { waiter.complete(deletions) }
+    }
+}
+
+/// A revoke's wait for its lease's keys to be deleted.
+final class EndWaiter: Sendable {
+    private let state = Mutex<(deletions: [LeaseDeletion]?, continuation: CheckedContinuation<[LeaseDeletion]?, Never>?)>((nil, nil))
+
+    func complete(_ deletions: [LeaseDeletion]) {
+        let continuation = state.withLock { s in
+            s.deletions = deletions
+            defer { s.continuation = nil }
+            return s.continuation
+        }
+        continuation?.resume(returning: deletions)
+    }
+
+    /// The deletions, or nil after `timeout`.
+    func deletions(within timeout: Duration) async -> [LeaseDeletion]? {
+        await withCheckedContinuation { (continuation: CheckedContinuation<[LeaseDeletion]?, Never>) in
+            let done = state.withLock { s -> [LeaseDeletion]? in
+                if s.deletions == nil { s.continuation = continuation }
+                return s.deletions
+            }
+            if let done { return continuation.resume(returning: done) }
+            Task {
+                try? await Task.sleep(for: timeout)
+                self.state.withLock { s in
+                    defer { s.continuation = nil }
+                    return s.continuation
+                }?.resume(returning: nil)
+            }
+        }
+    }
+}
+
+// MARK: - The hub's side
+
+extension Hub {
+    /// The store says lease `lease` ended: deletes the keys still attached to it here (every
+    /// daemon does; one deletion per repository goes through), then lets the store forget it.
+    func sharedLeaseEnded(_ lease: SharedLease, reason: SharedLeaseReason) {
+        guard let shared = sharedLeases else { return }
+        let ended = EndedLease(id: lease.id, owner: lease.owner, end: LeaseEnd.Reason(rawValue: reason.rawValue), keys: shared.keys(of: lease.id))
+        end(ended, time: WallClock.unixSeconds()) { deletions in
+            shared.store.leaseFinished(lease.id)
+            shared.finished(lease.id, deletions)
+        }
+    }
+
+    /// This daemon can no longer vouch for leases `ids` bound to its connections: those
+    /// connections close, as if they had ended (their clients learn it at once).
+    func sharedLeasesLost(_ ids: [UInt64]) {
+        guard let shared = sharedLeases else { return }
+        for ref in shared.connections(holding: ids) { ref.loop.execute { ref.connection?.close() } }
+    }
+
+    /// A connection closed: the leases bound to it end (`closed`) in the store, retried while
+    /// it cannot be reached and this daemon still vouches for them.
+    func sharedConnectionClosed(_ connection: ConnectionID) {
+        guard let shared = sharedLeases else { return }
+        for lease in shared.unbind(connection) { endBound(lease, in: shared) }
+    }
+
+    /// Ends connection-bound `lease` in the store (its connection is gone).
+    func endBound(_ lease: SharedLease, in shared: SharedLeases) {
+        let store = shared.store
+        Task {
+            while case .failure = await store.endLease(lease, reason: .closed), store.liveLease(lease.id) != nil {
+                try? await Task.sleep(for: .seconds(1))
+            }
+        }
+    }
+
+    /// Live leases: the store's (every daemon's) when it keeps them, else this daemon's.
+    var leaseCount: Int { sharedLeases.map { $0.store.liveLeaseCount } ?? leases.count }
+}

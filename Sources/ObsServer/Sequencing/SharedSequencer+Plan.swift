@@ -1,0 +1,159 @@
+// ObsServer — planning one group of a shared store's commits (SharedSequencer.swift): every
+// waiting write and lease end of a repository, in order, each on the state the ones before it
+// leave — values installed tentatively and taken back, lease attachments in an overlay — by
+// the same rules as a local write: the write rules, then the leases a write names (live, and
+// its uid's, or uid 0), then its attachment moves (the last `set` of a key decides its lease,
+// even with an equal value; a `delete` detaches), then the limits.
+
+import ObsCore
+import ObsStore
+import ObsValues
+import ObservableKit
+
+extension SharedSequencer {
+    /// Plans `items` into a group on the current state. Items whose answer needs no store — a
+    /// batch naming a key twice, a lease that is not live, a deadline passed, a revision too
+    /// large for one commit, a lease's end with nothing left to delete — are `decided`; those
+    /// that do not fit this group are the `rest`.
+    func plan(_ items: [Item], in repository: Repository) -> (Group?, decided: [(Item, WriteDecision)], rest: [Item]) {
+        let clock = ContinuousClock.now
+        let now = WallClock.unixSeconds()
+        let writeID = writeIDs.next()
+        return repository.withState { s in
+            let basis = s.core.revision
+            var decided: [(Item, WriteDecision)] = []
+            var answers: [(item: Item, answer: WriteDecision)] = []
+            var records: [RevisionRecord] = []
+            var tentatives: [RepositoryCore.Tentative] = []
+            var origins: [UInt64: ConnectionID] = [:]
+            var rest: [Item] = []
+            var time = now
+            // Attachments the group moved so far, and the leases its writes name.
+            var moved: [Key: UInt64?] = [:]
+            var named: [UInt64: SharedLease] = [:]
+            var leaseEnds: [UInt64: SharedLeaseEnd] = [:]
+            func attachment(_ key: Key, _ core: RepositoryCore) -> UInt64? {
+                if let lease = moved[key] { return lease }
+                return core.lease(of: key)
+            }
+
+            for (index, item) in items.enumerated() {
+                if clock >= item.deadline {
+                    let failure = SharedFailure(
+                        .unavailable,
+                        "the write could not be committed in time: other daemons' writes to repository \(repository.name) kept coming first; nothing was applied")
+                    decided.append((item, .failure(.shared(failure))))
+                    continue
+                }
+                let plan: WritePlan
+                var writer: Writer?
+                var origin: ConnectionID?
+                var moves: [(Key, UInt64?)] = []
+                var leases: [SharedLease] = []
+                var end: SharedLeaseEnd?
+                switch item.work {
+                case .write(let write):
+                    do throws(WriteRefusal) {
+                        plan = try s.core.plan(write.ops, limits: write.limits)
+                    } catch {
+                        if case .rules(.duplicateKey) = error {
+                            decided.append((item, .failure(.refused(error))))
+                        } else {
+                            answers.append((item, .failure(.refused(error))))  // a conflict: true if the state is current
+                        }
+                        continue
+                    }
+                    switch Self.leases(named: write, in: store) {
+                    case .failure(let refusal):
+                        decided.append((item, .failure(.lease(refusal))))
+                        continue
+                    case .success(let found):
+                        leases = found
+                    }
+                    for (i, op) in write.ops.enumerated() {
+                        let to: UInt64? = if case .set = op, i < write.leases.count { write.leases[i] } else { nil }
+                        if attachment(op.key, s.core) != to { moves.append((op.key, to)) }
+                    }
+                    guard !plan.changes.isEmpty else {
+                        for (key, lease) in moves { moved[key] = lease }
+                        for lease in leases { named[lease.id] = lease }
+                        answers.append((item, .success(WriteOutcome(revision: s.core.revision, changed: false, previous: plan.previous, sequence: 0))))
+                        continue
+                    }
+                    if plan.creates, stats.repositories.load(ordering: .relaxed) >= write.maxRepositories {
+                        answers.append((item, .failure(.tooManyRepositories(limit: write.maxRepositories))))
+                        continue
+                    }
+                    (writer, origin) = (write.writer, write.origin)
+                    time = max(time, write.time)
+                case .leaseEnd(let ended, let keys, let limit):
+                    let doomed = keys.filter { attachment($0, s.core) == ended.id && s.core[$0] != nil }.sorted().prefix(limit)
+                    guard !doomed.isEmpty,
+                        let deletion = try? s.core.plan(doomed.map { .delete($0) }, limits: WriteLimits(maxKeys: .max, maxRevisionBytes: .max))
+                    else {
+                        // Nothing left: say which revision deleted them, if it is known.
+                        let known = endRevision(of: ended.id, in: repository) ?? 0
+                        decided.append((item, .success(WriteOutcome(revision: known, changed: false, previous: nil, sequence: s.current))))
+                        continue
+                    }
+                    plan = deletion
+                    writer = ended.owner
+                    moves = doomed.map { ($0, nil) }
+                    end = SharedLeaseEnd(lease: ended.id, reason: SharedLeaseReason(rawValue: ended.end.rawValue) ?? .closed)
+                }
+                let revision = s.core.revision + 1
+                let record = RevisionRecord(repo: repository.name, changeSet: ChangeSet(revision: revision, changes: plan.changes), time: time, writer: writer)
+                let extra = moved.count + moves.count + named.count + leases.count
+                if let reason = store.limitExceeded(by: records + [record], extraOperations: extra) {
+                    guard records.isEmpty else {
+                        rest = Array(items[index...])
+                        break
+                    }
+                    decided.append((item, .failure(.shared(SharedFailure(.tooLarge, reason)))))
+                    continue
+                }
+                tentatives.append(s.core.installTentatively(plan))
+                records.append(record)
+                for (key, lease) in moves { moved[key] = lease }
+                for lease in leases { named[lease.id] = lease }
+                if let origin { origins[revision] = origin }
+                if let end { leaseEnds[revision] = end }
+                answers.append((item, .success(WriteOutcome(revision: revision, changed: true, previous: plan.previous, sequence: 0))))
+            }
+            // After the group: the lease of every key it changed, and the keys it only re-attached.
+            var changed = Set<Key>()
+            var attachments: [Key: UInt64] = [:]
+            for record in records {
+                for change in record.changes {
+                    changed.insert(change.key)
+                    if change.new != nil, let lease = attachment(change.key, s.core) { attachments[change.key] = lease }
+                }
+            }
+            var reattached: [SharedReattachment] = []
+            for (key, lease) in moved where !changed.contains(key) && lease != s.core.lease(of: key) {
+                if let entry = s.core[key] { reattached.append(SharedReattachment(key: key, entry: entry, lease: lease)) }
+            }
+            s.core.revert(tentatives)
+            guard !answers.isEmpty else { return (nil, decided, rest) }
+            let deadline = answers.map(\.item.deadline).min()!
+            var commit = SharedCommit(repo: repository.name, basisRevision: basis, records: records, writeID: writeID, deadline: deadline)
+            commit.leases = named.values.sorted { $0.id < $1.id }
+            commit.attachments = attachments
+            commit.reattached = reattached.sorted { $0.key < $1.key }
+            commit.leaseEnds = leaseEnds
+            return (Group(commit: commit, records: records, origins: origins, answers: answers), decided, rest)
+        }
+    }
+
+    /// The live leases `write` names, or why one may not be named: not live (as far as this
+    /// daemon knows — the store's compare has the last word), or another uid's.
+    private static func leases(named write: WriteRequest, in store: any SharedStorage) -> Result<[SharedLease], LeaseRefusal> {
+        var found: [SharedLease] = []
+        for id in Set(write.leases.compactMap { $0 }).sorted() {
+            guard let lease = store.liveLease(id) else { return .failure(.notFound(id)) }
+            guard lease.owner.uid == write.peer.uid || write.peer.uid == 0 else { return .failure(.forbidden(id, owner: lease.owner.uid)) }
+            found.append(lease)
+        }
+        return .success(found)
+    }
+}
