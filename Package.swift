@@ -24,6 +24,9 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-collections.git", from: "1.6.0"),
         // `make docs`: the DocC catalogs of ObsClient and ObservableKit (no code of it is linked).
         .package(url: "https://github.com/swiftlang/swift-docc-plugin", from: "1.5.0"),
+        // obsctl's child processes (`hold -- COMMAND`, `watch --exec`). Without its Foundation
+        // trait: obsctl links no Foundation.
+        .package(url: "https://github.com/swiftlang/swift-subprocess.git", from: "1.0.2", traits: []),
     ],
     targets: [
         // Core observation types: keys, changes, keyed state, observer sets, repository. No I/O.
@@ -114,6 +117,7 @@ let package = Package(
             dependencies: [
                 "ObsClient",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "Subprocess", package: "swift-subprocess"),
             ]),
         // The example apps of the client library (README, "The Swift client library"): each
         // imports ObsClient alone. The mirror prints a repository as it changes; the settings

@@ -32,9 +32,12 @@ struct OutboundRequest: Sendable {
     let reply: EventLoopPromise<JSONObject>
     let purpose: Purpose
 
-    init(_ command: Command, id: Int64, allocator: ByteBufferAllocator, reply: EventLoopPromise<JSONObject>, purpose: Purpose) {
+    init(
+        _ command: Command, id: Int64, leases: [Key: UInt64] = [:], allocator: ByteBufferAllocator, reply: EventLoopPromise<JSONObject>,
+        purpose: Purpose
+    ) {
         var encoded: [UInt8] = []
-        command.encodeRequest(into: &encoded, id: .int(id))
+        command.encodeRequest(into: &encoded, id: .int(id), leases: leases)
         self.bytes = allocator.buffer(bytes: encoded)
         self.reply = reply
         self.purpose = purpose
@@ -199,9 +202,9 @@ final class ClientHandler: ChannelDuplexHandler {
             deliver(.synced(revision: synced.revision), at: synced.revision, to: synced.subscription, context: context)
         case .progress(let progress):
             // Everything it selects through this revision was handed on: resume from there.
-            if let delivered = streams[progress.subscription]?.delivered, delivered < progress.revision {
-                streams[progress.subscription]?.delivered = progress.revision
-            }
+            guard let route = streams[progress.subscription], let delivered = route.delivered, delivered < progress.revision else { return }
+            streams[progress.subscription]?.delivered = progress.revision
+            if route.stream.progress { route.stream.yield(.progress(progress.revision)) }
         case .overflow(let overflow):
             fate.record(.connectionClosed(path: path))
             for (sub, route) in streams {
@@ -229,7 +232,7 @@ final class ClientHandler: ChannelDuplexHandler {
         if flow.isOverLimit { cutOffFullest(context: context) }
         guard let stream = streams[sub]?.stream else { return nil }
         streams[sub]?.delivered = revision
-        stream.yield(event)
+        stream.yield(.event(event))
         return stream
     }
 

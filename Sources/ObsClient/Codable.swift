@@ -55,12 +55,12 @@ extension ObsConnection {
         return Entry(value: try entry.value.decode(as: T.self, key: key), revision: entry.revision)
     }
 
-    /// Sets `key` in `repository` to the JSON encoding of `value` (see `set(_:to:in:ifRevision:force:)`).
+    /// Sets `key` in `repository` to the JSON encoding of `value` (see `set(_:to:in:ifRevision:force:lease:)`).
     @discardableResult
     public func set<T: Encodable>(
-        _ key: Key, to value: T, in repository: String, ifRevision: UInt64? = nil, force: Bool = false
+        _ key: Key, to value: T, in repository: String, ifRevision: UInt64? = nil, force: Bool = false, lease: Lease.ID? = nil
     ) async throws(ObsClientError) -> WriteReply<JSONValue> {
-        try await set(key, to: try JSONValue(encoding: value), in: repository, ifRevision: ifRevision, force: force)
+        try await set(key, to: try JSONValue(encoding: value), in: repository, ifRevision: ifRevision, force: force, lease: lease)
     }
 }
 
@@ -74,9 +74,9 @@ extension ObsSession {
     /// Sets `key` in `repository` to the JSON encoding of `value`.
     @discardableResult
     public func set<T: Encodable>(
-        _ key: Key, to value: T, in repository: String, ifRevision: UInt64? = nil, force: Bool = false
+        _ key: Key, to value: T, in repository: String, ifRevision: UInt64? = nil, force: Bool = false, lease: Lease.ID? = nil
     ) async throws(ObsClientError) -> WriteReply<JSONValue> {
-        try await connection().set(key, to: value, in: repository, ifRevision: ifRevision, force: force)
+        try await connection().set(key, to: value, in: repository, ifRevision: ifRevision, force: force, lease: lease)
     }
 
     /// Watches `key` of `repository` as `T`, across reconnections: first its current value,

@@ -29,7 +29,7 @@ extension ObsConnection {
         try await get(key, in: repo, as: type)
     }
 
-    @available(*, deprecated, renamed: "set(_:to:in:ifRevision:force:)")
+    @available(*, deprecated, renamed: "set(_:to:in:ifRevision:force:lease:)")
     @discardableResult
     public func set(
         _ repo: String, _ key: Key, _ value: JSONValue, ifRev: UInt64? = nil, force: Bool = false
@@ -37,7 +37,7 @@ extension ObsConnection {
         try await set(key, to: value, in: repo, ifRevision: ifRev, force: force)
     }
 
-    @available(*, deprecated, renamed: "set(_:to:in:ifRevision:force:)")
+    @available(*, deprecated, renamed: "set(_:to:in:ifRevision:force:lease:)")
     @discardableResult
     public func set<T: Encodable>(
         _ repo: String, _ key: Key, encoding value: T, ifRev: UInt64? = nil, force: Bool = false
@@ -96,7 +96,7 @@ extension ObsSession {
         try await get(key, in: repo, as: type)
     }
 
-    @available(*, deprecated, renamed: "set(_:to:in:ifRevision:force:)")
+    @available(*, deprecated, renamed: "set(_:to:in:ifRevision:force:lease:)")
     @discardableResult
     public func set(
         _ repo: String, _ key: Key, _ value: JSONValue, ifRev: UInt64? = nil, force: Bool = false
@@ -104,7 +104,7 @@ extension ObsSession {
         try await set(key, to: value, in: repo, ifRevision: ifRev, force: force)
     }
 
-    @available(*, deprecated, renamed: "set(_:to:in:ifRevision:force:)")
+    @available(*, deprecated, renamed: "set(_:to:in:ifRevision:force:lease:)")
     @discardableResult
     public func set<T: Encodable>(
         _ repo: String, _ key: Key, encoding value: T, ifRev: UInt64? = nil, force: Bool = false

@@ -19,22 +19,34 @@ import NIOCore
 import ObservableKit
 import Synchronization
 
+/// What a subscription's stream carries: its events, and — for a subscription that asked
+/// for `progress` (a `Watch`'s) — the revisions the daemon says it is complete through, in
+/// their place among the events. `Subscription`'s public iterator hands out the events only.
+enum SubscriptionItem: Sendable {
+    case event(SubscriptionEvent)
+    /// Every selected change through this revision has been delivered (a `progress` event).
+    case progress(UInt64)
+}
+
 /// One subscription's event stream, as the handler feeds it.
 ///
 /// Keeps its own count of events yielded but not yet consumed, so that when the stream
 /// ends with events left unread (the consumer stopped iterating, or the stream was cut off),
 /// they stop counting against the connection's bounds.
 final class SubscriptionStream: Sendable {
-    let continuation: AsyncThrowingStream<SubscriptionEvent, any Error>.Continuation
+    let continuation: AsyncThrowingStream<SubscriptionItem, any Error>.Continuation
     let once: Bool
+    /// Whether the subscription asked for `progress` events (they are handed on as items).
+    let progress: Bool
     private let flow: FlowControl
     private let unconsumed = Atomic<Int>(0)
     /// Sends `unsubscribe` when the consumer cancels; set once the daemon assigned the number.
     private let onCancel = Locked<(@Sendable () -> Void)?>(nil)
 
-    init(continuation: AsyncThrowingStream<SubscriptionEvent, any Error>.Continuation, once: Bool, flow: FlowControl) {
+    init(continuation: AsyncThrowingStream<SubscriptionItem, any Error>.Continuation, once: Bool, progress: Bool = false, flow: FlowControl) {
         self.continuation = continuation
         self.once = once
+        self.progress = progress
         self.flow = flow
         continuation.onTermination = { [weak self] termination in
             self?.terminated(termination)
@@ -44,10 +56,10 @@ final class SubscriptionStream: Sendable {
     /// The events handed to the stream and not consumed yet.
     var unconsumedCount: Int { unconsumed.load(ordering: .relaxed) }
 
-    func yield(_ event: SubscriptionEvent) {
+    func yield(_ item: SubscriptionItem) {
         unconsumed.add(1, ordering: .relaxed)
         flow.produced()
-        if case .terminated = continuation.yield(event) { consumed() }
+        if case .terminated = continuation.yield(item) { consumed() }
     }
 
     /// Called by the iterator for every event it hands out.
@@ -68,7 +80,7 @@ final class SubscriptionStream: Sendable {
         onCancel.withLock { $0 = action }
     }
 
-    private func terminated(_ termination: AsyncThrowingStream<SubscriptionEvent, any Error>.Continuation.Termination) {
+    private func terminated(_ termination: AsyncThrowingStream<SubscriptionItem, any Error>.Continuation.Termination) {
         let left = unconsumed.exchange(0, ordering: .relaxed)
         if left > 0 { flow.consumed(left) }
         if case .cancelled = termination, let action = onCancel.withLock({ $0 }) { action() }

@@ -59,6 +59,9 @@ struct MirrorState: Sendable {
     private(set) var stamps: [Key: Stamp] = [:]
     /// The stamps of the newest deletions since the last snapshot (at most `maxTombstones`).
     private(set) var tombstones: [Key: Stamp] = [:]
+    /// For the deleted keys whose deletion was a lease's end (an event with `lease`): which
+    /// lease, and why it ended. A subset of `tombstones`' keys; a snapshot clears it.
+    private(set) var leaseEnds: [Key: LeaseEnd] = [:]
     /// The most tombstones kept; past it, the newest half of them are.
     static let maxTombstones = 4096
 
@@ -77,7 +80,10 @@ struct MirrorState: Sendable {
             let stamp = Stamp(revision: event.revision, connection: connection, own: false)
             var written: [Key] = []
             for change in event.changes where selection.matches(change.key) {
-                if set(change.key, change.new, stamp) { written.append(change.key) }
+                if set(change.key, change.new, stamp) {
+                    written.append(change.key)
+                    if change.new == nil, let lease = event.lease { leaseEnds[change.key] = lease }
+                }
             }
             advance(to: stamp)
             return written
@@ -100,6 +106,7 @@ struct MirrorState: Sendable {
     /// Sets `key` (deletes it for nil) unless its value is as new as `stamp` or newer; whether it did.
     private mutating func set(_ key: Key, _ value: JSONValue?, _ stamp: Stamp) -> Bool {
         if let current = stamps[key] ?? tombstones[key], !stamp.supersedes(current) { return false }
+        leaseEnds[key] = nil
         if let value {
             values[key] = value
             stamps[key] = stamp
@@ -119,6 +126,7 @@ struct MirrorState: Sendable {
             (a.value.connection, a.value.revision) > (b.value.connection, b.value.revision)
         }.prefix(Self.maxTombstones / 2)
         tombstones = Dictionary(uniqueKeysWithValues: newest.map { ($0.key, $0.value) })
+        leaseEnds = leaseEnds.filter { tombstones[$0.key] != nil }
     }
 
     private mutating func advance(to stamp: Stamp) {
@@ -135,6 +143,7 @@ struct MirrorState: Sendable {
         let taken = Stamp(revision: snapshotRevision, connection: connection, own: false)
         let kept = stamps.filter { _, stamp in stamp.own && stamp.supersedes(taken) }
         tombstones = tombstones.filter { _, stamp in stamp.own && stamp.supersedes(taken) }
+        leaseEnds = [:]
         var next: [Key: JSONValue] = [:]
         var nextStamps: [Key: Stamp] = [:]
         next.reserveCapacity(snapshot.count)

@@ -123,6 +123,11 @@ public final class ObsConnection: Sendable {
         try? await channel.closeFuture.get()
     }
 
+    /// Calls `action` once the connection has closed (at once if it has), on its event loop.
+    func whenClosed(_ action: @escaping @Sendable () -> Void) {
+        channel.closeFuture.whenComplete { _ in action() }
+    }
+
     /// The events handed to live subscriptions and not consumed yet (see FlowControl).
     var bufferedEvents: Int { flow.bufferedCount }
 
@@ -158,12 +163,20 @@ public final class ObsConnection: Sendable {
     /// A value equal to the current one changes nothing (`changed: false`, no event) unless
     /// `force`. With `ifRevision`, the write is a compare-and-set on the key's revision (0:
     /// the key must not exist), failing with `conflict`.
+    ///
+    /// With `lease`, the key is attached to that lease and deleted when it ends (see
+    /// ``Lease``); without, it is attached to none — the last `set` of a key decides, even one
+    /// that changes no value. A lease that has ended fails with `notFound`, another user's
+    /// with `forbidden`, and nothing is written.
     @discardableResult
     public func set(
-        _ key: Key, to value: JSONValue, in repository: String, ifRevision: UInt64? = nil, force: Bool = false
+        _ key: Key, to value: JSONValue, in repository: String, ifRevision: UInt64? = nil, force: Bool = false,
+        lease: Lease.ID? = nil
     ) async throws(ObsClientError) -> WriteReply<JSONValue> {
         let command = Command.set(repo: repository, key: key, value: CanonicalJSON(value), ifRev: ifRevision, force: force)
-        return try await call(command, as: WriteReply<JSONValue>.self, purpose: reporting(repository, [.init(key: key, new: value)]))
+        return try await call(
+            command, leases: lease.map { [key: $0.rawValue] } ?? [:], as: WriteReply<JSONValue>.self,
+            purpose: reporting(repository, [.init(key: key, new: value)]))
     }
 
     /// Deletes `key` from `repository`; deleting an absent key is not an error
@@ -232,15 +245,25 @@ public final class ObsConnection: Sendable {
         to repository: String, selecting selection: Selection = .all, initial: Bool = false, since: UInt64? = nil,
         epoch: String? = nil, once: Bool = false, options: SubscriptionOptions = .default
     ) async throws(ObsClientError) -> Subscription {
+        try await subscribe(
+            to: repository, selecting: selection, initial: initial, since: since, epoch: epoch, once: once, options: options, progress: false)
+    }
+
+    /// Subscribes; with `progress`, the subscription asks for `progress` events and its stream
+    /// carries them as items (a `Watch` resumes from them).
+    func subscribe(
+        to repository: String, selecting selection: Selection, initial: Bool, since: UInt64?, epoch: String?, once: Bool,
+        options: SubscriptionOptions, progress: Bool
+    ) async throws(ObsClientError) -> Subscription {
         if once && options.coalesce {
             throw .server(
                 ProtocolError(.badRequest, "\"coalesce\" and \"once\" cannot be used together: a once subscription has nothing to coalesce"))
         }
-        let (events, continuation) = AsyncThrowingStream.makeStream(of: SubscriptionEvent.self, throwing: (any Error).self)
-        let stream = SubscriptionStream(continuation: continuation, once: once, flow: flow)
+        let (events, continuation) = AsyncThrowingStream.makeStream(of: SubscriptionItem.self, throwing: (any Error).self)
+        let stream = SubscriptionStream(continuation: continuation, once: once, progress: progress, flow: flow)
         let request = SubscribeRequest(
             repo: repository, selection: selection, initial: initial, since: since, epoch: epoch, once: once, coalesce: options.coalesce,
-            writers: options.writers, echo: options.echo)
+            writers: options.writers, echo: options.echo, progress: progress)
         let reply = try await call(.subscribe(request), as: SubscribeReply.self, purpose: .subscribe(stream, since: since, initial: initial))
         let sub = reply.subscription
         stream.setOnCancel { [weak self] in self?.sendUnsubscribe(sub) }
@@ -273,11 +296,11 @@ public final class ObsConnection: Sendable {
         }
     }
 
-    /// Sends `command`; its reply read as `R`.
-    private func call<R: ReplyMessage>(
-        _ command: Command, as type: R.Type, purpose: OutboundRequest.Purpose = .plain
+    /// Sends `command` (its writes attached to `leases`); its reply read as `R`.
+    func call<R: ReplyMessage>(
+        _ command: Command, leases: [Key: UInt64] = [:], as type: R.Type, purpose: OutboundRequest.Purpose = .plain
     ) async throws(ObsClientError) -> R {
-        let members = try await call(command, purpose: purpose)
+        let members = try await call(command, leases: leases, purpose: purpose)
         do {
             return try R(decoding: members)
         } catch {
@@ -286,9 +309,9 @@ public final class ObsConnection: Sendable {
     }
 
     /// Sends `command`; its reply's members.
-    func call(_ command: Command, purpose: OutboundRequest.Purpose = .plain) async throws(ObsClientError) -> JSONObject {
+    func call(_ command: Command, leases: [Key: UInt64] = [:], purpose: OutboundRequest.Purpose = .plain) async throws(ObsClientError) -> JSONObject {
         let promise = channel.eventLoop.makePromise(of: JSONObject.self)
-        send(command, promise: promise, purpose: purpose)
+        send(command, leases: leases, promise: promise, purpose: purpose)
         do {
             return try await promise.futureResult.get()
         } catch let error as ObsClientError {
@@ -298,8 +321,10 @@ public final class ObsConnection: Sendable {
         }
     }
 
-    private func send(_ command: Command, promise: EventLoopPromise<JSONObject>, purpose: OutboundRequest.Purpose) {
-        let request = OutboundRequest(command, id: ids.next(), allocator: channel.allocator, reply: promise, purpose: purpose)
+    private func send(
+        _ command: Command, leases: [Key: UInt64] = [:], promise: EventLoopPromise<JSONObject>, purpose: OutboundRequest.Purpose
+    ) {
+        let request = OutboundRequest(command, id: ids.next(), leases: leases, allocator: channel.allocator, reply: promise, purpose: purpose)
         let (path, fate) = (socketPath, fate)
         channel.writeAndFlush(request).whenFailure { _ in
             promise.fail(fate.error(path: path))  // e.g. refused before this request was sent

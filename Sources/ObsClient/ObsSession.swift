@@ -120,12 +120,14 @@ public final class ObsSession: Sendable {
         try await connection().get(key, in: repository)
     }
 
-    /// Sets `key` in `repository` to `value` (see `ObsConnection.set(_:to:in:ifRevision:force:)`).
+    /// Sets `key` in `repository` to `value` (see ``ObsConnection/set(_:to:in:ifRevision:force:lease:)``).
+    /// A `lease` of the session's is one with a TTL (``grant(ttl:)``): it outlives connections.
     @discardableResult
     public func set(
-        _ key: Key, to value: JSONValue, in repository: String, ifRevision: UInt64? = nil, force: Bool = false
+        _ key: Key, to value: JSONValue, in repository: String, ifRevision: UInt64? = nil, force: Bool = false,
+        lease: Lease.ID? = nil
     ) async throws(ObsClientError) -> WriteReply<JSONValue> {
-        try await connection().set(key, to: value, in: repository, ifRevision: ifRevision, force: force)
+        try await connection().set(key, to: value, in: repository, ifRevision: ifRevision, force: force, lease: lease)
     }
 
     /// Deletes `key` from `repository` (see ``ObsConnection/delete(_:in:ifRevision:)``).

@@ -47,6 +47,11 @@ public final class RemoteRepository {
         public var values: [Key: JSONValue] = [:]
         /// Whether the first snapshot has arrived.
         public var isLoaded = false
+        /// For the selected keys that went away because the lease they were attached to ended:
+        /// which lease, and why (`expired`, `revoked`, `closed`) — until the key is written
+        /// again. Only a deletion the mirror received as its own event says so: not one
+        /// folded into a coalesced event, nor one missed across a resync.
+        public var leaseEnds: [Key: LeaseEnd] = [:]
     }
 
     /// The repository mirrored.
@@ -98,6 +103,9 @@ public final class RemoteRepository {
     /// The value of `key`, or nil if it does not exist (or is not selected).
     public subscript(key: Key) -> JSONValue? { contents.values[key] }
 
+    /// Why `key` went away, if it did because its lease ended (see ``Contents/leaseEnds``).
+    public func leaseEnd(of key: Key) -> LeaseEnd? { contents.leaseEnds[key] }
+
     /// The value of `key` decoded as `T`, or nil if it does not exist.
     public func value<T: Decodable>(_ key: Key, as type: T.Type = T.self) throws(ObsClientError) -> T? {
         try contents.values[key].map { value throws(ObsClientError) in try value.decode(as: T.self, key: key) }
@@ -130,7 +138,7 @@ public final class RemoteRepository {
     public func stop() { link.stop() }
 
     private func publish(_ state: MirrorState) {
-        let next = Contents(revision: state.revision, values: state.values, isLoaded: state.isLoaded)
+        let next = Contents(revision: state.revision, values: state.values, isLoaded: state.isLoaded, leaseEnds: state.leaseEnds)
         if next != contents { contents = next }  // one notification per revision, none for nothing
     }
 }

@@ -33,6 +33,10 @@ public final class RemoteValue<Value: Codable & Sendable> {
         public var isLoaded = false
         /// Why the key's value is not a `Value`, when it is not.
         public var decodingError: ObsClientError?
+        /// When the key went away because the lease it was attached to ended: which lease, and
+        /// why (`expired`, `revoked`, `closed`); nil once it is written again (see
+        /// ``RemoteRepository/Contents/leaseEnds``).
+        public var leaseEnd: LeaseEnd?
     }
 
     /// The repository of the key.
@@ -123,7 +127,7 @@ public final class RemoteValue<Value: Codable & Sendable> {
     private func publish(_ state: MirrorState, _ update: MirrorUpdate) {
         if case .keys(let written) = update, !written.contains(key) { return }
         let json = state.values[key]
-        var next = Current(exists: json != nil, revision: state.revision, isLoaded: true)
+        var next = Current(exists: json != nil, revision: state.revision, isLoaded: true, leaseEnd: state.leaseEnds[key])
         do {
             next.value = try json.map { value throws(ObsClientError) in try value.decode(as: Value.self, key: key) }
         } catch {

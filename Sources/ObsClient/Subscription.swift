@@ -19,13 +19,13 @@ public struct Subscription: AsyncSequence, Sendable {
     public let options: SubscriptionOptions
     /// The serial number of the connection it is on.
     var connection: UInt64 { client.serial }
-    private let events: AsyncThrowingStream<SubscriptionEvent, any Error>
+    private let events: AsyncThrowingStream<SubscriptionItem, any Error>
     private let stream: SubscriptionStream
     private let client: ObsConnection
 
     init(
         id: UInt64, repository: String, revision: UInt64, epoch: String, options: SubscriptionOptions,
-        events: AsyncThrowingStream<SubscriptionEvent, any Error>, stream: SubscriptionStream, client: ObsConnection
+        events: AsyncThrowingStream<SubscriptionItem, any Error>, stream: SubscriptionStream, client: ObsConnection
     ) {
         self.id = id
         self.repository = repository
@@ -47,15 +47,23 @@ public struct Subscription: AsyncSequence, Sendable {
     }
 
     public struct AsyncIterator: AsyncIteratorProtocol {
-        var base: AsyncThrowingStream<SubscriptionEvent, any Error>.AsyncIterator
+        var base: AsyncThrowingStream<SubscriptionItem, any Error>.AsyncIterator
         let stream: SubscriptionStream
         /// Keeps the connection open while the subscription is iterated.
         let client: ObsConnection
 
         public mutating func next() async throws -> SubscriptionEvent? {
-            let event = try await base.next()
-            if event != nil { stream.consumed() }
-            return event
+            while let item = try await nextItem() {
+                if case .event(let event) = item { return event }
+            }
+            return nil
+        }
+
+        /// The next event or `progress` revision (a `Watch` resumes from the latter too).
+        mutating func nextItem() async throws -> SubscriptionItem? {
+            let item = try await base.next()
+            if item != nil { stream.consumed() }
+            return item
         }
     }
 }

@@ -1,7 +1,9 @@
 // ObsClient — watches that survive reconnection. A `Watch` is an async sequence of one
 // selection's changes that outlives connections: after the session reconnects, it
 // resubscribes with `since` = the last revision it delivered and the epoch that revision
-// belongs to, so the stream continues with no gap and no duplicate; when the daemon cannot
+// belongs to, so the stream continues with no gap and no duplicate. Its subscriptions ask
+// for `progress`, so that position keeps up with a busy repository while the selected keys
+// are quiet, and never falls out of the daemon's history for that; when the daemon cannot
 // replay that far (`compacted`: its history moved on, or it is another history — it
 // restarted without its data, its data was replaced), it resubscribes with a snapshot and
 // says so (`resync`).
@@ -96,7 +98,8 @@ public struct Watch: AsyncSequence, Sendable {
     public struct AsyncIterator: AsyncIteratorProtocol {
         let watch: Watch
         /// Every selected change through this revision has been delivered (for a coalescing
-        /// watch: the state at this revision has).
+        /// watch: the state at this revision has). Moves with the events, and with the
+        /// daemon's `progress` events while the selected keys are quiet.
         public private(set) var position: UInt64?
         /// The history `position` belongs to (nil until the first subscription, unless given).
         /// It moves only together with `position`.
@@ -139,6 +142,8 @@ public struct Watch: AsyncSequence, Sendable {
                         return .change(changes)
                     case .synced(let revision):
                         position = revision
+                    case .progress(let revision):
+                        if let current = position, revision > current, snapshotEpoch == nil { position = revision }
                     }
                 } catch where error.code == .connectionClosed || error.code == .overflowed {
                     subscription = nil  // the session reconnects; resume from `position`
@@ -151,9 +156,18 @@ public struct Watch: AsyncSequence, Sendable {
             return nil
         }
 
-        private mutating func nextEvent() async throws(ObsClientError) -> SubscriptionEvent? {
+        private mutating func nextEvent() async throws(ObsClientError) -> WatchItem? {
             do {
-                return try await subscription?.next()
+                switch try await subscription?.nextItem() {
+                case nil: return nil
+                case .progress(let revision)?: return .progress(revision)
+                case .event(let event)?:
+                    switch event {
+                    case .snapshot(let revision, let values): return .snapshot(revision, values)
+                    case .change(let change): return .change(change)
+                    case .synced(let revision): return .synced(revision)
+                    }
+                }
             } catch let error as ObsClientError {
                 throw error
             } catch {
@@ -169,15 +183,18 @@ public struct Watch: AsyncSequence, Sendable {
             let subscription: Subscription
             if let position {
                 do {
-                    subscription = try await client.subscribe(to: repo, selecting: selection, since: position, epoch: epoch, options: options)
+                    subscription = try await client.subscribe(
+                        to: repo, selecting: selection, initial: false, since: position, epoch: epoch, once: false, options: options, progress: true)
                     epoch = subscription.epoch  // the daemon replays from `position`: it is in this history
                 } catch where error.code == .compacted {
                     resyncing = true
-                    subscription = try await client.subscribe(to: repo, selecting: selection, initial: true, options: options)
+                    subscription = try await client.subscribe(
+                        to: repo, selecting: selection, initial: true, since: nil, epoch: nil, once: false, options: options, progress: true)
                     snapshotEpoch = subscription.epoch
                 }
             } else {
-                subscription = try await client.subscribe(to: repo, selecting: selection, initial: watch.initial, options: options)
+                subscription = try await client.subscribe(
+                    to: repo, selecting: selection, initial: watch.initial, since: nil, epoch: nil, once: false, options: options, progress: true)
                 if watch.initial {
                     snapshotEpoch = subscription.epoch
                 } else {
@@ -188,4 +205,12 @@ public struct Watch: AsyncSequence, Sendable {
             self.subscription = subscription.makeAsyncIterator()
         }
     }
+}
+
+/// What a watch's subscription hands its iterator: an event, or a `progress` revision.
+private enum WatchItem {
+    case snapshot(UInt64, [Key: JSONValue])
+    case change(ChangeEvent<JSONValue>)
+    case synced(UInt64)
+    case progress(UInt64)
 }

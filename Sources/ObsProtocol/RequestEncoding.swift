@@ -1,9 +1,21 @@
 // ObsProtocol — requests as a client writes them: a `Command` as one line with its `id`,
-// each optional field only when it differs from its default.
+// each optional field only when it differs from its default; a `Request` adds the `lease`
+// its writes name.
+
+import ObservableKit
+
+extension Request {
+    /// The request line: the command with `id`, and `lease` on each `set` (inside a `batch`
+    /// too) whose key `leases` names (client side).
+    public func encode<S: JSONSink & ~Copyable>(into sink: inout S) {
+        command.encodeRequest(into: &sink, id: id, leases: leases)
+    }
+}
 
 extension Command {
-    /// The request line with `id` and `op`, ended by `\n` (client side).
-    public func encodeRequest<S: JSONSink & ~Copyable>(into sink: inout S, id: JSONValue) {
+    /// The request line with `id` and `op`, ended by `\n` (client side); with `leases`, each
+    /// `set` of a key it names carries that `lease`.
+    public func encodeRequest<S: JSONSink & ~Copyable>(into sink: inout S, id: JSONValue, leases: [Key: UInt64] = [:]) {
         if case .lease(let command) = self { return command.encodeRequest(into: &sink, id: id) }
         sink.writeMember("{\"id\":", id)
         sink.writeMember(",\"op\":", op)
@@ -26,6 +38,7 @@ extension Command {
             sink.writeCanonical(value)
             if let ifRev { sink.writeMember(",\"ifRev\":", ifRev) }
             if force { sink.writeMember(",\"force\":", true) }
+            if let lease = leases[key] { sink.writeMember(",\"lease\":", lease) }
         case .delete(let repo, let key, let ifRev):
             sink.writeMember(",\"repo\":", repo)
             sink.writeMember(",\"key\":", key.string)
@@ -42,6 +55,7 @@ extension Command {
                     sink.writeCanonical(value)
                     if let ifRev { sink.writeMember(",\"ifRev\":", ifRev) }
                     if force { sink.writeMember(",\"force\":", true) }
+                    if let lease = leases[key] { sink.writeMember(",\"lease\":", lease) }
                 case .delete(let key, let ifRev):
                     sink.writeMember("{\"op\":\"delete\",\"key\":", key.string)
                     if let ifRev { sink.writeMember(",\"ifRev\":", ifRev) }

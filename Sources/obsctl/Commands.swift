@@ -1,4 +1,5 @@
-// obsctl — the key and repository commands: set, get, del, list, repos, stats.
+// obsctl — the key and repository commands: set (with a TTL or a lease), get, del, list,
+// repos, stats; and how a VALUE argument is read.
 
 import ArgumentParser
 import ObsClient
@@ -15,6 +16,10 @@ extension Obsctl {
                 pass --string to store such text as a string. An equal value changes nothing unless --force.
                 A negative number is a VALUE as it is (obsctl set ui n -5); any other VALUE that starts with
                 a dash goes after -- (obsctl set ui k -- -x).
+                --ttl SECONDS attaches the key to a lease with that TTL: it is deleted unless set again within
+                SECONDS (watchers see "(expired)"). Setting it again with the same --ttl keeps that lease alive and
+                stays on it; a key set without --ttl or --lease is attached to no lease. --lease ID attaches it to a
+                lease granted with "obsctl lease grant" (or held by "obsctl hold").
                 """)
 
         @OptionGroup var global: GlobalOptions
@@ -29,6 +34,9 @@ extension Obsctl {
         @Option(help: ArgumentHelp("Write only if the key is at this revision (0: only if absent).", valueName: "rev"))
         var ifRev: UInt64?
         @Flag(help: "Count an equal value as a change (revision raised, event sent).") var force = false
+        @Option(help: ArgumentHelp("Delete the key unless it is set again within this many seconds (1 to 31536000).", valueName: "seconds"))
+        var ttl: UInt32?
+        @Option(help: ArgumentHelp("Attach the key to this lease (obsctl lease grant).", valueName: "id")) var lease: UInt64?
         @Flag(name: .shortAndLong, help: "Print nothing on success.") var quiet = false
 
         /// The VALUE inputs, without the terminator.
@@ -46,10 +54,20 @@ extension Obsctl {
             }
             if values.count > 1 { throw ValidationError("Unexpected argument '\(values.dropFirst().first ?? first)' (one VALUE; quote it if it has spaces)") }
             if string && json { throw ValidationError("use at most one of --string and --json") }
-            if json, (try? JSONParser.parse(value)) == nil {
-                throw ValidationError("VALUE is not valid JSON: \(value)")
-            }
-            if !string, let first = value.first(where: { !$0.isWhitespace }), "{[\"".contains(first) {
+            _ = try Self.parse(value, string: string, json: json)
+            if ttl != nil && lease != nil { throw ValidationError("use at most one of --ttl and --lease") }
+            if let ttl, ttl < 1 || ttl > 31_536_000 { throw ValidationError("--ttl is from 1 to 31536000 seconds, not \(ttl)") }
+            if lease == 0 { throw ValidationError("--lease is a lease id (1 or more)") }
+        }
+
+        /// A VALUE argument as a JSON value: JSON when it parses, else a string (`string`:
+        /// always a string; `json`: JSON or an error). Text that starts like JSON but is not
+        /// valid JSON is an error: almost always a typo.
+        static func parse(_ value: String, string: Bool = false, json: Bool = false) throws(ValidationError) -> JSONValue {
+            if string { return .string(value) }
+            if let parsed = try? JSONParser.parse(value) { return parsed }
+            if json { throw ValidationError("VALUE is not valid JSON: \(value)") }
+            if let first = value.first(where: { !$0.isWhitespace }), "{[\"".contains(first) {
                 do {
                     _ = try JSONParser.parse(value)
                 } catch {
@@ -57,6 +75,7 @@ extension Obsctl {
                         "VALUE starts like JSON but is not valid JSON (\(error)); fix it, or pass --string to store the text as a string")
                 }
             }
+            return .string(value)
         }
 
         private static func isNumber(_ text: String) -> Bool {
@@ -67,11 +86,27 @@ extension Obsctl {
         }
 
         func run() async throws {
-            let parsed: JSONValue = string ? .string(value) : ((try? JSONParser.parse(value)) ?? .string(value))
+            let parsed = try Self.parse(value, string: string, json: json)
             try await global.withClient { client in
-                let reply = try await client.set(Key(key), to: parsed, in: repo, ifRevision: ifRev, force: force)
+                var attach = lease.map(Lease.ID.init(rawValue:))
+                if let ttl { attach = try await Self.lease(for: Key(key), in: repo, ttl: ttl, on: client) }
+                let reply = try await client.set(Key(key), to: parsed, in: repo, ifRevision: ifRev, force: force, lease: attach)
                 if !quiet { emit(reply.changed ? "rev \(reply.revision)" : "rev \(reply.revision) (unchanged)") }
             }
+        }
+
+        /// A lease with `ttl` for `key`: the one it is attached to, kept alive, when that one has
+        /// the same TTL — so that a key set again and again holds one lease, not one per set —
+        /// else a new one.
+        static func lease(for key: Key, in repo: String, ttl: UInt32, on client: ObsConnection) async throws(ObsClientError) -> Lease.ID {
+            if let current = try await client.lease(of: key, in: repo) {
+                do throws(ObsClientError) {
+                    if try await client.keepAlive(current) == .seconds(ttl) { return current }
+                } catch where error.code == .notFound || error.code == .forbidden {
+                    // it ended meanwhile, or is another user's: grant one of our own
+                }
+            }
+            return try await client.grant(ttl: .seconds(ttl)).id
         }
     }
 

@@ -33,10 +33,15 @@ struct Obsctl: AsyncParsableCommand {
               70  the daemon broke the protocol
               74  cannot write to standard output, or the file given with --output
               75  watch was cut off because it read too slowly (resume with --since), or reload timed out
+              124 wait timed out (--timeout)
+              126, 127 hold, watch --exec: the command could not be run (127: not found)
               141 (killed by SIGPIPE) standard output was closed, e.g. piped into head
+            hold with a command exits as the command did (its status, or by the same signal).
             """,
         version: ObsRelease.version,
-        subcommands: [Set.self, Get.self, Del.self, Watch.self, List.self, Repos.self, Stats.self, Reload.self])
+        subcommands: [
+            Set.self, Get.self, Del.self, Watch.self, List.self, Repos.self, Stats.self, Reload.self, Hold.self, Wait.self, Leases.self,
+        ])
 
     /// Accepts the global options before the subcommand, too (`obsctl --socket P get …`).
     @OptionGroup var global: GlobalOptions
@@ -79,6 +84,8 @@ enum Exit {
     static let software = ExitCode(70)
     static let ioError = ExitCode(74)
     static let tempFail = ExitCode(75)
+    /// `wait --timeout` ran out, as timeout(1) reports it.
+    static let timedOut = ExitCode(124)
 }
 
 /// Prints the error for a person and returns the exit code it maps to.
