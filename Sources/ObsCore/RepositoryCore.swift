@@ -51,7 +51,7 @@ public struct RepositoryCore: Sendable {
     public let name: String
     /// The history this repository's revisions belong to (see `Epoch`).
     public let epoch: String
-    public private(set) var data: KeyedState<CanonicalJSON>
+    public private(set) var data: FlatState
     public private(set) var history: History
     /// The time of the newest revision: revisions are stamped no earlier, so their times
     /// never go back whatever the clock does.
@@ -73,7 +73,7 @@ public struct RepositoryCore: Sendable {
     public init(name: String, epoch: String, historyLimits: HistoryLimits, loaded: LoadedRepository? = nil) {
         self.name = name
         self.epoch = epoch
-        self.data = loaded?.state ?? KeyedState()
+        self.data = loaded.map { FlatState($0.state) } ?? FlatState()
         let prefix = RevisionRecordLayout.prefix(repo: name)
         self.prefix = prefix
         var history = History(limits: historyLimits)
@@ -99,9 +99,17 @@ public struct RepositoryCore: Sendable {
         case .keys(let keys):
             return keys.compactMap { key in data[key].map { (key, $0.value) } }
         case .prefix(let prefix) where !prefix.isEmpty:
-            return data.entries.compactMap { $0.key.hasBytePrefix(prefix) ? ($0.key, $0.value.value) : nil }
+            var selected: [(key: Key, value: CanonicalJSON)] = []
+            let bytes = Array(prefix.utf8)
+            data.forEach { record in
+                if record.keyBytes.starts(with: bytes) { selected.append((record.key, record.value)) }
+            }
+            return selected
         case .all, .prefix:
-            return data.entries.map { ($0.key, $0.value.value) }
+            var all: [(key: Key, value: CanonicalJSON)] = []
+            all.reserveCapacity(data.count)
+            data.forEach { all.append(($0.key, $0.value)) }
+            return all
         }
     }
 

@@ -2,7 +2,7 @@
 //
 // It takes every revision queued since its last group, encodes them (LogRecord), writes
 // the group with one `pwrite` and — under `sync = always` — one `fdatasync`, then tells
-// each repository how far it is durable and hands the revisions to the checkpointer.
+// each repository how far it is durable and the checkpointer how far the log is written.
 // Under `sync = relaxed` it tells them after the write and syncs at most every interval.
 //
 // A group that fails (a full disk, an I/O error) is undone in the log — cut off, or voided
@@ -100,14 +100,14 @@ struct Committer {
         self.logger = logger
     }
 
-    mutating func run(_ queue: CommitQueue, checkpoints: CheckpointQueue) {
+    mutating func run(_ queue: CommitQueue, progress: LogProgress) {
         var interval: Duration? = nil
         if case .relaxed(let i) = sync { interval = i }
         var unsynced = false
         var lastSync = ContinuousClock.now
         while let batch = queue.takeAll(timeout: interval ?? .seconds(1)) {
             if !batch.isEmpty {
-                if commit(batch, queue: queue, checkpoints: checkpoints) { unsynced = interval != nil }
+                if commit(batch, queue: queue, progress: progress) { unsynced = interval != nil }
             }
             if let interval, unsynced, ContinuousClock.now - lastSync >= interval {
                 unsynced = !syncRelaxed()  // a failed sync is retried at the next interval
@@ -115,29 +115,24 @@ struct Committer {
             }
         }
         if unsynced { _ = syncRelaxed() }
-        checkpoints.close()
+        progress.close()
     }
 
     /// Writes one group; whether it reached the log.
-    private mutating func commit(_ batch: [DiskStorage.Queued], queue: CommitQueue, checkpoints: CheckpointQueue) -> Bool {
+    private mutating func commit(_ batch: [DiskStorage.Queued], queue: CommitQueue, progress: LogProgress) -> Bool {
         if let broken {
             fail(batch, broken, queue: queue)
             return false
         }
         var group: [UInt8] = []
         var payload: [UInt8] = []
-        /// Where each frame ends in the group; the log says where the group begins.
-        var ends: [Int] = []
-        ends.reserveCapacity(batch.count)
         for item in batch {
             payload.removeAll(keepingCapacity: true)
             LogRecord.encode(item.record, epoch: item.listener.epoch, into: &payload)
             payload.withUnsafeBytes { WriteAheadLog.frame($0, into: &group) }
-            ends.append(group.count)
         }
-        let start: UInt64
         do throws(StorageError) {
-            start = try log.append(group)
+            _ = try log.append(group)
             if sync == .always {
                 try log.sync()
                 counters.fsyncs.add(1, ordering: .relaxed)
@@ -149,8 +144,8 @@ struct Committer {
         }
         counters.commits.add(1, ordering: .relaxed)
         counters.records.add(batch.count, ordering: .relaxed)
+        progress.advance(to: log.position)
         for (listener, revision) in Self.lastRevisions(batch) { listener.durable(through: revision) }
-        checkpoints.append(zip(batch, ends).map { Checkpointed(record: $0.0.record, epoch: $0.0.listener.epoch, position: start + UInt64($0.1)) })
         return true
     }
 

@@ -113,8 +113,24 @@ enum LogRecord {
         mutating func u64() throws(Malformed) -> UInt64 { UInt64(littleEndian: try take(8).loadUnaligned(as: UInt64.self)) }
 
         mutating func string(_ n: Int) throws(Malformed) -> String {
-            guard let s = String(validating: try take(n), as: UTF8.self) else { throw Malformed() }
+            let bytes = try take(n)
+            // Keys are mostly ASCII: checked a word at a time, they need no decoder's validation.
+            if Self.isASCII(bytes) { return String(decoding: bytes, as: UTF8.self) }
+            guard let s = String(validating: bytes, as: UTF8.self) else { throw Malformed() }
             return s
+        }
+
+        static func isASCII(_ bytes: UnsafeRawBufferPointer) -> Bool {
+            var i = 0
+            while i + 8 <= bytes.count {
+                if bytes.loadUnaligned(fromByteOffset: i, as: UInt64.self) & 0x8080_8080_8080_8080 != 0 { return false }
+                i += 8
+            }
+            while i < bytes.count {
+                if bytes[i] >= 0x80 { return false }
+                i += 1
+            }
+            return true
         }
 
         mutating func changes() throws(Malformed) -> [Change<CanonicalJSON>] {

@@ -5,7 +5,7 @@
 // boundary. The daemon commits a revision in memory, hands it to storage in revision
 // order, and shows it to nobody — no reply, no event — until storage says it is durable.
 // `InMemoryStorage` is durable at once (and forgets everything at exit); `DiskStorage`
-// persists to a write-ahead log with group commit and keeps a compacted state in SQLite.
+// persists to a write-ahead log with group commit and keeps a compacted state in a snapshot.
 
 import ObsValues
 import ObservableKit
@@ -15,15 +15,20 @@ public struct LoadedRepository: Sendable {
     public let name: String
     /// The history `state` and `history` belong to (see `Epoch`).
     public let epoch: String
-    public let state: KeyedState<CanonicalJSON>
+    /// Its entries and revision, flat (as a snapshot loads them).
+    public let state: FlatTable
     /// The retained history, oldest first, ending at `state.revision` (or empty).
-    public let history: [RevisionRecord]
+    public let history: LoadedHistory
 
-    public init(name: String, epoch: String, state: KeyedState<CanonicalJSON>, history: [RevisionRecord]) {
+    public init(name: String, epoch: String, state: FlatTable, history: LoadedHistory) {
         self.name = name
         self.epoch = epoch
         self.state = state
         self.history = history
+    }
+
+    public init(name: String, epoch: String, state: FlatTable, history: [RevisionRecord]) {
+        self.init(name: name, epoch: epoch, state: state, history: LoadedHistory(history))
     }
 }
 
