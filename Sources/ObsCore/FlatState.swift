@@ -69,6 +69,15 @@ public struct FlatState: Sendable {
         return changes
     }
 
+    /// What `changes` (planned on this state, a key at most once) replace: each key's entry
+    /// before them — the value the change already carries, the revision looked up — so an
+    /// undo record costs no second copy of a value.
+    public func entries(replacedBy changes: [Change<CanonicalJSON>]) -> [(key: Key, entry: Entry<CanonicalJSON>?)] {
+        changes.map { change in
+            (change.key, change.old.map { Entry(value: $0, revision: table.withRecord(change.key) { $0?.revision ?? 0 }) })
+        }
+    }
+
     private enum Outcome {
         case conflict(UInt64)
         case unchanged

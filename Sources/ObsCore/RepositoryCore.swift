@@ -145,7 +145,7 @@ public struct RepositoryCore: Sendable {
         let revision = data.revision + 1
         let time = max(now, lastTime)
         let info = RevisionInfo(revision: revision, time: time, writer: writer, origin: origin, weight: plan.weight)
-        if !durable { undo.append(plan.changes.map { ($0.key, data[$0.key]) }) }
+        if !durable { undo.append(data.entries(replacedBy: plan.changes)) }
         data.install(ChangeSet(revision: revision, changes: plan.changes))
         lastTime = time
         record(info, plan.changes, durable: durable)
@@ -159,7 +159,7 @@ public struct RepositoryCore: Sendable {
     /// a group can be planned on top of it (a shared store commits the group, or not);
     /// `revert` takes such installs back, newest first.
     public mutating func installTentatively(_ plan: WritePlan) -> Tentative {
-        let previous = plan.changes.map { ($0.key, data[$0.key]) }
+        let previous = data.entries(replacedBy: plan.changes)
         data.install(ChangeSet(revision: data.revision + 1, changes: plan.changes))
         return previous
     }

@@ -112,42 +112,74 @@ final class Checkpointer {
 
     // MARK: Merging
 
-    /// What the log after the snapshot did to one repository.
+    /// What the log after the snapshot did to one repository. Read from the log's frames in
+    /// place: a frame's keys and values go straight into the table, its history body into
+    /// one buffer — no object per revision or per value.
     private struct Changes {
         let name: String
         var epoch: String
         var revision: UInt64 = 0
         /// Final values of the keys it changed; a deletion is a record without a value.
         var table = FlatTable()
-        /// Its newest revisions, within the history limits, from `head` on.
-        var history: [RevisionRecord] = []
+        /// Its newest revisions, within the history limits, as a snapshot stores them
+        /// (`StoredRevision` bodies) one after another in `bodies`, from `head` on.
+        var bodies: [UInt8] = []
+        var history: [(start: Int, weight: Int)] = []
         var head = 0
         var weight = 0
         var written = false
 
-        mutating func apply(_ record: RevisionRecord, limit: Int, maxBytes: Int) {
+        mutating func apply(_ record: LogRecord.View, limit: Int, maxBytes: Int) throws(LogRecord.Malformed) {
             revision = record.revision
-            for change in record.changes {
-                if let new = change.new {
-                    table.set(change.key, to: new, revision: record.revision)
-                } else {
-                    change.key.withUTF8 { table.set(key: UnsafeRawBufferPointer($0), value: UnsafeRawBufferPointer(start: nil, count: 0), isPlain: true, revision: record.revision) }
-                }
+            let revisionWeight = try record.forEachChange { key, _, new in
+                let value = new?.bytes ?? UnsafeRawBufferPointer(start: nil, count: 0)
+                table.set(key: key, value: value, isPlain: new?.plain ?? true, revision: record.revision)
             }
             guard limit > 0 else { return }
-            history.append(record)
-            weight += record.byteSize
+            history.append((bodies.count, revisionWeight))
+            SnapshotWriter.append(record.revision, &bodies)
+            SnapshotWriter.append(UInt64(bitPattern: record.time), &bodies)
+            SnapshotWriter.append(UInt32(clamping: revisionWeight), &bodies)
+            if let writer = record.writer {
+                bodies.append(1)
+                SnapshotWriter.append(writer.uid, &bodies)
+                SnapshotWriter.append(writer.gid, &bodies)
+                SnapshotWriter.append(UInt32(bitPattern: writer.pid), &bodies)
+            } else {
+                bodies.append(0)
+            }
+            bodies.append(contentsOf: record.changes)
+            weight += revisionWeight
             while history.count - head > limit || (weight > maxBytes && history.count - head > 1) {
-                weight -= history[head].byteSize
+                weight -= history[head].weight
                 head += 1
             }
             if head >= 1024 && head * 2 >= history.count {
+                // Drop what was trimmed from the front of the buffer too.
+                let cut = history[head].start
+                bodies.removeFirst(cut)
                 history.removeFirst(head)
+                for k in history.indices { history[k].start -= cut }
                 head = 0
             }
         }
 
-        var retained: ArraySlice<RevisionRecord> { history[head...] }
+        var count: Int { history.count - head }
+        var firstRevision: UInt64? {
+            count == 0 ? nil : bodies.withUnsafeBytes { UInt64(littleEndian: $0.loadUnaligned(fromByteOffset: history[head].start, as: UInt64.self)) }
+        }
+
+        /// Calls `body` with each retained revision's body, oldest first.
+        func forEachRetained(_ body: (UnsafeRawBufferPointer) throws(StorageError) -> Void) throws(StorageError) {
+            try bodies.withUnsafeBytes { raw in
+                Result { () throws(StorageError) in
+                    for k in head..<history.count {
+                        let end = k + 1 < history.count ? history[k + 1].start : raw.count
+                        try body(UnsafeRawBufferPointer(rebasing: raw[history[k].start..<end]))
+                    }
+                }
+            }.get()
+        }
     }
 
     /// Writes the new snapshot: the old one with the log's frames after it folded in.
@@ -158,18 +190,26 @@ final class Checkpointer {
         let limit = options.historyLimit
         let maxBytes = options.historyMaxBytes
         let logPath = log.path
+        var last: (name: [UInt8], index: Int)? = nil
         try log.forEachFrame(after: covered, through: position) { (payload, at) throws(StorageError) in
-            let record: RevisionRecord
-            let epoch: String
-            do throws(LogRecord.Malformed) { (record, epoch) = try LogRecord.decode(payload) } catch {
+            do throws(LogRecord.Malformed) {
+                let record = try LogRecord.View(payload)
+                let index: Int
+                if let last, record.repo.elementsEqual(last.name) {
+                    index = last.index
+                } else {
+                    let name = String(decoding: record.repo, as: UTF8.self)
+                    index = byName[name] ?? {
+                        changes.append(Changes(name: name, epoch: String(decoding: record.epoch, as: UTF8.self)))
+                        byName[name] = changes.count - 1
+                        return changes.count - 1
+                    }()
+                    last = (Array(record.repo), index)
+                }
+                try changes[index].apply(record, limit: limit, maxBytes: maxBytes)
+            } catch {
                 throw StorageError(.corrupt, "\(logPath): the record ending at position \(at) has a valid checksum but does not decode")
             }
-            let index = byName[record.repo] ?? {
-                changes.append(Changes(name: record.repo, epoch: epoch))
-                byName[record.repo] = changes.count - 1
-                return changes.count - 1
-            }()
-            changes[index].apply(record, limit: limit, maxBytes: maxBytes)
         }
 
         let writer = try SnapshotWriter(directory: directory, covering: position)
@@ -197,7 +237,7 @@ final class Checkpointer {
             }
             let i = byName[name]
             try writer.beginRepository(name: name, epoch: epoch, revision: max(revision, i.map { changes[$0].revision } ?? 0))
-            try writeHistory(old: old, new: i.map { changes[$0].retained } ?? [], writer)
+            try writeHistory(old: old, new: i.map { changes[$0] }, writer)
             while block.kind == .entries {
                 let payload = try input.payload()
                 var offset = 0
@@ -221,7 +261,7 @@ final class Checkpointer {
         _ = try input.payload()
         for repository in changes where !repository.written {
             try writer.beginRepository(name: repository.name, epoch: repository.epoch, revision: repository.revision)
-            try writeHistory(old: [], new: repository.retained, writer)
+            try writeHistory(old: [], new: repository, writer)
             try writeEntries(repository.table, writer)
         }
         try writer.commit()
@@ -230,12 +270,12 @@ final class Checkpointer {
 
     /// Writes a repository's history: the old snapshot's and the log's newest, contiguous,
     /// within the limits (the newest revision stays whatever its size).
-    private func writeHistory(old: [(revision: UInt64, weight: Int, body: [UInt8])], new: ArraySlice<RevisionRecord>, _ writer: SnapshotWriter) throws(StorageError) {
+    private func writeHistory(old: [(revision: UInt64, weight: Int, body: [UInt8])], new: Changes?, _ writer: SnapshotWriter) throws(StorageError) {
         guard options.historyLimit > 0 else { return }
-        var count = new.count
-        var weight = new.reduce(0) { $0 + $1.byteSize }
+        var count = new?.count ?? 0
+        var weight = new?.weight ?? 0
         var start = old.count
-        let contiguous = new.first.map { first in old.last.map { $0.revision + 1 == first.revision } ?? true } ?? true
+        let contiguous = new?.firstRevision.map { first in old.last.map { $0.revision + 1 == first } ?? true } ?? true
         if contiguous {
             while start > 0, count < options.historyLimit, count == 0 || weight + old[start - 1].weight <= options.historyMaxBytes,
                 start == old.count || old[start - 1].revision + 1 == old[start].revision
@@ -246,7 +286,7 @@ final class Checkpointer {
             }
         }
         for revision in old[start...] { try revision.body.withUnsafeBytes { raw in Result { () throws(StorageError) in try writer.history(body: raw) } }.get() }
-        for record in new { try writer.history(record) }
+        try new?.forEachRetained { (body) throws(StorageError) in try writer.history(body: body) }
     }
 
     private func writeEntries(_ table: FlatTable, _ writer: SnapshotWriter) throws(StorageError) {

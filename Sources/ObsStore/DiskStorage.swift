@@ -105,7 +105,8 @@ public final class DiskStorage: Storage {
     private let queue: CommitQueue
     private let lock: DirectoryLock
     private let loaded: Locked<[LoadedRepository]?>
-    private let committer: DedicatedThread
+    private let committer: Committer
+    private let committerThread: DedicatedThread
     private let checkpointer: DedicatedThread
 
     /// A revision on its way to the log.
@@ -180,15 +181,12 @@ public final class DiskStorage: Storage {
             logger: logger)
         let queue = CommitQueue()
         self.queue = queue
-        // The checkpointer, like the log, moves to its thread and is used there only.
+        // The checkpointer moves to its thread and is used there only.
         let handedCheckpointer = Handover(checkpointer)
         self.checkpointer = DedicatedThread { handedCheckpointer.take().run(progress) }
-        let handedLog = Handover(log)
-        let sync = options.sync
-        committer = DedicatedThread {
-            var committer = Committer(log: handedLog.take(), sync: sync, counters: counters, logger: logger)
-            committer.run(queue, progress: progress)
-        }
+        let committer = Committer(log: log, sync: options.sync, queue: queue, progress: progress, counters: counters, logger: logger)
+        self.committer = committer
+        committerThread = DedicatedThread { committer.run() }
     }
 
     /// Where the compacted state came from.
@@ -236,8 +234,25 @@ public final class DiskStorage: Storage {
     }
 
     public func append(_ record: RevisionRecord, listener: any DurabilityListener) -> Bool {
-        queue.append(Queued(record: record, listener: listener))
+        // A thread that flushes commits this itself, soon; any other wakes the committer.
+        queue.append(Queued(record: record, listener: listener), wake: pthread_getspecific(Self.flusher) != Unmanaged.passUnretained(self).toOpaque())
     }
+
+    /// Commits the revisions queued — this thread's, and any others' — on this thread,
+    /// unless another thread is committing (which then takes them). From then on, revisions
+    /// this thread appends wait for its next `flush` instead of waking the committer thread.
+    public func flush() {
+        let me = Unmanaged.passUnretained(self).toOpaque()
+        if pthread_getspecific(Self.flusher) != me { pthread_setspecific(Self.flusher, me) }
+        committer.drain()
+    }
+
+    /// The store each thread flushes (see `flush`).
+    private static let flusher: pthread_key_t = {
+        var key = pthread_key_t()
+        pthread_key_create(&key, nil)
+        return key
+    }()
 
     public func discard(_ listener: any DurabilityListener, after revision: UInt64) {
         queue.discard(listener, after: revision)
@@ -245,7 +260,7 @@ public final class DiskStorage: Storage {
 
     public func close() {
         queue.close()
-        committer.join()  // it closes the checkpoint queue once the log is synced
+        committerThread.join()  // it closes the log's progress once the log is synced
         checkpointer.join()
         lock.release()
     }

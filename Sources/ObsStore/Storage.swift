@@ -65,8 +65,16 @@ public protocol Storage: AnyObject, Sendable {
     func append(_ record: RevisionRecord, listener: any DurabilityListener) -> Bool
     /// Forgets queued revisions of `listener` above `revision`, after a failure undid them.
     func discard(_ listener: any DurabilityListener, after revision: UInt64)
+    /// Makes the revisions queued so far durable now, on the calling thread, if the store
+    /// does that (an event loop calls it at the end of each iteration; the listeners may be
+    /// called from inside). Must not be called with a repository's lock held.
+    func flush()
     /// Makes everything queued durable, then releases the storage.
     func close()
+}
+
+extension Storage {
+    public func flush() {}
 }
 
 /// Keeps nothing: repositories live only as long as the process.

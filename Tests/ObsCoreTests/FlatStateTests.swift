@@ -76,6 +76,8 @@ private struct SeededGenerator: RandomNumberGenerator {
                 model.undoLast(restoring: previous)
             } else {
                 undo.append(changes.map { ($0.key, model[$0.key]) })
+                let replaced = flat.entries(replacedBy: changes)
+                #expect(replaced.map(\.key) == undo.last!.map(\.key) && replaced.map(\.entry) == undo.last!.map(\.entry), "step \(step)")
                 let changeSet = ChangeSet(revision: model.revision + 1, changes: changes)
                 let installed = (flat.install(changeSet), model.install(changeSet))
                 #expect(installed == (true, true))

@@ -224,6 +224,39 @@ private func expectRefusal(_ dir: String, naming path: String, _ words: String..
         again.close()
     }
 
+    @Test func theCommittersFramesAreTheLogsEncodingFramed() {
+        var rng = SeededGenerator(seed: 9)
+        var model = Model()
+        for i in 0..<200 {
+            let base = model.next(["a", "repository-\(i % 3)"], &rng)
+            let record = RevisionRecord(
+                repo: base.repo, changeSet: ChangeSet(revision: base.revision, changes: base.changes), time: Int64(i) - 100,
+                writer: i % 2 == 0 ? nil : Writer(uid: UInt32(i), gid: 7, pid: -Int32(i)))
+            let epoch = i % 5 == 0 ? String(repeating: "e", count: 300) : Epoch.random()
+            var payload: [UInt8] = []
+            LogRecord.encode(record, epoch: epoch, into: &payload)
+            var expected: [UInt8] = [1, 2, 3]
+            payload.withUnsafeBytes { WriteAheadLog.frame($0, into: &expected) }
+            var actual: [UInt8] = [1, 2, 3]
+            LogRecord.appendFrame(record, epoch: epoch, to: &actual)
+            #expect(actual.count == expected.count && actual == expected, "record \(i) differs from byte \(zip(actual, expected).prefix { $0 == $1 }.count)")
+        }
+    }
+
+    @Test func aGroupTellsEachRepositoryItsLastRevisionInTheOrderTheyCame() {
+        let listeners = (0..<12).map { _ in ListenerStub() }
+        var batch: [DiskStorage.Queued] = []
+        for round in 1...3 as ClosedRange<UInt64> {
+            for (i, listener) in listeners.enumerated() where i % 2 == 0 || round > 1 {
+                batch.append(DiskStorage.Queued(record: record("r\(i)", round * 10 + UInt64(i)), listener: listener))
+            }
+        }
+        let last = Committer.lastRevisions(batch)
+        let evens = listeners.indices.filter { $0 % 2 == 0 }, odds = listeners.indices.filter { $0 % 2 == 1 }
+        #expect(last.map { ObjectIdentifier($0.0) } == (evens + odds).map { ObjectIdentifier(listeners[$0]) })
+        #expect(last.map(\.1) == (evens + odds).map { 30 + UInt64($0) })
+    }
+
     @Test func theInstructionComputesWhatTheTablesDo() {
         let check = Array("123456789".utf8)
         #expect(check.withUnsafeBytes { CRC32C.checksum($0) } == 0xE306_9283)
