@@ -129,7 +129,7 @@ let package = Package(
         .testTarget(name: "ObsProtocolTests", dependencies: ["ObsProtocol", "ObservableKit"]),
         .testTarget(name: "ObsConfigTests", dependencies: ["ObsConfig"]),
         // The value core in process: rules, records, undo, subscription starts, attachments.
-        .testTarget(name: "ObsCoreTests", dependencies: ["ObsCore", "ObsStore", "ObsProtocol", "ObsValues", "ObservableKit"]),
+        .testTarget(name: "ObsCoreTests", dependencies: ["ObsCore", "ObsStore", "ObsProtocol", "ObsValues", "ObservableKit", "TestSupport"]),
         // In-process tests of the client library's parts that need no daemon (the mirrors' merging).
         .testTarget(name: "ObsClientTests", dependencies: ["ObsClient", "ObsProtocol", "ObservableKit"]),
         .testTarget(

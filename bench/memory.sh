@@ -6,9 +6,10 @@
 # Fills KEYS keys (default 1,000,000; values like {"n":1,"name":"item 1"}, keys key/<i>)
 # into a fresh durable obsd (`obsbench fill`, batches of 1,000) and into a fresh Redis
 # (the same SETs through `redis-cli --pipe`, no persistence), each pinned to CPU 0; prints
-# each server's RSS growth per key once filled, then restarts obsd on the data it wrote
-# and prints how long it took to serve again and its RSS per key after the restart.
-# Extra arguments go to obsd (e.g. `--history-limit 0`).
+# each server's RSS growth per key once filled. obsd is then killed with SIGKILL and
+# restarted (it replays the log written since its last snapshot), then stopped cleanly
+# (it writes a snapshot of everything) and restarted again: for each start, how long it
+# took to serve and its RSS per key. Extra arguments go to obsd (e.g. `--history-limit 0`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 keys=${1:-1000000}; shift || true
@@ -28,16 +29,25 @@ taskset -c 0 $bin/obsd --socket $tmp/obsd.sock --data-dir $tmp/data "$@" > $tmp/
 wait_socket $tmp/obsd.sock; sleep 0.2; base=$(rss $pid)
 taskset -c 1 $bin/obsbench fill --socket $tmp/obsd.sock --keys "$keys" > $tmp/fill.txt
 sleep 2; filled=$(rss $pid)
+# restart LABEL: starts obsd on the data, times it until it serves, reads its RSS.
+restart() {
+  local start ready
+  start=$(date +%s.%N)
+  taskset -c 0 $bin/obsd --socket $tmp/obsd.sock --data-dir $tmp/data "$@" > $tmp/obsd-$label.log 2>&1 & pid=$!
+  until $bin/obsctl --socket $tmp/obsd.sock repos > /dev/null 2>&1; do sleep 0.005; done
+  ready=$(date +%s.%N)
+  sleep 1; restarted=$(rss $pid)
+  seconds=$(echo "$ready - $start" | bc | sed 's/^\./0./')
+}
+kill -9 $pid; wait $pid 2>/dev/null || true; pid=
+label=killed restart "$@"; killed_seconds=$seconds; killed_rss=$restarted
 kill $pid; wait $pid || true; pid=
-start=$(date +%s.%N)
-taskset -c 0 $bin/obsd --socket $tmp/obsd.sock --data-dir $tmp/data "$@" > $tmp/obsd2.log 2>&1 & pid=$!
-until $bin/obsctl --socket $tmp/obsd.sock repos > /dev/null 2>&1; do sleep 0.005; done
-ready=$(date +%s.%N)
-sleep 1; restarted=$(rss $pid)
+label=clean restart "$@"; clean_seconds=$seconds; clean_rss=$restarted
 kill $pid; wait $pid || true; pid=
 echo "obsd $(cat $tmp/fill.txt) flags=[$*]"
-echo "obsd  rss/key filled: $(per_key $base $filled) B   after restart: $(per_key $base $restarted) B   (base ${base} KiB, filled ${filled} KiB, restarted ${restarted} KiB)"
-echo "obsd  restart to serving: $(echo "$ready - $start" | bc | sed 's/^\./0./') s ($(grep -o 'loadSeconds=[0-9.]*' $tmp/obsd2.log)); data directory $(du -sh $tmp/data | cut -f1)"
+echo "obsd  rss/key filled: $(per_key $base $filled) B   after restart: $(per_key $base $clean_rss) B   (base ${base} KiB, filled ${filled} KiB, restarted ${clean_rss} KiB)"
+echo "obsd  restart to serving after a clean stop: $clean_seconds s ($(grep -o 'loadSeconds=[0-9.]*' $tmp/obsd-clean.log)); data directory $(du -sh $tmp/data | cut -f1)"
+echo "obsd  restart to serving after kill -9: $killed_seconds s ($(grep -o 'loadSeconds=[0-9.]*' $tmp/obsd-killed.log); $(grep -o 'replayed [0-9]* revisions' $tmp/obsd-killed.log || echo 'nothing replayed')); rss/key $(per_key $base $killed_rss) B"
 
 # Redis
 taskset -c 0 redis-server --unixsocket $tmp/redis.sock --port 0 --save '' --appendonly no > $tmp/redis.log 2>&1 & pid=$!

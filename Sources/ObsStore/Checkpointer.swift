@@ -137,18 +137,7 @@ final class Checkpointer {
             }
             guard limit > 0 else { return }
             history.append((bodies.count, revisionWeight))
-            SnapshotWriter.append(record.revision, &bodies)
-            SnapshotWriter.append(UInt64(bitPattern: record.time), &bodies)
-            SnapshotWriter.append(UInt32(clamping: revisionWeight), &bodies)
-            if let writer = record.writer {
-                bodies.append(1)
-                SnapshotWriter.append(writer.uid, &bodies)
-                SnapshotWriter.append(writer.gid, &bodies)
-                SnapshotWriter.append(UInt32(bitPattern: writer.pid), &bodies)
-            } else {
-                bodies.append(0)
-            }
-            bodies.append(contentsOf: record.changes)
+            StoredRevision.appendBody(of: record, weight: revisionWeight, to: &bodies)
             weight += revisionWeight
             while history.count - head > limit || (weight > maxBytes && history.count - head > 1) {
                 weight -= history[head].weight

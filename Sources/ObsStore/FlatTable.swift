@@ -1,7 +1,8 @@
 // ObsStore — a repository's keys, values and key revisions in flat storage: records
 // (FlatRecord.swift) in slabs, one allocation per slab (up to 1 MiB), never one per key; and
-// an open-addressing index of 8-byte slots, each a record's address and 26 bits of its key's
-// hash, so a probe reads a record only when those bits match.
+// an open-addressing index of 8-byte slots, each a record's address (35 bits: up to 32 GiB of
+// records per repository) and 29 bits of its key's hash, so a probe reads a record only when
+// those bits match.
 //
 // - Writing a key whose record fits where its old one was overwrites it in place (the rest
 //   of the old bytes marked dead); otherwise the record goes to the end of the last slab
@@ -97,6 +98,13 @@ public struct FlatTable: Sendable {
     public mutating func remove(_ key: Key) -> Bool {
         makeUnique()
         return key.withUTF8 { storage.remove(UnsafeRawBufferPointer($0)) }
+    }
+
+    /// Removes the key whose bytes are `key`; whether it was there.
+    @discardableResult
+    public mutating func remove(key: UnsafeRawBufferPointer) -> Bool {
+        makeUnique()
+        return storage.remove(key)
     }
 
     /// Sets or removes `key` as `entry` says (nil: absent).

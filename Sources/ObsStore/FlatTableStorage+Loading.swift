@@ -21,7 +21,10 @@ extension FlatTableStorage {
     /// holds. `buildIndex` indexes them once every block is in.
     func adoptBlock(_ block: UnsafeMutableRawPointer, blockCapacity: Int, used: Int) throws(FlatRecordCodec.Malformed) -> Int {
         let index = slabs.count
-        precondition(index < Self.maxSlabs, "a repository's table cannot address more than \(Self.maxSlabs) slabs")
+        guard index < Self.maxSlabs else {
+            FlatMemory.deallocate(block, blockCapacity)
+            throw FlatRecordCodec.Malformed(offset: 0, reason: "more than the \(Self.maxSlabs) blocks of entries a repository may hold")
+        }
         slabs.append(Slab(base: block, capacity: blockCapacity, used: used))
         tail = index
         let bytes = UnsafeRawBufferPointer(start: block, count: used)

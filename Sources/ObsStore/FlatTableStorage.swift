@@ -28,7 +28,11 @@ final class FlatTableStorage: @unchecked Sendable {
     static let slabShift = 20
     static let slabLimit = 1 << slabShift
     /// A slot: the stored hash bits above `addressBits`, the address + 1 below (0: empty).
-    static let addressBits = 38
+    /// 35 bits: a repository's records may fill 32 GiB. The other 29 are its key's hash bits,
+    /// from which the slot's home is chosen (so growing never reads a record) and which a
+    /// probe compares first; beyond the bits the home takes (about log2 of the slots), they
+    /// are what spares a probe reading records of other keys.
+    static let addressBits = 35
     static let addressMask: UInt64 = (1 << addressBits) - 1
     static let tagBits = 64 - addressBits
     static let maxSlabs = 1 << (addressBits - slabShift)
@@ -212,7 +216,8 @@ final class FlatTableStorage: @unchecked Sendable {
             slabs[free] = slab
             return free
         }
-        precondition(slabs.count < Self.maxSlabs, "a repository's table cannot address more than \(Self.maxSlabs) slabs")
+        // Resource exhaustion, as running out of memory is: 32 GiB of records in one repository.
+        precondition(slabs.count < Self.maxSlabs, "a repository's records cannot fill more than \(Self.maxSlabs) slabs of 1 MiB")
         slabs.append(slab)
         return slabs.count - 1
     }

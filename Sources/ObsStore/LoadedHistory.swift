@@ -26,6 +26,7 @@ public struct LoadedHistory: RandomAccessCollection, ExpressibleByArrayLiteral, 
 
     public init(arrayLiteral records: RevisionRecord...) { self.init(records) }
 
+    /// An empty history of repository `repo`.
     init(repo: String) {
         self.repo = repo
         replayed = []
@@ -61,7 +62,13 @@ public struct LoadedHistory: RandomAccessCollection, ExpressibleByArrayLiteral, 
     /// Appends a revision as a snapshot stores it (its body); false if it does not decode.
     mutating func appendStored(_ body: UnsafeRawBufferPointer) -> Bool {
         var reader = PayloadReader(body)
-        guard let revision = StoredRevision.fields(&reader), (try? LogRecord.decodeChanges(revision.changes)) != nil else { return false }
+        guard let revision = StoredRevision.fields(&reader), (try? LogRecord.checkChanges(revision.changes)) != nil else { return false }
+        if !replayed.isEmpty {
+            // After decoded revisions (an earlier obsd's, migrated), stays decoded, in order.
+            guard let record = revision.record(repo: repo) else { return false }
+            replayed.append(record)
+            return true
+        }
         starts.append(stored.count)
         stored.append(contentsOf: body)
         return true
@@ -84,17 +91,19 @@ public struct LoadedHistory: RandomAccessCollection, ExpressibleByArrayLiteral, 
 
     /// Keeps what a repository retains (see `Loader.retained`): the contiguous run of
     /// revisions ending at its newest, within `limit` revisions and `maxBytes` (the newest
-    /// always stays), none at or before the newest one older than `cutoff`.
-    mutating func retain(limit: Int, maxBytes: Int, cutoff: Int64 = .min) {
+    /// always stays), none at or before the newest one older than `cutoff`. Returns the
+    /// weight kept.
+    @discardableResult
+    mutating func retain(limit: Int, maxBytes: Int, cutoff: Int64 = .min) -> Int {
         guard limit > 0, let newest = indices.last else {
             self = LoadedHistory(repo: repo)
-            return
+            return 0
         }
         var start = newest
         var bytes = weight(start)
         if time(start) < cutoff {
             self = LoadedHistory(repo: repo)
-            return
+            return 0
         }
         while start > 0, count - start < limit, revision(start - 1) + 1 == revision(start), bytes + weight(start - 1) <= maxBytes,
             time(start - 1) >= cutoff
@@ -103,6 +112,7 @@ public struct LoadedHistory: RandomAccessCollection, ExpressibleByArrayLiteral, 
             bytes += weight(start)
         }
         drop(start)
+        return bytes
     }
 
     /// Forgets the `n` oldest revisions.
@@ -113,6 +123,13 @@ public struct LoadedHistory: RandomAccessCollection, ExpressibleByArrayLiteral, 
         if storedCount == 0 {
             stored = []
             starts = []
+            first = 0
+        } else if first * 2 >= starts.count {
+            // Most of the buffer is dropped revisions: keep only the rest.
+            let cut = starts[first]
+            stored.removeFirst(cut)
+            starts.removeFirst(first)
+            for i in starts.indices { starts[i] -= cut }
             first = 0
         }
     }

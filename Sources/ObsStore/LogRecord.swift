@@ -199,6 +199,23 @@ enum LogRecord {
         }
     }
 
+    /// Checks that `bytes` are changes as `encode(_:into:)` writes them — lengths that add
+    /// up, keys in UTF-8 — without decoding them into objects (a snapshot's history, read at
+    /// start-up and decoded one revision at a time later).
+    static func checkChanges(_ bytes: UnsafeRawBufferPointer) throws(Malformed) {
+        var reader = Reader(bytes: bytes)
+        let count = Int(try reader.u32())
+        guard count <= bytes.count else { throw Malformed() }
+        for _ in 0..<count {
+            let key = try reader.take(Int(try reader.u16()))
+            if !Reader.isASCII(key), String(validating: key, as: UTF8.self) == nil { throw Malformed() }
+            let flags = try reader.byte()
+            if flags & 1 != 0 { _ = try reader.take(Int(try reader.u32())) }
+            if flags & 2 != 0 { _ = try reader.take(Int(try reader.u32())) }
+        }
+        guard reader.offset == bytes.count else { throw Malformed() }
+    }
+
     // MARK: Helpers
 
     private static func appendShort(_ text: String.UTF8View, _ out: inout [UInt8]) {

@@ -54,17 +54,7 @@ final class SnapshotWriter {
     func history(_ record: RevisionRecord) throws(StorageError) {
         var body: [UInt8] = []
         body.reserveCapacity(record.byteSize + 64)
-        Self.append(record.revision, &body)
-        Self.append(UInt64(bitPattern: record.time), &body)
-        Self.append(UInt32(clamping: record.byteSize), &body)
-        if let writer = record.writer {
-            body.append(1)
-            Self.append(writer.uid, &body)
-            Self.append(writer.gid, &body)
-            Self.append(UInt32(bitPattern: writer.pid), &body)
-        } else {
-            body.append(0)
-        }
+        StoredRevision.appendHead(revision: record.revision, time: record.time, weight: record.byteSize, writer: record.writer, to: &body)
         LogRecord.encode(record.changes, into: &body)
         try body.withUnsafeBytes { raw in Result { () throws(StorageError) in try history(body: raw) } }.get()
     }
@@ -152,6 +142,27 @@ struct StoredRevision {
         }
         guard let changes = reader.take(reader.bytes.count - reader.offset) else { return nil }
         return StoredRevision(revision: revision, time: Int64(bitPattern: time), weight: Int(weight), writer: writer, changes: changes)
+    }
+
+    /// Appends the body (what follows the length) of `record`, read from the log, weighing `weight`.
+    static func appendBody(of record: LogRecord.View, weight: Int, to out: inout [UInt8]) {
+        appendHead(revision: record.revision, time: record.time, weight: weight, writer: record.writer, to: &out)
+        out.append(contentsOf: record.changes)
+    }
+
+    /// Appends a body's fields before its changes.
+    static func appendHead(revision: UInt64, time: Int64, weight: Int, writer: Writer?, to out: inout [UInt8]) {
+        SnapshotWriter.append(revision, &out)
+        SnapshotWriter.append(UInt64(bitPattern: time), &out)
+        SnapshotWriter.append(UInt32(clamping: weight), &out)
+        if let writer {
+            out.append(1)
+            SnapshotWriter.append(writer.uid, &out)
+            SnapshotWriter.append(writer.gid, &out)
+            SnapshotWriter.append(UInt32(bitPattern: writer.pid), &out)
+        } else {
+            out.append(0)
+        }
     }
 
     func record(repo: String) -> RevisionRecord? {

@@ -71,8 +71,10 @@ extension WriteAheadLog {
         return last - at
     }
 
-    /// A segment file mapped read-only (replay reads it in place: no copy of a preallocated
-    /// segment's zeros). It must not be read past a point the file is cut back to.
+    /// A segment file mapped read-only (replay reads it in place), up to where the file
+    /// system says its data ends when nothing follows that but unwritten space: a
+    /// preallocated segment's megabytes of zeros are neither read nor faulted in. It must not
+    /// be read past a point the file is cut back to.
     final class Mapped {
         let bytes: UnsafeRawBufferPointer
 
@@ -82,14 +84,16 @@ extension WriteAheadLog {
             defer { close(file) }
             var st = stat()
             guard fstat(file, &st) == 0 else { throw StorageError.from(errno, "cannot stat \(path)") }
-            let size = Int(st.st_size)
+            var size = Int(st.st_size)
+            // The first hole (unwritten, preallocated space reads as one), if no data follows it.
+            let hole = lseek(file, 0, 4 /* SEEK_HOLE */)
+            if hole >= 0, hole < size, lseek(file, hole, 3 /* SEEK_DATA */) < 0, errno == ENXIO { size = Int(hole) }
             guard size > 0 else {
                 bytes = UnsafeRawBufferPointer(start: nil, count: 0)
                 return
             }
-            let mapped = mmap(nil, size, PROT_READ, MAP_PRIVATE, file, 0)
+            let mapped = mmap(nil, size, PROT_READ, MAP_PRIVATE | MAP_POPULATE, file, 0)
             guard let mapped, mapped != MAP_FAILED else { throw StorageError.from(errno, "cannot map \(path)") }
-            madvise(mapped, size, MADV_SEQUENTIAL)
             bytes = UnsafeRawBufferPointer(start: mapped, count: size)
         }
 

@@ -90,20 +90,25 @@ func crashCopy(_ dir: String) throws -> String {
     return copy
 }
 
-/// A data directory as a crash would leave it after ten durable revisions of "a", none of
-/// them in the compacted state yet (the caller removes it).
-func crashedAfterTenRevisions() throws -> String {
+/// A data directory as a crash would leave it after `revisions` durable revisions of "a"
+/// (key `k<rev>` = `value`, a group each), none of them in the compacted state yet (the
+/// caller removes it).
+func crashedAfter(_ revisions: UInt64, value: JSONValue = 1, segmentSize: Int = 64 << 20) throws -> String {
     let dir = temporaryDirectory()
     defer { try? FileManager.default.removeItem(atPath: dir) }
-    var o = options(dir)
+    var o = options(dir, segmentSize: segmentSize)
     o.checkpointInterval = .seconds(3600)
     let storage = try open(o)
     defer { storage.close() }
     let a = ListenerStub()
-    for rev in 1...10 as ClosedRange<UInt64> { _ = storage.append(record("a", rev), listener: a) }
-    guard waitFor({ a.durable == 10 }) else { throw StorageError(.io, "ten revisions not durable within 20 s") }
+    for rev in 1...revisions {
+        _ = storage.append(record("a", rev, "k\(rev)", value), listener: a)
+        guard waitFor({ a.durable == rev }) else { throw StorageError(.io, "revision \(rev) not durable within 20 s") }
+    }
     return try crashCopy(dir)
 }
+
+func crashedAfterTenRevisions() throws -> String { try crashedAfter(10) }
 
 @Suite struct DiskStorageTests {
     @Test func whatWasMadeDurableIsLoadedWithItsHistoryAndEpoch() throws {

@@ -7,6 +7,7 @@
 import Foundation
 import ObsProtocol
 import ObservableKit
+import TestSupport
 import Testing
 
 @testable import ObsStore
@@ -156,18 +157,8 @@ private func expectRefusal(_ dir: String, naming path: String, _ words: String..
     }
 
     @Test func aMissingSnapshotOrLogSegmentIsRefused() throws {
-        let dir = temporaryDirectory()
-        defer { try? FileManager.default.removeItem(atPath: dir) }
-        var o = storeOptions(dir)
-        o.checkpointInterval = .seconds(3600)  // the log alone holds these
-        let storage = try open(o)
-        let a = ListenerStub()
-        for rev in 1...60 as ClosedRange<UInt64> {
-            _ = storage.append(record("a", rev, "k", .string(String(repeating: "v", count: 500))), listener: a)
-            #expect(waitFor { a.durable == rev })  // a group each, so the log rolls over segments
-        }
-        let crashed = try crashCopy(dir)
-        storage.close()
+        // A group each, in segments of 8 KiB: the log rolls over segments.
+        let crashed = try crashedAfter(60, value: .string(String(repeating: "v", count: 500)), segmentSize: 8192)
         defer { try? FileManager.default.removeItem(atPath: crashed) }
         let names = segments(crashed)
         try #require(names.count >= 3)
