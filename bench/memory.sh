@@ -9,11 +9,13 @@
 # each server's RSS growth per key once filled. obsd is then killed with SIGKILL and
 # restarted (it replays the log written since its last snapshot), then stopped cleanly
 # (it writes a snapshot of everything) and restarted again: for each start, how long it
-# took to serve and its RSS per key. Extra arguments go to obsd (e.g. `--history-limit 0`).
+# took to serve and its RSS per key. Extra arguments go to obsd (e.g. `--history-limit 0`);
+# OBSD_BIN runs another obsd binary (an older build, to compare).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 keys=${1:-1000000}; shift || true
 bin=.build/release
+obsd=${OBSD_BIN:-$bin/obsd}
 [ -x $bin/obsd ] && [ -x $bin/obsbench ] || { echo "run swift build -c release first" >&2; exit 1; }
 command -v redis-server >/dev/null || apt-get install -y -qq redis-server >/dev/null
 tmp=$(mktemp -d /tmp/obsd-memory-XXXXXX); pid=
@@ -25,7 +27,7 @@ wait_socket() { for _ in $(seq 3000); do [ -S "$1" ] && return 0; sleep 0.01; do
 per_key() { echo $(( ($2 - $1) * 1024 / keys )); }
 
 # obsd
-taskset -c 0 $bin/obsd --socket $tmp/obsd.sock --data-dir $tmp/data "$@" > $tmp/obsd.log 2>&1 & pid=$!
+taskset -c 0 $obsd --socket $tmp/obsd.sock --data-dir $tmp/data "$@" > $tmp/obsd.log 2>&1 & pid=$!
 wait_socket $tmp/obsd.sock; sleep 0.2; base=$(rss $pid)
 taskset -c 1 $bin/obsbench fill --socket $tmp/obsd.sock --keys "$keys" > $tmp/fill.txt
 sleep 2; filled=$(rss $pid)
@@ -33,7 +35,7 @@ sleep 2; filled=$(rss $pid)
 restart() {
   local start ready
   start=$(date +%s.%N)
-  taskset -c 0 $bin/obsd --socket $tmp/obsd.sock --data-dir $tmp/data "$@" > $tmp/obsd-$label.log 2>&1 & pid=$!
+  taskset -c 0 $obsd --socket $tmp/obsd.sock --data-dir $tmp/data "$@" > $tmp/obsd-$label.log 2>&1 & pid=$!
   until $bin/obsctl --socket $tmp/obsd.sock repos > /dev/null 2>&1; do sleep 0.005; done
   ready=$(date +%s.%N)
   sleep 1; restarted=$(rss $pid)
