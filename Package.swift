@@ -39,7 +39,8 @@ let package = Package(
         // The system SQLite (libsqlite3-dev).
         .systemLibrary(name: "CSQLite", pkgConfig: "sqlite3", providers: [.apt(["libsqlite3-dev"])]),
         // What the daemon persists and how: revision records, the storage boundary, the
-        // write-ahead log with group commit, and the compacted state in SQLite.
+        // write-ahead log with group commit, a repository's entries in flat tables, and the
+        // compacted state in a snapshot file (SQLite only to read an earlier obsd's state).
         .target(
             name: "ObsStore",
             dependencies: ["ObservableKit", "ObsValues", "CSQLite", "CLinux", .product(name: "Logging", package: "swift-log")]),
@@ -48,7 +49,8 @@ let package = Package(
         // with. No connection, loop, socket or lock.
         .target(name: "ObsCore", dependencies: ["ObservableKit", "ObsValues", "ObsProtocol", "ObsStore"]),
         // Linux facts Swift's Glibc module hides: which file a descriptor is (statx, for the
-        // store's provenance checks), how many CPUs the process may use (sched_getaffinity).
+        // store's provenance checks), how many CPUs the process may use (sched_getaffinity);
+        // and the CPU's CRC-32C instruction (the store's checksums).
         .target(name: "CLinux"),
         // libsystemd (libsystemd-dev) and the small Swift module over it: notify, listen fds, journal.
         .systemLibrary(name: "CSystemd", pkgConfig: "libsystemd", providers: [.apt(["libsystemd-dev"])]),
@@ -143,7 +145,7 @@ let package = Package(
         .testTarget(name: "ObsProtocolTests", dependencies: ["ObsProtocol", "ObservableKit"]),
         .testTarget(name: "ObsConfigTests", dependencies: ["ObsConfig"]),
         // The value core in process: rules, records, undo, subscription starts, attachments.
-        .testTarget(name: "ObsCoreTests", dependencies: ["ObsCore", "ObsStore", "ObsProtocol", "ObsValues", "ObservableKit"]),
+        .testTarget(name: "ObsCoreTests", dependencies: ["ObsCore", "ObsStore", "ObsProtocol", "ObsValues", "ObservableKit", "TestSupport"]),
         // In-process tests of the client library's parts that need no daemon (the mirrors' merging).
         .testTarget(name: "ObsClientTests", dependencies: ["ObsClient", "ObsProtocol", "ObservableKit"]),
         .testTarget(

@@ -10,7 +10,9 @@
 # on a fresh socket and drives it with busbench (pinned to CPU $DRIVER_CPU, default 1) for
 # $DUR seconds (default 3); µs per event = busbench's srv_cpu / its event (or write) rate.
 # Prints every round, then the median per binary. BUSBENCH: the driver (default
-# ../shared/busbench/busbench, built with make there); OBSD_ARGS adds daemon flags.
+# ../shared/busbench/busbench, built with make there); OBSD_ARGS adds daemon flags; STORE
+# replaces `--in-memory` (`@DIR@` in it: a fresh data directory per run), e.g.
+# STORE="--data-dir @DIR@ --sync relaxed" for durable writes.
 set -eu
 [ $# -ge 4 ] || { sed -n '2,14p' "$0"; exit 2; }
 rounds=$1; shift
@@ -24,7 +26,9 @@ declare -A results
 for round in $(seq "$rounds"); do
   for bin in "${bins[@]}"; do
     # shellcheck disable=SC2086
-    taskset -c "${SERVER_CPU:-0}" "$bin" --socket "$tmp/s.sock" --in-memory ${OBSD_ARGS:-} >"$tmp/log" 2>&1 & pid=$!
+    rm -rf "$tmp/data"
+    store=${STORE:---in-memory}
+    taskset -c "${SERVER_CPU:-0}" "$bin" --socket "$tmp/s.sock" ${store//@DIR@/$tmp/data} ${OBSD_ARGS:-} >"$tmp/log" 2>&1 & pid=$!
     for _ in $(seq 200); do [ -S "$tmp/s.sock" ] && break; sleep 0.05; done
     out=$(taskset -c "${DRIVER_CPU:-1}" "$BUSBENCH" --proto obsd --socket "$tmp/s.sock" --server-pid "$pid" "$@" \
       --duration "${DUR:-3}" --timeout 60)

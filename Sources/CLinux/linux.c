@@ -35,6 +35,36 @@ int obs_cpus_allowed(void) {
     return CPU_COUNT(&set);
 }
 
+#if defined(__x86_64__)
+#include <nmmintrin.h>
+
+int obs_crc32c_hardware(void) { return __builtin_cpu_supports("sse4.2") ? 1 : 0; }
+
+__attribute__((target("sse4.2")))
+uint32_t obs_crc32c_update(uint32_t crc, const void *bytes, size_t count) {
+    const unsigned char *p = bytes;
+    uint64_t c = crc;
+    while (count >= 8) {
+        uint64_t word;
+        memcpy(&word, p, 8);
+        c = _mm_crc32_u64(c, word);
+        p += 8;
+        count -= 8;
+    }
+    uint32_t c32 = (uint32_t)c;
+    while (count-- > 0) c32 = _mm_crc32_u8(c32, *p++);
+    return c32;
+}
+#else
+int obs_crc32c_hardware(void) { return 0; }
+
+uint32_t obs_crc32c_update(uint32_t crc, const void *bytes, size_t count) {
+    (void)bytes;
+    (void)count;
+    return crc;
+}
+#endif
+
 #include <sys/socket.h>
 
 int obs_accept(int listener) {

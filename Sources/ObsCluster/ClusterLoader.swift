@@ -78,7 +78,7 @@ enum ClusterLoader {
             if let newer = values.first(where: { $0.value.revision > position.revision }) {
                 throw Malformed(description: "repository \(repo): key \(newer.key.string.debugDescription) is at revision \(newer.value.revision), beyond the counter's \(position.revision)")
             }
-            let state = KeyedState(revision: position.revision, entries: values)
+            let state = FlatTable(revision: position.revision, entries: values)
             let history = contiguousTail(logs[repo] ?? [], endingAt: position.revision, limit: historyLimit)
             repositories.append(LoadedRepository(name: repo, epoch: epoch, state: state, history: history))
         }

@@ -66,13 +66,13 @@ public struct History: Sendable {
     /// beyond the limits.
     public mutating func append(prefix: [UInt8], info: RevisionInfo, changes: [Change<CanonicalJSON>], tail: [UInt8] = []) {
         guard limits.count > 0 else { return }
-        if chunks.isEmpty || chunks[chunks.count - 1].count >= Self.chunkSize {
-            var chunk: [UInt8] = []
-            chunk.reserveCapacity(Self.chunkSize)
-            chunks.append(chunk)
+        let (last, place) = RevisionRecordLayout.withEncoded(prefix: prefix, revision: info.revision, changes: changes, tail: tail) { record, place in
+            makeRoom(record.count)
+            let last = chunks.count - 1
+            let offset = chunks[last].count
+            chunks[last].append(contentsOf: record)
+            return (last, place.moved(to: offset))
         }
-        let last = chunks.count - 1
-        let place = RevisionRecordLayout.append(prefix: prefix, revision: info.revision, changes: changes, into: &chunks[last], tail: tail)
         entries.append(Entry(info: info, chunk: firstChunk + last, place: place))
         weight += info.weight
         while count > limits.count || (weight > limits.maxBytes && count > 1) { dropOldest() }
@@ -81,17 +81,22 @@ public struct History: Sendable {
     /// Appends a record read elsewhere (a revision loaded from storage, already encoded).
     public mutating func append(_ view: RevisionView) {
         guard limits.count > 0 else { return }
-        if chunks.isEmpty || chunks[chunks.count - 1].count >= Self.chunkSize {
-            var chunk: [UInt8] = []
-            chunk.reserveCapacity(max(Self.chunkSize, view.place.length))
-            chunks.append(chunk)
-        }
+        makeRoom(view.place.length)
         let last = chunks.count - 1
         let offset = chunks[last].count
         chunks[last].append(contentsOf: view.record)
         entries.append(Entry(info: view.info, chunk: firstChunk + last, place: view.place.moved(to: offset)))
         weight += view.info.weight
         while count > limits.count || (weight > limits.maxBytes && count > 1) { dropOldest() }
+    }
+
+    /// Starts a chunk unless the last one has room for `bytes` more: a chunk never grows
+    /// past the capacity it was given (an array that did would double it, half of it unused).
+    private mutating func makeRoom(_ bytes: Int) {
+        if let last = chunks.last, last.count < Self.chunkSize, last.capacity - last.count >= bytes { return }
+        var chunk: [UInt8] = []
+        chunk.reserveCapacity(max(Self.chunkSize, bytes))
+        chunks.append(chunk)
     }
 
     private mutating func dropOldest() {

@@ -51,7 +51,7 @@ public struct RepositoryCore: Sendable {
     public let name: String
     /// The history this repository's revisions belong to (see `Epoch`).
     public let epoch: String
-    public private(set) var data: KeyedState<CanonicalJSON>
+    public private(set) var data: FlatState
     public private(set) var history: History
     /// The lease each attached key is attached to: not part of the state that revisions
     /// count, nor of the history (the contract's leases).
@@ -76,7 +76,7 @@ public struct RepositoryCore: Sendable {
     public init(name: String, epoch: String, historyLimits: HistoryLimits, loaded: LoadedRepository? = nil) {
         self.name = name
         self.epoch = epoch
-        self.data = loaded?.state ?? KeyedState()
+        self.data = loaded.map { FlatState($0.state) } ?? FlatState()
         let prefix = RevisionRecordLayout.prefix(repo: name)
         self.prefix = prefix
         var history = History(limits: historyLimits)
@@ -102,9 +102,17 @@ public struct RepositoryCore: Sendable {
         case .keys(let keys):
             return keys.compactMap { key in data[key].map { (key, $0.value) } }
         case .prefix(let prefix) where !prefix.isEmpty:
-            return data.entries.compactMap { $0.key.hasBytePrefix(prefix) ? ($0.key, $0.value.value) : nil }
+            var selected: [(key: Key, value: CanonicalJSON)] = []
+            let bytes = Array(prefix.utf8)
+            data.forEach { record in
+                if record.keyBytes.starts(with: bytes) { selected.append((record.key, record.value)) }
+            }
+            return selected
         case .all, .prefix:
-            return data.entries.map { ($0.key, $0.value.value) }
+            var all: [(key: Key, value: CanonicalJSON)] = []
+            all.reserveCapacity(data.count)
+            data.forEach { all.append(($0.key, $0.value)) }
+            return all
         }
     }
 
@@ -143,7 +151,7 @@ public struct RepositoryCore: Sendable {
         let revision = data.revision + 1
         let time = max(now, lastTime)
         let info = RevisionInfo(revision: revision, time: time, writer: writer, origin: origin, weight: plan.weight)
-        if !durable { undo.append(plan.changes.map { ($0.key, data[$0.key]) }) }
+        if !durable { undo.append(data.entries(replacedBy: plan.changes)) }
         data.install(ChangeSet(revision: revision, changes: plan.changes))
         lastTime = time
         record(info, plan.changes, durable: durable, tail: tail)
@@ -197,7 +205,7 @@ public struct RepositoryCore: Sendable {
     /// a group can be planned on top of it (a shared store commits the group, or not);
     /// `revert` takes such installs back, newest first.
     public mutating func installTentatively(_ plan: WritePlan) -> Tentative {
-        let previous = plan.changes.map { ($0.key, data[$0.key]) }
+        let previous = data.entries(replacedBy: plan.changes)
         data.install(ChangeSet(revision: data.revision + 1, changes: plan.changes))
         return previous
     }

@@ -8,8 +8,9 @@
 //   event's tail (`]`, the lease member of a lease's end, `}\n`), encoded once when the
 //   revision is made;
 // - the table gives, per change, the range of its object in the body and of its key's raw
-//   bytes in the keys area — so routing reads keys without decoding JSON, and a subscriber
-//   that selects some of a revision's changes gets exactly those objects, not re-encoded.
+//   bytes — inside that object when the key needs no escaping, else in the keys area — so
+//   routing reads keys without decoding JSON, and a subscriber that selects some of a
+//   revision's changes gets exactly those objects, not re-encoded.
 
 import ObsProtocol
 import ObsValues
@@ -80,9 +81,13 @@ public struct RecordPlace: Sendable {
 
 /// Encodes revisions as records.
 public enum RevisionRecordLayout {
-    /// Bytes of one table entry: change start, change end (in the body), key start (in the
-    /// keys area), key length — four little-endian `UInt32`, relative to the record's start.
-    public static let tableEntry = 16
+    /// Bytes of one table entry, two little-endian `UInt32`: where the change's object starts
+    /// (relative to the record's start; it ends where the next one's comma is, or the last one
+    /// where the tail begins), and where its key is — `keyInBody | length` when its bytes are
+    /// the object's key string as it is (after `{"key":"`), else where the keys area holds it,
+    /// after a `UInt32` length.
+    public static let tableEntry = 8
+    @usableFromInline static let keyInBody: UInt32 = 1 << 31
 
     /// `,"repo":<name>,"rev":` — how every body of repository `repo` begins (made once).
     public static func prefix(repo: String) -> [UInt8] {
@@ -96,27 +101,41 @@ public enum RevisionRecordLayout {
     /// is; and, for a lease's end, `tail` — its `,"lease":{…}` member — before the closing
     /// brace) to `bytes`; returns where its parts lie.
     ///
-    /// A record is written through a pointer into a stack buffer sized for it, then appended
-    /// with one copy (an array written a byte at a time checks its capacity and uniqueness at
-    /// every byte: that was most of a write's cost).
+    /// A record is written through a pointer into a buffer sized for it (on the stack when
+    /// small), then appended with one copy (an array written a byte at a time checks its
+    /// capacity and uniqueness at every byte: that was most of a write's cost).
     public static func append(
         prefix: [UInt8], revision: UInt64, changes: [Change<CanonicalJSON>], into bytes: inout [UInt8], tail: [UInt8] = []
     ) -> RecordPlace {
-        var bound = prefix.count + tail.count + 64
-        for change in changes {
-            bound += tableEntry + 32 + 7 * change.key.utf8Count + (change.old?.bytes.count ?? 0) + (change.new?.bytes.count ?? 0)
-        }
-        guard bound <= 4096 else {
-            return encode(prefix: prefix, revision: revision, changes: changes, into: &bytes, tail: tail)
-        }
         let offset = bytes.count
+        return withEncoded(prefix: prefix, revision: revision, changes: changes, tail: tail) { record, place in
+            bytes.append(contentsOf: record)
+            return place.moved(to: offset)
+        }
+    }
+
+    /// Calls `body` with the record (see `append`) encoded in a buffer of its own, and where
+    /// its parts lie there.
+    public static func withEncoded<R>(
+        prefix: [UInt8], revision: UInt64, changes: [Change<CanonicalJSON>], tail: [UInt8] = [],
+        _ body: (UnsafeRawBufferPointer, RecordPlace) -> R
+    ) -> R {
+        let bound = bound(prefix: prefix, changes: changes, tail: tail)
         return withUnsafeTemporaryAllocation(byteCount: bound, alignment: 8) { buffer in
             var sink = PointerSink(buffer.baseAddress.unsafelyUnwrapped)
             let place = encode(prefix: prefix, revision: revision, changes: changes, into: &sink, tail: tail)
             assert(sink.count <= bound, "a record's bound was too small")
-            bytes.append(contentsOf: UnsafeRawBufferPointer(start: buffer.baseAddress, count: sink.count))
-            return place.moved(to: offset)
+            return body(UnsafeRawBufferPointer(start: buffer.baseAddress, count: sink.count), place)
         }
+    }
+
+    /// At least the size of the record `append` writes for `changes`.
+    public static func bound(prefix: [UInt8], changes: [Change<CanonicalJSON>], tail: [UInt8] = []) -> Int {
+        var bound = prefix.count + tail.count + 64
+        for change in changes {
+            bound += tableEntry + 32 + 7 * change.key.utf8Count + (change.old?.bytes.count ?? 0) + (change.new?.bytes.count ?? 0)
+        }
+        return bound
     }
 
     /// Writes the record into `sink` (see `append`).
@@ -137,23 +156,30 @@ public enum RevisionRecordLayout {
             let changeStart = bytes.count
             EventEncoder.writeChange(&bytes, changes[i]) { sink, value in sink.writeCanonical(value) }
             bytes.setTable(start, i, 0, changeStart - start)
-            bytes.setTable(start, i, 1, bytes.count - start)
+            if !needsEscaping(changes[i].key) { bytes.setTable(start, i, 1, Int(keyInBody) | changes[i].key.utf8Count) }
         }
         let suffixStart = bytes.count
         bytes.writeByte(UInt8(ascii: "]"))
         bytes.writeRaw(tail)
         bytes.writeRaw("}\n")
         let bodyEnd = bytes.count
-        for i in 0..<count {
-            let keyStart = bytes.count
+        for i in 0..<count where needsEscaping(changes[i].key) {
+            bytes.setTable(start, i, 1, bytes.count - start)
+            var length = UInt32(changes[i].key.utf8Count).littleEndian
+            withUnsafeBytes(of: &length) { bytes.writeBytes($0) }
             changes[i].key.withUTF8 { bytes.writeBytes(UnsafeRawBufferPointer($0)) }
-            bytes.setTable(start, i, 2, keyStart - start)
-            bytes.setTable(start, i, 3, bytes.count - keyStart)
         }
         return RecordPlace(
             start: start, changeCount: count, bodyStart: bodyStart, prefixEnd: prefixEnd, suffixStart: suffixStart, bodyEnd: bodyEnd,
             end: bytes.count)
     }
+}
+
+/// Whether a key's JSON string differs from its bytes (`"`, `\` and control characters are
+/// escaped, as `writeJSONString` does).
+@inlinable
+func needsEscaping(_ key: Key) -> Bool {
+    key.withUTF8 { bytes in bytes.contains { $0 < 0x20 || $0 == UInt8(ascii: "\"") || $0 == UInt8(ascii: "\\") } }
 }
 
 /// Where a record is written: a growable array, or a pointer into a buffer sized for it.
@@ -236,8 +262,14 @@ public struct RevisionView {
     /// The raw bytes of change `i`'s key.
     @inlinable
     public func keyBytes(_ i: Int) -> UnsafeRawBufferPointer {
-        let start = place.start + table(i, 2)
-        return UnsafeRawBufferPointer(rebasing: bytes[start..<(start + table(i, 3))])
+        let field = UInt32(table(i, 1))
+        if field & RevisionRecordLayout.keyInBody != 0 {
+            let start = place.start + table(i, 0) + 8
+            return UnsafeRawBufferPointer(rebasing: bytes[start..<(start + Int(field & ~RevisionRecordLayout.keyInBody))])
+        }
+        let start = place.start + Int(field)
+        let length = Int(UInt32(littleEndian: bytes.loadUnaligned(fromByteOffset: start, as: UInt32.self)))
+        return UnsafeRawBufferPointer(rebasing: bytes[(start + 4)..<(start + 4 + length)])
     }
 
     /// Change `i`'s key.
@@ -249,7 +281,8 @@ public struct RevisionView {
     /// Change `i`'s object in the body (`{"key":…,"old":…,"new":…}`).
     @inlinable
     public func changeObject(_ i: Int) -> UnsafeRawBufferPointer {
-        UnsafeRawBufferPointer(rebasing: bytes[(place.start + table(i, 0))..<(place.start + table(i, 1))])
+        let end = i + 1 < changeCount ? place.start + table(i + 1, 0) - 1 : place.suffixStart
+        return UnsafeRawBufferPointer(rebasing: bytes[(place.start + table(i, 0))..<end])
     }
 
     /// The whole body.

@@ -135,7 +135,11 @@ final class Hub: Sendable {
             for (name, repository) in made { map[name] = Slot(repository: repository) }
         }
         stats.repositories.store(loaded.filter { $0.state.revision > 0 }.count, ordering: .relaxed)
-        for shard in shards { shard.attach(to: self) }
+        for shard in shards {
+            shard.attach(to: self)
+            // Each loop commits the writes it made before it delivers and writes (DiskStorage.flush).
+            shard.loop.beforeTick = { [storage] in storage.flush() }
+        }
         leaseClock.attach(to: self)
     }
 

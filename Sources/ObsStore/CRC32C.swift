@@ -1,5 +1,8 @@
-// ObsStore — CRC-32C (Castagnoli), the checksum of every write-ahead-log record: the same
-// polynomial as ext4, iSCSI and etcd's WAL. Table-driven, eight bytes at a time.
+// ObsStore — CRC-32C (Castagnoli), the checksum of every write-ahead-log record and snapshot
+// block: the same polynomial as ext4, iSCSI and etcd's WAL. On the CPU's instruction where it
+// has one (CLinux), else table-driven, eight bytes at a time.
+
+import CLinux
 
 enum CRC32C {
     /// Eight tables: `tables[k][b]` is the CRC of byte `b` followed by `k` zero bytes.
@@ -20,9 +23,18 @@ enum CRC32C {
         return tables
     }()
 
-    /// The CRC-32C of `bytes`.
-    static func checksum(_ bytes: UnsafeRawBufferPointer) -> UInt32 {
-        var crc: UInt32 = 0xFFFF_FFFF
+    /// Whether the CPU computes it (SSE 4.2): about ten times the tables' speed.
+    private static let hardware = obs_crc32c_hardware() != 0
+
+    /// The CRC-32C of `bytes` — following bytes whose CRC-32C is `previous`, if given.
+    static func checksum(_ bytes: UnsafeRawBufferPointer, continuing previous: UInt32 = 0) -> UInt32 {
+        if hardware { return ~obs_crc32c_update(~previous, bytes.baseAddress, bytes.count) }
+        return software(bytes, continuing: previous)
+    }
+
+    /// The same, from the tables (what a CPU without the instruction runs; tests compare the two).
+    static func software(_ bytes: UnsafeRawBufferPointer, continuing previous: UInt32 = 0) -> UInt32 {
+        var crc: UInt32 = ~previous
         var i = 0
         let n = bytes.count
         tables.withUnsafeBufferPointer { t in

@@ -1,9 +1,15 @@
-// ObsStore — the committer thread: group commit into the write-ahead log.
+// ObsStore — group commit into the write-ahead log, from the thread that wrote.
 //
-// It takes every revision queued since its last group, encodes them (LogRecord), writes
-// the group with one `pwrite` and — under `sync = always` — one `fdatasync`, then tells
-// each repository how far it is durable and hands the revisions to the checkpointer.
-// Under `sync = relaxed` it tells them after the write and syncs at most every interval.
+// Whoever holds the log's leadership (`Committer.lead`, an atomic flag) takes every revision
+// queued since its last group, encodes them (LogRecord), writes the group with one `pwrite`
+// and — under `sync = always` — one `fdatasync`, then tells each repository how far it is
+// durable and the checkpointer how far the log is written. The daemon's event loops call
+// `DiskStorage.flush` at the end of each iteration: the loop that wrote commits its own
+// writes on its own thread — no hand-over to another thread and back, as Redis writes its
+// append-only file before it sleeps — and a loop that finds another committing leaves its
+// revisions to that one, which takes them in its next group. The committer thread is left
+// with what no loop flushes (a thread that never calls `flush`: it is woken for it), the
+// periodic sync under `sync = relaxed`, and the last group when the store closes.
 //
 // A group that fails (a full disk, an I/O error) is undone in the log — cut off, or voided
 // when the cut fails (WriteAheadLog.swift) — so that no replay can find it, and only then
@@ -16,6 +22,7 @@
 
 import Logging
 import ObservableKit
+import Synchronization
 
 #if canImport(Glibc)
 import Glibc
@@ -31,35 +38,38 @@ final class CommitQueue: Sendable {
     }
 
     private let state = Locked(State())
+    /// How many items are queued: read without the lock, to see whether there is work.
+    private let queued = Atomic<Int>(0)
     private let signal = BlockingQueue<Bool>()
 
-    /// Queues a revision; `false` once closed.
-    func append(_ item: DiskStorage.Queued) -> Bool {
+    /// Queues a revision, waking the committer thread if `wake`; `false` once closed.
+    func append(_ item: DiskStorage.Queued, wake: Bool) -> Bool {
         let accepted = state.withLock { s -> Bool in
             guard !s.closed else { return false }
             s.items.append(item)
+            queued.wrappingAdd(1, ordering: .releasing)
             return true
         }
-        if accepted { signal.append(true) }
+        if accepted && wake { signal.append(true) }
         return accepted
     }
 
-    /// Takes everything queued, waiting up to `timeout`; drops the revisions of poisoned
-    /// repositories. `nil` once closed and drained.
-    func takeAll(timeout: Duration) -> [DiskStorage.Queued]? {
-        if signal.takeAll(timeout: timeout) == nil {
-            // Closed: whatever is still queued goes out, then nil.
-            let rest = state.withLock { s -> [DiskStorage.Queued] in
-                defer { s.items = [] }
-                return s.items.filter { !s.poisoned.contains(ObjectIdentifier($0.listener)) }
+    /// Whether revisions are queued.
+    var hasItems: Bool { queued.load(ordering: .acquiring) > 0 }
+
+    /// Takes everything queued, dropping the revisions of poisoned repositories.
+    func take() -> [DiskStorage.Queued] {
+        state.withLock { s in
+            defer {
+                s.items = []
+                queued.store(0, ordering: .releasing)
             }
-            return rest.isEmpty ? nil : rest
-        }
-        return state.withLock { s in
-            defer { s.items = [] }
-            return s.items.filter { !s.poisoned.contains(ObjectIdentifier($0.listener)) }
+            return s.poisoned.isEmpty ? s.items : s.items.filter { !s.poisoned.contains(ObjectIdentifier($0.listener)) }
         }
     }
+
+    /// Waits up to `timeout` for a wake-up; `false` once closed.
+    func wait(timeout: Duration) -> Bool { signal.takeAll(timeout: timeout) != nil }
 
     /// Drops the repository's revisions from now until it calls `discard`.
     func poison(_ listener: any DurabilityListener) {
@@ -75,6 +85,7 @@ final class CommitQueue: Sendable {
     func discard(_ listener: any DurabilityListener, after revision: UInt64) {
         state.withLock { s in
             s.items.removeAll { $0.listener === listener && $0.record.revision > revision }
+            queued.store(s.items.count, ordering: .releasing)
             s.poisoned.remove(ObjectIdentifier(listener))
         }
     }
@@ -85,78 +96,124 @@ final class CommitQueue: Sendable {
     }
 }
 
-struct Committer {
-    let log: WriteAheadLog
+/// The log and what goes with writing it. Used only by the thread that holds `lead`.
+final class Committer: @unchecked Sendable {
+    // @unchecked Sendable: every stored property but `lead` (an atomic) is read and written
+    // only between a successful `lead.compareExchange(false → true, acquiring)` and the
+    // `lead.store(false, releasing)` that ends it (`withLead`), so one thread at a time uses
+    // them, each seeing what the one before wrote.
+    let lead = Atomic<Bool>(false)
+    private let log: WriteAheadLog
     let sync: SyncPolicy
     let counters: StorageCounters
     let logger: Logger
+    private let queue: CommitQueue
+    private let progress: LogProgress
     /// Set when a failed group could not be undone in the log: no write is taken after it.
     private var broken: StorageError? = nil
+    /// Under `sync = relaxed`: groups written since the last sync, and when that was.
+    private var unsynced = false
+    private var lastSync = ContinuousClock.now
+    /// The group being written (reused: a steady stream of groups allocates nothing here).
+    private var group: [UInt8] = []
 
-    init(log: WriteAheadLog, sync: SyncPolicy, counters: StorageCounters, logger: Logger) {
+    init(log: WriteAheadLog, sync: SyncPolicy, queue: CommitQueue, progress: LogProgress, counters: StorageCounters, logger: Logger) {
         self.log = log
         self.sync = sync
+        self.queue = queue
+        self.progress = progress
         self.counters = counters
         self.logger = logger
     }
 
-    mutating func run(_ queue: CommitQueue, checkpoints: CheckpointQueue) {
+    /// Runs `body` holding the lead, if no other thread holds it; whether it ran.
+    @discardableResult
+    private func withLead(_ body: () -> Void) -> Bool {
+        guard lead.compareExchange(expected: false, desired: true, successOrdering: .acquiring, failureOrdering: .relaxed).exchanged else {
+            return false
+        }
+        body()
+        lead.store(false, ordering: .releasing)
+        return true
+    }
+
+    /// Commits what is queued, in groups, unless another thread is committing (it takes
+    /// what is queued in its next group). Checks again after giving the lead back, so a
+    /// revision queued just as it was given back is not left behind.
+    func drain() {
+        while queue.hasItems {
+            let ran = withLead {
+                while true {
+                    let batch = queue.take()
+                    if batch.isEmpty { break }
+                    if commit(batch) { unsynced = sync != .always }
+                }
+            }
+            if !ran { return }
+        }
+    }
+
+    /// The committer thread: what no loop flushed, the periodic sync under `sync =
+    /// relaxed`, and, once the queue closes, the rest.
+    func run() {
         var interval: Duration? = nil
         if case .relaxed(let i) = sync { interval = i }
-        var unsynced = false
-        var lastSync = ContinuousClock.now
-        while let batch = queue.takeAll(timeout: interval ?? .seconds(1)) {
-            if !batch.isEmpty {
-                if commit(batch, queue: queue, checkpoints: checkpoints) { unsynced = interval != nil }
+        while queue.wait(timeout: interval ?? .seconds(1)) {
+            if let interval {
+                withLead {
+                    if unsynced, ContinuousClock.now - lastSync >= interval {
+                        unsynced = !syncRelaxed()  // a failed sync is retried at the next interval
+                        lastSync = .now
+                    }
+                }
             }
-            if let interval, unsynced, ContinuousClock.now - lastSync >= interval {
-                unsynced = !syncRelaxed()  // a failed sync is retried at the next interval
-                lastSync = .now
-            }
+            // After the sync: what a loop queued while this thread held the lead is this
+            // thread's to commit (that loop's flush found the lead taken and went on).
+            drain()
         }
-        if unsynced { _ = syncRelaxed() }
-        checkpoints.close()
+        // Closed: no loop flushes any more; wait for one still committing, then the rest.
+        while !withLead({
+            while true {
+                let batch = queue.take()
+                if batch.isEmpty { break }
+                if commit(batch) { unsynced = sync != .always }
+            }
+            if unsynced { _ = syncRelaxed() }
+        }) {
+            usleep(100)
+        }
+        progress.close()
     }
 
     /// Writes one group; whether it reached the log.
-    private mutating func commit(_ batch: [DiskStorage.Queued], queue: CommitQueue, checkpoints: CheckpointQueue) -> Bool {
+    private func commit(_ batch: [DiskStorage.Queued]) -> Bool {
         if let broken {
-            fail(batch, broken, queue: queue)
+            fail(batch, broken)
             return false
         }
-        var group: [UInt8] = []
-        var payload: [UInt8] = []
-        /// Where each frame ends in the group; the log says where the group begins.
-        var ends: [Int] = []
-        ends.reserveCapacity(batch.count)
-        for item in batch {
-            payload.removeAll(keepingCapacity: true)
-            LogRecord.encode(item.record, epoch: item.listener.epoch, into: &payload)
-            payload.withUnsafeBytes { WriteAheadLog.frame($0, into: &group) }
-            ends.append(group.count)
-        }
-        let start: UInt64
+        group.removeAll(keepingCapacity: group.capacity <= 4 << 20)
+        for item in batch { LogRecord.appendFrame(item.record, epoch: item.listener.epoch, to: &group) }
         do throws(StorageError) {
-            start = try log.append(group)
+            _ = try log.append(group)
             if sync == .always {
                 try log.sync()
                 counters.fsyncs.add(1, ordering: .relaxed)
             }
         } catch {
             counters.failures.add(1, ordering: .relaxed)
-            undo(batch, after: error, queue: queue)
+            undo(batch, after: error)
             return false
         }
         counters.commits.add(1, ordering: .relaxed)
         counters.records.add(batch.count, ordering: .relaxed)
+        progress.advance(to: log.position)
         for (listener, revision) in Self.lastRevisions(batch) { listener.durable(through: revision) }
-        checkpoints.append(zip(batch, ends).map { Checkpointed(record: $0.0.record, epoch: $0.0.listener.epoch, position: start + UInt64($0.1)) })
         return true
     }
 
     /// Undoes a group that failed with `error` in the log, then tells its repositories:
     /// undone — or, when the log could not be made to forget it, that its outcome is unknown.
-    private mutating func undo(_ batch: [DiskStorage.Queued], after error: StorageError, queue: CommitQueue) {
+    private func undo(_ batch: [DiskStorage.Queued], after error: StorageError) {
         let how: WriteAheadLog.Undo
         do throws(StorageError) {
             how = try log.undoFailedGroup()
@@ -171,7 +228,7 @@ struct Committer {
             logger.critical(
                 "write-ahead log unusable: a failed group could be neither cut off nor voided, so a restart may replay it; its writes are answered outcome unknown and every later write fails until obsd restarts",
                 metadata: ["error": "\(unknown.description)", "writes": "\(batch.count)"])
-            fail(batch, unknown, queue: queue)
+            fail(batch, unknown)
             return
         }
         var metadata: Logger.Metadata = ["error": "\(error.description)", "writes": "\(batch.count)"]
@@ -179,11 +236,11 @@ struct Committer {
             metadata["undo"] = "voided (its first frame header zeroed; the log goes on in a new segment) because the cut failed: \(cutFailure.description)"
         }
         logger.error("a group commit failed; its writes were undone and their clients told", metadata: metadata)
-        fail(batch, error, queue: queue)
+        fail(batch, error)
     }
 
     /// Reports a group's revisions failed, each repository from its first one in the group.
-    private func fail(_ batch: [DiskStorage.Queued], _ error: StorageError, queue: CommitQueue) {
+    private func fail(_ batch: [DiskStorage.Queued], _ error: StorageError) {
         var told = Set<ObjectIdentifier>()
         for item in batch where told.insert(ObjectIdentifier(item.listener)).inserted {
             queue.poison(item.listener)
@@ -209,13 +266,24 @@ struct Committer {
 
     /// The highest revision per repository in a batch, in order of first appearance.
     static func lastRevisions(_ batch: [DiskStorage.Queued]) -> [(any DurabilityListener, UInt64)] {
-        var order: [ObjectIdentifier] = []
-        var latest: [ObjectIdentifier: (any DurabilityListener, UInt64)] = [:]
+        // A group mostly holds one repository's revisions, or a few: looked up in a list,
+        // not hashed, until there are many.
+        var latest: [(listener: any DurabilityListener, revision: UInt64)] = []
+        var index: [ObjectIdentifier: Int] = [:]
         for item in batch {
-            let id = ObjectIdentifier(item.listener)
-            if latest[id] == nil { order.append(id) }
-            latest[id] = (item.listener, max(latest[id]?.1 ?? 0, item.record.revision))
+            let found: Int? =
+                if latest.count <= 8 { latest.firstIndex { $0.listener === item.listener } } else { index[ObjectIdentifier(item.listener)] }
+            if let i = found {
+                latest[i].revision = max(latest[i].revision, item.record.revision)
+                continue
+            }
+            latest.append((item.listener, item.record.revision))
+            if latest.count == 9 {
+                for (i, entry) in latest.enumerated() { index[ObjectIdentifier(entry.listener)] = i }
+            } else if latest.count > 9 {
+                index[ObjectIdentifier(item.listener)] = latest.count - 1
+            }
         }
-        return order.map { latest[$0]! }
+        return latest.map { ($0.listener, $0.revision) }
     }
 }

@@ -1,18 +1,20 @@
-// ObsStore — repositories on disk: a write-ahead log where writes become durable, and
-// SQLite as the compacted state, brought up to date off the acknowledgement path (the
-// way etcd pairs its WAL with bbolt).
+// ObsStore — repositories on disk: a write-ahead log where writes become durable, and a
+// snapshot file as the compacted state, rewritten off the acknowledgement path (the way
+// Redis pairs its append-only file with its snapshot).
 //
 // - The committer thread (Committer.swift) owns the log. It takes every revision queued
 //   since its last group, writes them with one `pwrite` and, under `sync = always`, one
 //   `fdatasync` — group commit — then reports them durable. Under `sync = relaxed` it
 //   reports them after the write and syncs at most every interval.
-// - The checkpointer thread (Checkpointer.swift) owns SQLite. It applies durable revisions
-//   in batches, records how far the log is applied, trims and expires history, and deletes
-//   the log segments the compacted state now holds.
-// - Start-up (SQLiteSchema.swift, WriteAheadLog.swift): SQLite's state and history, then
-//   the log after its checkpoint replayed on top. A torn tail, or what lies after the end
-//   of the last segment, is cut off and reported; a damaged record in the middle refuses
-//   start-up with the file and offset.
+// - The checkpointer thread (Checkpointer.swift) owns the snapshot. As the log grows it
+//   writes a new one — the old one with the log since folded in — and deletes the log
+//   segments it covers.
+// - Start-up (Snapshot.swift, WriteAheadLog.swift): the snapshot, read in large blocks
+//   straight into flat tables, then the log after it replayed on top. A torn tail, or what
+//   lies after the end of the last segment, is cut off and reported; a damaged record in
+//   the middle, a snapshot torn, damaged, foreign or missing, a log segment missing, each
+//   refuses start-up with the file and the cause. A data directory an earlier obsd wrote
+//   (SQLite, `obsd.db`: SQLiteSchema.swift) is read once, written as a snapshot, removed.
 //
 // Durability callbacks come from the committer thread and must not block (the daemon
 // hands them to its event loop); `append` never calls back.
@@ -70,8 +72,11 @@ public final class DiskStorage: Storage {
         public var historyMaxBytes: Int
         /// History older than this is dropped (nil: no age limit).
         public var historyMaxAge: Duration?
-        /// How often durable revisions are applied to the compacted state.
+        /// How often the checkpointer looks at how far the log is ahead of the snapshot.
         public var checkpointInterval: Duration = .milliseconds(200)
+        /// The snapshot is rewritten once the log after it holds this many bytes and half its
+        /// size (so a restart after a crash replays at most that much).
+        public var snapshotLogBytes: Int = 64 << 20
         /// The size log segments are preallocated to.
         public var segmentSize: Int = 64 << 20
 
@@ -84,8 +89,9 @@ public final class DiskStorage: Storage {
         }
     }
 
-    /// The compacted state's file name inside the data directory.
-    public static let fileName = "obsd.db"
+    /// The compacted state's file name inside the data directory (an earlier obsd's SQLite
+    /// database, read once to migrate it).
+    static let legacyFileName = "obsd.db"
     /// The log's directory inside the data directory.
     public static let logDirectory = "wal"
     /// `PRAGMA application_id` of obsd databases: "obsd".
@@ -99,7 +105,8 @@ public final class DiskStorage: Storage {
     private let queue: CommitQueue
     private let lock: DirectoryLock
     private let loaded: Locked<[LoadedRepository]?>
-    private let committer: DedicatedThread
+    private let committer: Committer
+    private let committerThread: DedicatedThread
     private let checkpointer: DedicatedThread
 
     /// A revision on its way to the log.
@@ -117,20 +124,29 @@ public final class DiskStorage: Storage {
     /// The store whose log makes its system calls with `files` (a test's, to fail on cue).
     init(options: Options, logger: Logger, files: any FileOperations) throws(StorageError) {
         self.options = options
-        try DataDirectory.create(options.directory)
-        lock = try DirectoryLock(directory: options.directory)
-        path = options.directory + "/" + Self.fileName
+        let directory = options.directory
+        try DataDirectory.create(directory)
+        lock = try DirectoryLock(directory: directory)
+        path = directory + "/" + SnapshotFormat.fileName
 
-        let (connection, migrated) = try Schema.open(path: path, options: options)
-        let renewed = try Provenance.claim(connection, sync: options.sync, migrated: migrated)
-        let stored = try Loader.load(connection, options: options)
-        let log = WriteAheadLog(directory: options.directory + "/" + Self.logDirectory, segmentSize: options.segmentSize, files: files)
-        var recovery = Recovery(repositories: stored.repositories, renewEpochs: renewed != nil, options: options)
-        let report = try log.open(after: stored.checkpoint) { (payload, position) throws(StorageError) in
+        var notices: [String] = []
+        let partial = directory + "/" + SnapshotFormat.partialName
+        if unlink(partial) == 0 {
+            notices.append("removed \(partial): a snapshot whose writing a crash interrupted (the one before it stands)")
+        }
+        let log = WriteAheadLog(directory: directory + "/" + Self.logDirectory, segmentSize: options.segmentSize, files: files)
+        var stored = try Self.loadCompactedState(options: options, log: log.directory)
+        if let renewed = stored.renewed {
+            notices.append("every repository starts a new epoch (clients resync instead of resuming): \(renewed)")
+            stored.repositories = stored.repositories.map {
+                LoadedRepository(name: $0.name, epoch: Epoch.random(), state: $0.state, history: $0.history)
+            }
+        }
+        var recovery = Recovery(repositories: stored.repositories, renewEpochs: stored.renewed != nil, options: options)
+        stored.repositories = []
+        let report = try log.open(after: stored.covered) { (payload, position) throws(StorageError) in
             try recovery.apply(payload, at: position, log: log.directory.path)
         }
-        var notices: [String] = []
-        if let renewed { notices.append("every repository starts a new epoch (clients resync instead of resuming): \(renewed)") }
         if let at = report.tornAt {
             notices.append("cut \(report.tornBytes) bytes of a torn write off the end of the write-ahead log (\(at)): a write a crash interrupted, never acknowledged")
         }
@@ -139,30 +155,76 @@ public final class DiskStorage: Storage {
                 "cut \(report.leftoverBytes) bytes after the end of the write-ahead log (\(at)): a failed write voided there, or a write whose start a crash lost; never acknowledged")
         }
         if report.records > 0 { notices.append("replayed \(report.records) revisions from the write-ahead log") }
+        let repositories = recovery.repositories
+        var covered = stored.covered
+        var snapshotSize = stored.size
+        if stored.renewed != nil || stored.source != .snapshot {
+            // The new epochs, the migrated state, or a new directory's first (empty) snapshot:
+            // durable before any write, and the file's identity recorded from the start.
+            snapshotSize = try SnapshotLoader.write(repositories, covering: log.position, directory: directory)
+            covered = log.position
+            if stored.source == .sqlite {
+                for suffix in ["", "-wal", "-shm"] { unlink(directory + "/" + Self.legacyFileName + suffix) }
+                try DataDirectory.sync(directory)
+                notices.append("moved the compacted state from \(directory)/\(Self.legacyFileName) (SQLite, written by an earlier obsd) to \(path), and removed the former")
+            }
+        }
+        log.directory.removeSegments(through: covered)
+        try RunMarker.claim(directory, sync: options.sync)
         self.notices = notices
-        loaded = Locked(recovery.repositories)
+        loaded = Locked(repositories)
 
         let counters = self.counters!
-        let checkpointer = try Checkpointer(
-            connection: connection, options: options, log: log.directory, seed: stored.repositories,
-            counters: counters, logger: logger)
-        let checkpoints = CheckpointQueue(backlog: recovery.applied)
+        let progress = LogProgress(position: log.position)
+        let checkpointer = Checkpointer(
+            directory: directory, options: options, log: log.directory, covered: covered, snapshotSize: snapshotSize, counters: counters,
+            logger: logger)
         let queue = CommitQueue()
         self.queue = queue
-        // The connection and the log each move to their thread and are used there only.
+        // The checkpointer moves to its thread and is used there only.
         let handedCheckpointer = Handover(checkpointer)
-        self.checkpointer = DedicatedThread { handedCheckpointer.take().run(checkpoints) }
-        let handedLog = Handover(log)
-        let sync = options.sync
-        committer = DedicatedThread {
-            var committer = Committer(log: handedLog.take(), sync: sync, counters: counters, logger: logger)
-            committer.run(queue, checkpoints: checkpoints)
+        self.checkpointer = DedicatedThread { handedCheckpointer.take().run(progress) }
+        let committer = Committer(log: log, sync: options.sync, queue: queue, progress: progress, counters: counters, logger: logger)
+        self.committer = committer
+        committerThread = DedicatedThread { committer.run() }
+    }
+
+    /// Where the compacted state came from.
+    enum Source { case snapshot, sqlite, none }
+
+    /// The compacted state as found: the snapshot, or an earlier obsd's SQLite database, or
+    /// nothing (a new directory — unless the log says its snapshot is missing).
+    static func loadCompactedState(options: Options, log: WriteAheadLog.Directory) throws(StorageError) -> (
+        repositories: [LoadedRepository], covered: UInt64, size: Int, renewed: String?, source: Source
+    ) {
+        let directory = options.directory
+        let snapshot = directory + "/" + SnapshotFormat.fileName
+        let legacy = directory + "/" + legacyFileName
+        if access(snapshot, F_OK) == 0 {
+            let loaded = try SnapshotLoader.load(snapshot, options: options)
+            let renewed = RunMarker.renewal(
+                snapshot: snapshot, identity: loaded.identity, recorded: loaded.recordedIdentity, marker: RunMarker.read(directory))
+            return (loaded.repositories, loaded.covered, loaded.size, renewed, .snapshot)
         }
+        if access(legacy, F_OK) == 0 {
+            let (connection, migrated) = try Schema.open(path: legacy, options: options)
+            defer { connection.close() }
+            let renewed = try Provenance.claim(connection, sync: options.sync, migrated: migrated)
+            let stored = try Loader.load(connection, options: options)
+            return (stored.repositories, stored.checkpoint, 0, renewed, .sqlite)
+        }
+        if let segments = try? log.segments(), !segments.isEmpty {
+            throw StorageError(
+                .corrupt,
+                "\(snapshot) is missing, but the write-ahead log in \(log.path) is not: the state before the log's first record is gone (a data directory needs both); refusing to start"
+            )
+        }
+        return ([], 0, 0, nil, .none)
     }
 
     public var isImmediate: Bool { false }
 
-    public var summary: String { "write-ahead log + sqlite \(path), sync \(options.sync)" }
+    public var summary: String { "write-ahead log + snapshot \(path), sync \(options.sync)" }
 
     public func load() throws(StorageError) -> [LoadedRepository] {
         loaded.withLock { all in
@@ -172,8 +234,25 @@ public final class DiskStorage: Storage {
     }
 
     public func append(_ record: RevisionRecord, listener: any DurabilityListener) -> Bool {
-        queue.append(Queued(record: record, listener: listener))
+        // A thread that flushes commits this itself, soon; any other wakes the committer.
+        queue.append(Queued(record: record, listener: listener), wake: pthread_getspecific(Self.flusher) != Unmanaged.passUnretained(self).toOpaque())
     }
+
+    /// Commits the revisions queued — this thread's, and any others' — on this thread,
+    /// unless another thread is committing (which then takes them). From then on, revisions
+    /// this thread appends wait for its next `flush` instead of waking the committer thread.
+    public func flush() {
+        let me = Unmanaged.passUnretained(self).toOpaque()
+        if pthread_getspecific(Self.flusher) != me { pthread_setspecific(Self.flusher, me) }
+        committer.drain()
+    }
+
+    /// The store each thread flushes (see `flush`).
+    private static let flusher: pthread_key_t = {
+        var key = pthread_key_t()
+        pthread_key_create(&key, nil)
+        return key
+    }()
 
     public func discard(_ listener: any DurabilityListener, after revision: UInt64) {
         queue.discard(listener, after: revision)
@@ -181,7 +260,7 @@ public final class DiskStorage: Storage {
 
     public func close() {
         queue.close()
-        committer.join()  // it closes the checkpoint queue once the log is synced
+        committerThread.join()  // it closes the log's progress once the log is synced
         checkpointer.join()
         lock.release()
     }
@@ -197,72 +276,5 @@ final class Handover<Value>: @unchecked Sendable {
     func take() -> Value {
         defer { value = nil }
         return value!
-    }
-}
-
-
-/// Revisions read back from the log at start-up, applied on top of the compacted state.
-struct Recovery {
-    private struct Builder {
-        let name: String
-        let epoch: String
-        var state: KeyedState<CanonicalJSON>
-        var history: [RevisionRecord]
-    }
-
-    private var builders: [Builder]
-    /// Everything replayed, for the checkpointer: record, final epoch, log position.
-    private(set) var applied: [Checkpointed] = []
-    private var byName: [String: Int] = [:]
-    private let renewEpochs: Bool
-    private let options: DiskStorage.Options
-
-    init(repositories: [LoadedRepository], renewEpochs: Bool, options: DiskStorage.Options) {
-        self.builders = repositories.map { Builder(name: $0.name, epoch: $0.epoch, state: $0.state, history: $0.history) }
-        self.renewEpochs = renewEpochs
-        self.options = options
-        for (i, repo) in repositories.enumerated() { byName[repo.name] = i }
-    }
-
-    /// The repositories with every replayed revision applied, their history within the limits.
-    var repositories: [LoadedRepository] {
-        builders.map { b in
-            LoadedRepository(
-                name: b.name, epoch: b.epoch, state: b.state,
-                history: Loader.retained(b.history, limit: options.historyLimit, maxBytes: options.historyMaxBytes))
-        }
-    }
-
-    mutating func apply(_ payload: UnsafeRawBufferPointer, at position: UInt64, log: String) throws(StorageError) {
-        let record: RevisionRecord
-        let logged: String
-        do throws(LogRecord.Malformed) {
-            (record, logged) = try LogRecord.decode(payload)
-        } catch {
-            throw StorageError(.corrupt, "\(log): a record before position \(position) has a valid checksum but no meaning to this obsd; refusing to start")
-        }
-        let index: Int
-        if let i = byName[record.repo] {
-            index = i
-        } else {
-            builders.append(Builder(name: record.repo, epoch: renewEpochs ? Epoch.random() : logged, state: KeyedState(), history: []))
-            index = builders.count - 1
-            byName[record.repo] = index
-        }
-        let revision = builders[index].state.revision
-        guard record.revision == revision + 1 else {
-            if record.revision <= revision { return }  // already in the compacted state
-            throw StorageError(
-                .corrupt,
-                "\(log): repository \(record.repo) jumps from revision \(revision) to \(record.revision) (position \(position)); refusing to start")
-        }
-        builders[index].state.install(ChangeSet(revision: record.revision, changes: record.changes))
-        if options.historyLimit > 0 {
-            builders[index].history.append(record)
-            if builders[index].history.count >= 2 * options.historyLimit {
-                builders[index].history.removeFirst(builders[index].history.count - options.historyLimit)
-            }
-        }
-        applied.append(Checkpointed(record: record, epoch: builders[index].epoch, position: position))
     }
 }

@@ -22,7 +22,7 @@ enum LogRecord {
     static func encode(_ record: RevisionRecord, epoch: String, into out: inout [UInt8]) {
         out.append(version)
         appendShort(record.repo.utf8, &out)
-        out.append(UInt8(truncatingIfNeeded: epoch.utf8.count))
+        out.append(UInt8(min(epoch.utf8.count, 255)))  // epochs are at most 64 bytes (Epoch.isValid)
         out.append(contentsOf: epoch.utf8.prefix(255))
         append(record.revision, &out)
         append(UInt64(bitPattern: record.time), &out)
@@ -35,6 +35,76 @@ enum LogRecord {
             out.append(0)
         }
         encode(record.changes, into: &out)
+    }
+
+    /// Appends the frame (WriteAheadLog+Frames.swift) of `record`'s encoding to `group`: the
+    /// same bytes as `encode` then `WriteAheadLog.frame`, written in place — the committer's
+    /// path, once per write.
+    static func appendFrame(_ record: RevisionRecord, epoch: String, to group: inout [UInt8]) {
+        var size = 1 + 2 + record.repo.utf8.count + 1 + min(epoch.utf8.count, 255) + 8 + 8 + 1 + (record.writer == nil ? 0 : 12) + 4
+        for change in record.changes {
+            size += 2 + change.key.utf8Count + 1 + (change.old.map { 4 + $0.bytes.count } ?? 0) + (change.new.map { 4 + $0.bytes.count } ?? 0)
+        }
+        let frame = (WriteAheadLog.frameHeaderSize + size + 7) & ~7
+        let start = group.count
+        group.append(contentsOf: repeatElement(0, count: frame))
+        group.withUnsafeMutableBytes { raw in
+            let base = raw.baseAddress! + start + WriteAheadLog.frameHeaderSize
+            var at = 0
+            func put<I: FixedWidthInteger>(_ value: I) {
+                (base + at).storeBytes(of: value.littleEndian, as: I.self)
+                at += MemoryLayout<I>.size
+            }
+            func put(_ bytes: UnsafeRawBufferPointer) {
+                if let source = bytes.baseAddress, bytes.count > 0 { (base + at).copyMemory(from: source, byteCount: bytes.count) }
+                at += bytes.count
+            }
+            func putText(_ text: String, lengthBytes: Int, limit: Int) {
+                func write(_ utf8: UnsafeBufferPointer<UInt8>) {
+                    let n = min(utf8.count, limit)
+                    if lengthBytes == 1 { put(UInt8(truncatingIfNeeded: n)) } else { put(UInt16(truncatingIfNeeded: n)) }
+                    put(UnsafeRawBufferPointer(rebasing: UnsafeRawBufferPointer(utf8)[..<n]))
+                }
+                if text.utf8.withContiguousStorageIfAvailable(write) == nil { Array(text.utf8).withUnsafeBufferPointer(write) }
+            }
+            put(version)
+            putText(record.repo, lengthBytes: 2, limit: .max)
+            putText(epoch, lengthBytes: 1, limit: 255)
+            put(record.revision)
+            put(UInt64(bitPattern: record.time))
+            if let writer = record.writer {
+                put(UInt8(1))
+                put(writer.uid)
+                put(writer.gid)
+                put(UInt32(bitPattern: writer.pid))
+            } else {
+                put(UInt8(0))
+            }
+            put(UInt32(record.changes.count))
+            for change in record.changes {
+                change.key.withUTF8 { key in
+                    put(UInt16(truncatingIfNeeded: key.count))
+                    put(UnsafeRawBufferPointer(key))
+                }
+                var flags: UInt8 = 0
+                if let old = change.old { flags |= 1 | (old.isPlain ? 4 : 0) }
+                if let new = change.new { flags |= 2 | (new.isPlain ? 8 : 0) }
+                put(flags)
+                if let old = change.old {
+                    put(UInt32(old.bytes.count))
+                    old.bytes.withUnsafeBytes { put($0) }
+                }
+                if let new = change.new {
+                    put(UInt32(new.bytes.count))
+                    new.bytes.withUnsafeBytes { put($0) }
+                }
+            }
+            assert(at == size, "a log record's size was miscounted")
+            let payload = UnsafeRawBufferPointer(start: base, count: size)
+            let header = raw.baseAddress! + start
+            header.storeBytes(of: UInt32(size).littleEndian, as: UInt32.self)
+            header.storeBytes(of: CRC32C.checksum(payload).littleEndian, toByteOffset: 4, as: UInt32.self)
+        }
     }
 
     /// Appends the encoding of a revision's changes (`u32 count` and the changes, as above).
@@ -80,6 +150,72 @@ enum LogRecord {
         return changes
     }
 
+    /// A record read in place, nothing decoded into objects: what the checkpointer folds
+    /// into a snapshot.
+    struct View {
+        let repo: UnsafeRawBufferPointer
+        let epoch: UnsafeRawBufferPointer
+        let revision: UInt64
+        let time: Int64
+        let writer: Writer?
+        /// The changes' encoding (`u32 count` and the changes), as a snapshot's history keeps it.
+        let changes: UnsafeRawBufferPointer
+
+        init(_ payload: UnsafeRawBufferPointer) throws(Malformed) {
+            var reader = Reader(bytes: payload)
+            let format = try reader.byte()
+            guard format == 1 || format == version else { throw Malformed() }
+            repo = try reader.take(Int(try reader.u16()))
+            epoch = try reader.take(Int(try reader.byte()))
+            revision = try reader.u64()
+            time = Int64(bitPattern: try reader.u64())
+            var writer: Writer? = nil
+            if format >= 2, try reader.byte() == 1 {
+                writer = Writer(uid: try reader.u32(), gid: try reader.u32(), pid: Int32(bitPattern: try reader.u32()))
+            }
+            self.writer = writer
+            changes = try reader.take(payload.count - reader.offset)
+        }
+
+        /// Calls `body` with each change's key, and old and new value with whether each is
+        /// plain (nil: absent); returns the revision's weight (`RevisionRecord.byteSize`).
+        func forEachChange(
+            _ body: (UnsafeRawBufferPointer, (bytes: UnsafeRawBufferPointer, plain: Bool)?, (bytes: UnsafeRawBufferPointer, plain: Bool)?) -> Void
+        ) throws(Malformed) -> Int {
+            var reader = Reader(bytes: changes)
+            let count = Int(try reader.u32())
+            guard count <= changes.count else { throw Malformed() }
+            var weight = 0
+            for _ in 0..<count {
+                let key = try reader.take(Int(try reader.u16()))
+                let flags = try reader.byte()
+                let old = flags & 1 != 0 ? (try reader.take(Int(try reader.u32())), flags & 4 != 0) : nil
+                let new = flags & 2 != 0 ? (try reader.take(Int(try reader.u32())), flags & 8 != 0) : nil
+                weight += key.count + (old?.0.count ?? 0) + (new?.0.count ?? 0) + 32
+                body(key, old, new)
+            }
+            guard reader.offset == changes.count else { throw Malformed() }
+            return weight
+        }
+    }
+
+    /// Checks that `bytes` are changes as `encode(_:into:)` writes them — lengths that add
+    /// up, keys in UTF-8 — without decoding them into objects (a snapshot's history, read at
+    /// start-up and decoded one revision at a time later).
+    static func checkChanges(_ bytes: UnsafeRawBufferPointer) throws(Malformed) {
+        var reader = Reader(bytes: bytes)
+        let count = Int(try reader.u32())
+        guard count <= bytes.count else { throw Malformed() }
+        for _ in 0..<count {
+            let key = try reader.take(Int(try reader.u16()))
+            if !Reader.isASCII(key), String(validating: key, as: UTF8.self) == nil { throw Malformed() }
+            let flags = try reader.byte()
+            if flags & 1 != 0 { _ = try reader.take(Int(try reader.u32())) }
+            if flags & 2 != 0 { _ = try reader.take(Int(try reader.u32())) }
+        }
+        guard reader.offset == bytes.count else { throw Malformed() }
+    }
+
     // MARK: Helpers
 
     private static func appendShort(_ text: String.UTF8View, _ out: inout [UInt8]) {
@@ -113,8 +249,24 @@ enum LogRecord {
         mutating func u64() throws(Malformed) -> UInt64 { UInt64(littleEndian: try take(8).loadUnaligned(as: UInt64.self)) }
 
         mutating func string(_ n: Int) throws(Malformed) -> String {
-            guard let s = String(validating: try take(n), as: UTF8.self) else { throw Malformed() }
+            let bytes = try take(n)
+            // Keys are mostly ASCII: checked a word at a time, they need no decoder's validation.
+            if Self.isASCII(bytes) { return String(decoding: bytes, as: UTF8.self) }
+            guard let s = String(validating: bytes, as: UTF8.self) else { throw Malformed() }
             return s
+        }
+
+        static func isASCII(_ bytes: UnsafeRawBufferPointer) -> Bool {
+            var i = 0
+            while i + 8 <= bytes.count {
+                if bytes.loadUnaligned(fromByteOffset: i, as: UInt64.self) & 0x8080_8080_8080_8080 != 0 { return false }
+                i += 8
+            }
+            while i < bytes.count {
+                if bytes[i] >= 0x80 { return false }
+                i += 1
+            }
+            return true
         }
 
         mutating func changes() throws(Malformed) -> [Change<CanonicalJSON>] {

@@ -1,6 +1,7 @@
-// ObsStore — the SQLite store's file: its schema (created, migrated, refused when foreign),
-// the provenance checks that decide whether the file still holds the history its epochs
-// name, and loading every repository at start-up.
+// ObsStore — the compacted state as obsd kept it before snapshots: SQLite, `obsd.db`. Read
+// once, to move a data directory an earlier obsd wrote to a snapshot (DiskStorage): its schema
+// (earlier versions migrated, foreign files refused), the provenance checks that decide
+// whether the file still holds the history its epochs name, and loading every repository.
 
 import CLinux
 import CSQLite
@@ -268,7 +269,7 @@ enum Loader {
                 throw StorageError(.corrupt, "\(path): repository \(name) has no valid epoch")
             }
             return LoadedRepository(
-                name: name, epoch: epoch, state: KeyedState(revision: revision, entries: entries[id] ?? [:]), history: history)
+                name: name, epoch: epoch, state: FlatTable(revision: revision, entries: entries[id] ?? [:]), history: history)
         }
     }
 

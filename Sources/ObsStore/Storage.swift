@@ -5,7 +5,7 @@
 // boundary. The daemon commits a revision in memory, hands it to storage in revision
 // order, and shows it to nobody — no reply, no event — until storage says it is durable.
 // `InMemoryStorage` is durable at once (and forgets everything at exit); `DiskStorage`
-// persists to a write-ahead log with group commit and keeps a compacted state in SQLite.
+// persists to a write-ahead log with group commit and keeps a compacted state in a snapshot.
 
 import ObsValues
 import ObservableKit
@@ -15,15 +15,20 @@ public struct LoadedRepository: Sendable {
     public let name: String
     /// The history `state` and `history` belong to (see `Epoch`).
     public let epoch: String
-    public let state: KeyedState<CanonicalJSON>
+    /// Its entries and revision, flat (as a snapshot loads them).
+    public let state: FlatTable
     /// The retained history, oldest first, ending at `state.revision` (or empty).
-    public let history: [RevisionRecord]
+    public let history: LoadedHistory
 
-    public init(name: String, epoch: String, state: KeyedState<CanonicalJSON>, history: [RevisionRecord]) {
+    public init(name: String, epoch: String, state: FlatTable, history: LoadedHistory) {
         self.name = name
         self.epoch = epoch
         self.state = state
         self.history = history
+    }
+
+    public init(name: String, epoch: String, state: FlatTable, history: [RevisionRecord]) {
+        self.init(name: name, epoch: epoch, state: state, history: LoadedHistory(history))
     }
 }
 
@@ -60,8 +65,16 @@ public protocol Storage: AnyObject, Sendable {
     func append(_ record: RevisionRecord, listener: any DurabilityListener) -> Bool
     /// Forgets queued revisions of `listener` above `revision`, after a failure undid them.
     func discard(_ listener: any DurabilityListener, after revision: UInt64)
+    /// Makes the revisions queued so far durable now, on the calling thread, if the store
+    /// does that (an event loop calls it at the end of each iteration; the listeners may be
+    /// called from inside). Must not be called with a repository's lock held.
+    func flush()
     /// Makes everything queued durable, then releases the storage.
     func close()
+}
+
+extension Storage {
+    public func flush() {}
 }
 
 /// Keeps nothing: repositories live only as long as the process.

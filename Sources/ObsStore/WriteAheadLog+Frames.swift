@@ -33,25 +33,26 @@ extension WriteAheadLog {
     }
 
     /// The frame at `at`: a valid one, the end of the log in this segment (an all-zero frame
-    /// header, or zeros to the end of the file), or one that fails its checks.
-    static func frame(in bytes: [UInt8], at: Int) -> Frame {
+    /// header, or zeros to the end of the file), or one that fails its checks. Without
+    /// `verify`, only its length is checked (frames a snapshot already covers are walked,
+    /// not read).
+    static func frame(in bytes: UnsafeRawBufferPointer, at: Int, verify: Bool = true) -> Frame {
         guard at + frameHeaderSize <= bytes.count else {
             return at == bytes.count || bytes[at...].allSatisfy { $0 == 0 } ? .end : .bad
         }
-        let (length, crc) = bytes.withUnsafeBytes { raw in
-            (Int(UInt32(littleEndian: raw.loadUnaligned(fromByteOffset: at, as: UInt32.self))),
-             UInt32(littleEndian: raw.loadUnaligned(fromByteOffset: at + 4, as: UInt32.self)))
-        }
+        let length = Int(UInt32(littleEndian: bytes.loadUnaligned(fromByteOffset: at, as: UInt32.self)))
+        let crc = UInt32(littleEndian: bytes.loadUnaligned(fromByteOffset: at + 4, as: UInt32.self))
         if length == 0 { return crc == 0 ? .end : .bad }
         let payload = (at + frameHeaderSize)..<(at + frameHeaderSize + length)
         guard payload.upperBound <= bytes.count else { return .bad }
-        let actual = bytes.withUnsafeBytes { CRC32C.checksum(UnsafeRawBufferPointer(rebasing: $0[payload])) }
-        guard actual == crc else { return .bad }
+        if verify {
+            guard CRC32C.checksum(UnsafeRawBufferPointer(rebasing: bytes[payload])) == crc else { return .bad }
+        }
         return .frame(payload: payload, next: (payload.upperBound + 7) & ~7)
     }
 
     /// Whether a valid frame starts anywhere after a bad one (frames start on 8-byte boundaries).
-    static func anyValidFrame(in bytes: [UInt8], after at: Int) -> Bool {
+    static func anyValidFrame(in bytes: UnsafeRawBufferPointer, after at: Int) -> Bool {
         var candidate = (at + 8) & ~7
         while candidate + frameHeaderSize <= bytes.count {
             if case .frame = frame(in: bytes, at: candidate) { return true }
@@ -62,20 +63,51 @@ extension WriteAheadLog {
 
     /// The bytes from `at` to the last non-zero byte: what a torn write, or a voided group
     /// behind its zeroed header, left.
-    static func usedBytes(in bytes: [UInt8], from at: Int) -> Int {
+    static func usedBytes(in bytes: UnsafeRawBufferPointer, from at: Int) -> Int {
         var last = bytes.count
+        // A preallocated segment ends in megabytes of zeros: skip them a word at a time.
+        while last - 8 >= at, bytes.loadUnaligned(fromByteOffset: last - 8, as: UInt64.self) == 0 { last -= 8 }
         while last > at, bytes[last - 1] == 0 { last -= 1 }
         return last - at
     }
 
-    /// The whole file at `path`.
-    static func read(_ path: String) throws(StorageError) -> [UInt8] {
+    /// A segment file mapped read-only (replay reads it in place), up to where the file
+    /// system says its data ends when nothing follows that but unwritten space: a
+    /// preallocated segment's megabytes of zeros are neither read nor faulted in. It must not
+    /// be read past a point the file is cut back to.
+    final class Mapped {
+        let bytes: UnsafeRawBufferPointer
+
+        init(_ path: String) throws(StorageError) {
+            let file = Glibc.open(path, O_RDONLY | O_CLOEXEC)
+            guard file >= 0 else { throw StorageError.from(errno, "cannot open \(path)") }
+            defer { close(file) }
+            var st = stat()
+            guard fstat(file, &st) == 0 else { throw StorageError.from(errno, "cannot stat \(path)") }
+            var size = Int(st.st_size)
+            // The first hole (unwritten, preallocated space reads as one), if no data follows it.
+            let hole = lseek(file, 0, 4 /* SEEK_HOLE */)
+            if hole >= 0, hole < size, lseek(file, hole, 3 /* SEEK_DATA */) < 0, errno == ENXIO { size = Int(hole) }
+            guard size > 0 else {
+                bytes = UnsafeRawBufferPointer(start: nil, count: 0)
+                return
+            }
+            let mapped = mmap(nil, size, PROT_READ, MAP_PRIVATE | MAP_POPULATE, file, 0)
+            guard let mapped, mapped != MAP_FAILED else { throw StorageError.from(errno, "cannot map \(path)") }
+            bytes = UnsafeRawBufferPointer(start: mapped, count: size)
+        }
+
+        deinit { if let base = bytes.baseAddress { munmap(UnsafeMutableRawPointer(mutating: base), bytes.count) } }
+    }
+
+    /// The whole file at `path`, or its first `limit` bytes.
+    static func read(_ path: String, limit: Int = .max) throws(StorageError) -> [UInt8] {
         let file = Glibc.open(path, O_RDONLY | O_CLOEXEC)
         guard file >= 0 else { throw StorageError.from(errno, "cannot open \(path)") }
         defer { close(file) }
         var st = stat()
         guard fstat(file, &st) == 0 else { throw StorageError.from(errno, "cannot stat \(path)") }
-        var bytes = [UInt8](repeating: 0, count: Int(st.st_size))
+        var bytes = [UInt8](repeating: 0, count: min(Int(st.st_size), limit))
         var done = 0
         while done < bytes.count {
             let n = bytes.withUnsafeMutableBytes { pread(file, $0.baseAddress! + done, $0.count - done, off_t(done)) }
@@ -84,5 +116,53 @@ extension WriteAheadLog {
             done += n
         }
         return bytes
+    }
+}
+
+extension WriteAheadLog.Directory {
+    /// Calls `body` with the payload and end position of every frame that ends after `after`
+    /// and at or before `through`, in order — the frames a snapshot covering `through` adds
+    /// to one covering `after`. Reads each segment only as far as `through`; the committer
+    /// may append beyond it meanwhile. Throws when a frame in that range is damaged, or the
+    /// log does not reach `through`.
+    func forEachFrame(
+        after: UInt64, through: UInt64, _ body: (UnsafeRawBufferPointer, UInt64) throws(StorageError) -> Void
+    ) throws(StorageError) {
+        guard through > after else { return }
+        let bases = try segments()
+        var reached = after
+        for (i, base) in bases.enumerated() where base < through && (i + 1 == bases.count || bases[i + 1] > after) {
+            let path = file(base)
+            let bytes = try WriteAheadLog.read(path, limit: Int(through - base))
+            guard bytes.count >= WriteAheadLog.headerSize, Array(bytes[0..<8]) == WriteAheadLog.magic else {
+                throw StorageError(.corrupt, "\(path) is not an obsd write-ahead log segment (bad header)")
+            }
+            try bytes.withUnsafeBytes { raw in
+                Result { () throws(StorageError) in
+                    var at = WriteAheadLog.headerSize
+                    scan: while true {
+                        switch WriteAheadLog.frame(in: raw, at: at) {
+                        case .end:
+                            break scan
+                        case .frame(let payload, let next):
+                            let position = base + UInt64(next)
+                            if position > through { break scan }
+                            if position > after {
+                                try body(UnsafeRawBufferPointer(rebasing: raw[payload]), position)
+                                reached = position
+                            }
+                            at = next
+                        case .bad:
+                            // Only a frame cut at `through` (read no further) may look bad here.
+                            if base + UInt64(at) >= through { break scan }
+                            throw StorageError(.corrupt, "\(path): damaged record at offset \(at)")
+                        }
+                    }
+                }
+            }.get()
+        }
+        guard reached == through else {
+            throw StorageError(.corrupt, "\(self.path): the write-ahead log ends at position \(reached), before \(through), which it reached when written")
+        }
     }
 }

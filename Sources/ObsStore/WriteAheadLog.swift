@@ -123,10 +123,13 @@ final class WriteAheadLog {
         let segments = try directory.segments()
         for (i, segment) in segments.enumerated() {
             let last = i == segments.count - 1
+            // A segment the snapshot wholly covers is not read (it is deleted once the store is open).
+            if !last, segments[i + 1] <= checkpoint { continue }
             let path = directory.file(segment)
-            let bytes = try Self.read(path)
-            guard bytes.count >= Self.headerSize, Array(bytes[0..<8]) == Self.magic,
-                bytes.withUnsafeBytes({ UInt64(littleEndian: $0.loadUnaligned(fromByteOffset: 8, as: UInt64.self)) }) == segment
+            let mapped = try Mapped(path)
+            let bytes = mapped.bytes
+            guard bytes.count >= Self.headerSize, bytes.prefix(8).elementsEqual(Self.magic),
+                UInt64(littleEndian: bytes.loadUnaligned(fromByteOffset: 8, as: UInt64.self)) == segment
             else {
                 if last, bytes.allSatisfy({ $0 == 0 }) {
                     unlink(path)  // a segment whose creation a crash interrupted (its header never synced)
@@ -134,18 +137,32 @@ final class WriteAheadLog {
                 }
                 throw StorageError(.corrupt, "\(path) is not an obsd write-ahead log segment (bad header); refusing to start")
             }
+            // Segments follow one another with no gap: each starts where the log before it
+            // ends (or at the snapshot's position). A later start means segments are missing.
+            guard segment <= max(checkpoint, logEnd, 1) else {
+                throw StorageError(
+                    .corrupt,
+                    "\(path) starts at log position \(segment), but \(i == 0 ? "the snapshot covers the log only through \(checkpoint)" : "the segment before it ends at \(logEnd)"): the segments between are missing; refusing to start"
+                )
+            }
+            logEnd = max(logEnd, segment + UInt64(Self.headerSize))
             var end = Self.headerSize
             scan: while true {
-                switch Self.frame(in: bytes, at: end) {
+                // Frames the snapshot covers are walked by their lengths, not checksummed.
+                let covered = segment + UInt64(end) < checkpoint
+                switch Self.frame(in: bytes, at: end, verify: !covered) {
                 case .end:
                     break scan
-                case .frame(let payload, let next):
-                    let position = segment + UInt64(next)
+                case .frame(var payload, var next):
+                    var position = segment + UInt64(next)
+                    if covered && position > checkpoint {
+                        // A frame across the snapshot's position: checked after all (failing
+                        // its checksum, it is a bad frame).
+                        guard case .frame(let p, let n) = Self.frame(in: bytes, at: end) else { fallthrough }
+                        (payload, next, position) = (p, n, segment + UInt64(n))
+                    }
                     if position > checkpoint {
-                        let result = bytes.withUnsafeBytes { raw in
-                            Result { () throws(StorageError) in try body(UnsafeRawBufferPointer(rebasing: raw[payload]), position) }
-                        }
-                        try result.get()
+                        try body(UnsafeRawBufferPointer(rebasing: bytes[payload]), position)
                         replay.records += 1
                     }
                     end = next

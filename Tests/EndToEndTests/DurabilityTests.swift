@@ -155,32 +155,52 @@ import Glibc
         #expect(try d.connect().call(["op": "get", "repo": "a", "key": "k"])["value"] == 3, "values do not expire")
     }
 
-    @Test func damagedOrForeignFilesStopTheDaemonWithAClearError() async throws {
+    @Test func damagedForeignTornOrMissingFilesStopTheDaemonWithAClearError() async throws {
         let d = try await TestDaemon.start()
         _ = try d.connect().call(["op": "set", "repo": "r", "key": "k", "value": 1])
         #expect(await d.stop() == 0)
-        let db = d.dataDirectory! + "/obsd.db"
-        let original = try Data(contentsOf: URL(fileURLWithPath: db))
+        let snapshot = d.dataDirectory! + "/obsd.snapshot"
+        let original = try Data(contentsOf: URL(fileURLWithPath: snapshot))
 
-        // Garbage.
-        try Data(repeating: 0x5A, count: 8192).write(to: URL(fileURLWithPath: db))
+        // Garbage: not a snapshot at all.
+        try Data(repeating: 0x5A, count: 8192).write(to: URL(fileURLWithPath: snapshot))
         var result = try d.runToCompletion()
         #expect(result.status != 0)
-        #expect(result.stderr.contains(db) && result.stderr.contains("not an obsd database or is damaged"), "\(result.stderr)")
+        #expect(result.stderr.contains("\(snapshot) is not an obsd snapshot"), "\(result.stderr)")
 
-        // Truncated.
-        try original.prefix(original.count / 2).write(to: URL(fileURLWithPath: db))
+        // Truncated: torn.
+        try original.prefix(original.count - 10).write(to: URL(fileURLWithPath: snapshot))
         result = try d.runToCompletion()
         #expect(result.status != 0)
-        #expect(result.stderr.contains(db), "\(result.stderr)")
+        #expect(result.stderr.contains("\(snapshot) is torn"), "\(result.stderr)")
 
-        // A healthy SQLite database of some other program.
-        try? FileManager.default.removeItem(atPath: db)
+        // A byte flipped inside: damaged, with the offset of its block.
+        var flipped = original
+        flipped[flipped.count - 33] ^= 0x01  // the last byte of the last entry, before the 32-byte end block
+        try flipped.write(to: URL(fileURLWithPath: snapshot))
+        result = try d.runToCompletion()
+        #expect(result.status != 0)
+        #expect(result.stderr.contains("\(snapshot) is damaged") && result.stderr.contains("ENTR block at offset"), "\(result.stderr)")
+
+        // Gone, while the log it is the base of is there.
+        try FileManager.default.removeItem(atPath: snapshot)
+        result = try d.runToCompletion()
+        #expect(result.status != 0)
+        #expect(result.stderr.contains("\(snapshot) is missing"), "\(result.stderr)")
+
+        // An earlier obsd's database that is another program's SQLite file.
+        let db = d.dataDirectory! + "/obsd.db"
         let foreign = try run("/usr/bin/env", ["python3", "-c", "import sqlite3; c = sqlite3.connect('\(db)'); c.execute('create table t(x)'); c.commit()"])
         #expect(foreign.status == 0)
         result = try d.runToCompletion()
         #expect(result.status != 0)
         #expect(result.stderr.contains("\(db) is not an obsd database"), "\(result.stderr)")
+
+        // The snapshot back in place: the daemon starts, with the value.
+        try FileManager.default.removeItem(atPath: db)
+        try original.write(to: URL(fileURLWithPath: snapshot))
+        try await d.launch()
+        #expect(try d.connect().call(["op": "get", "repo": "r", "key": "k"])["value"] == 1)
     }
 
     @Test func aTornWriteAtTheEndOfTheLogIsCutOff() async throws {

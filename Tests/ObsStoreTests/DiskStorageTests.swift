@@ -1,6 +1,6 @@
 // Tests of the disk store on its own: the write-ahead log (group commit, segments, replay,
-// torn tails, damage), the checkpointer (compacted state, history windows), and what a
-// failing disk does to the writes in flight.
+// torn tails, damage), the checkpointer (snapshots, history windows), and what a failing disk
+// does to the writes in flight.
 
 import Foundation
 import Logging
@@ -68,29 +68,47 @@ func segments(_ dir: String) -> [String] {
     ((try? FileManager.default.contentsOfDirectory(atPath: dir + "/wal")) ?? []).filter { $0.hasSuffix(".wal") }.sorted()
 }
 
-/// A copy of a live data directory, as a crash would leave it (the log as written so far).
-func snapshot(_ dir: String) throws -> String {
+/// A copy of a live data directory, as a crash would leave it (the snapshot and the log as
+/// written so far, and the marker of a daemon still running). The log is copied first: a
+/// snapshot written meanwhile deletes segments, and the older log beside a newer snapshot is
+/// what a crash can leave too — the reverse is not.
+func crashCopy(_ dir: String) throws -> String {
     let copy = temporaryDirectory()
-    for name in ["obsd.db", "obsd.db-wal", "wal"] where FileManager.default.fileExists(atPath: dir + "/" + name) {
+    for attempt in 1...20 {
+        do {
+            try FileManager.default.copyItem(atPath: dir + "/wal", toPath: copy + "/wal")
+            break
+        } catch {
+            // A segment deleted while it was copied: again.
+            try? FileManager.default.removeItem(atPath: copy + "/wal")
+            if attempt == 20 { throw error }
+        }
+    }
+    for name in ["obsd.snapshot", "obsd.run"] where FileManager.default.fileExists(atPath: dir + "/" + name) {
         try FileManager.default.copyItem(atPath: dir + "/" + name, toPath: copy + "/" + name)
     }
     return copy
 }
 
-/// A data directory as a crash would leave it after ten durable revisions of "a", none of
-/// them in the compacted state yet (the caller removes it).
-func crashedAfterTenRevisions() throws -> String {
+/// A data directory as a crash would leave it after `revisions` durable revisions of "a"
+/// (key `k<rev>` = `value`, a group each), none of them in the compacted state yet (the
+/// caller removes it).
+func crashedAfter(_ revisions: UInt64, value: JSONValue = 1, segmentSize: Int = 64 << 20) throws -> String {
     let dir = temporaryDirectory()
     defer { try? FileManager.default.removeItem(atPath: dir) }
-    var o = options(dir)
+    var o = options(dir, segmentSize: segmentSize)
     o.checkpointInterval = .seconds(3600)
     let storage = try open(o)
     defer { storage.close() }
     let a = ListenerStub()
-    for rev in 1...10 as ClosedRange<UInt64> { _ = storage.append(record("a", rev), listener: a) }
-    guard waitFor({ a.durable == 10 }) else { throw StorageError(.io, "ten revisions not durable within 20 s") }
-    return try snapshot(dir)
+    for rev in 1...revisions {
+        _ = storage.append(record("a", rev, "k\(rev)", value), listener: a)
+        guard waitFor({ a.durable == rev }) else { throw StorageError(.io, "revision \(rev) not durable within 20 s") }
+    }
+    return try crashCopy(dir)
 }
+
+func crashedAfterTenRevisions() throws -> String { try crashedAfter(10) }
 
 @Suite struct DiskStorageTests {
     @Test func whatWasMadeDurableIsLoadedWithItsHistoryAndEpoch() throws {
@@ -127,7 +145,7 @@ func crashedAfterTenRevisions() throws -> String {
         let a = ListenerStub()
         for rev in 1...300 as ClosedRange<UInt64> { #expect(storage.append(record("a", rev, "k\(rev)"), listener: a)) }
         #expect(waitFor { a.durable == 300 })
-        let crashed = try snapshot(dir)
+        let crashed = try crashCopy(dir)
         storage.close()
         defer { try? FileManager.default.removeItem(atPath: crashed) }
 
@@ -214,6 +232,7 @@ func crashedAfterTenRevisions() throws -> String {
         defer { try? FileManager.default.removeItem(atPath: dir) }
         var o = options(dir, segmentSize: 4096)
         o.checkpointInterval = .milliseconds(20)
+        o.snapshotLogBytes = 8192
         let storage = try open(o)
         let a = ListenerStub()
         for rev in 1...400 as ClosedRange<UInt64> {

@@ -97,11 +97,9 @@ private func frameStarts(_ path: String) throws -> [Int] {
         storage.close()
         let last = try #require(segments(dir).last)
         let base = try #require(UInt64(last.prefix(16), radix: 16))
-        let connection = try SQLiteConnection(path: dir + "/obsd.db", create: false)
-        let applied = try Loader.checkpoint(connection)
-        connection.close()
+        let applied = try SnapshotLoader.load(dir + "/obsd.snapshot", options: options(dir)).covered
         let end = base + UInt64(try lastFrameEnd(dir + "/wal/" + last))
-        #expect(applied == end, "wal_applied is where the last frame ends, header included (\(applied) against \(end))")
+        #expect(applied == end, "the snapshot covers the log through where its last frame ends, header included (\(applied) against \(end))")
         let reopened = try DiskStorage(options: options(dir, segmentSize: 4096), logger: testLogger)
         #expect(try reopened.load().first?.state.revision == rev)
         #expect(!reopened.notices.contains { $0.contains("replayed") }, "a clean stop replays nothing: \(reopened.notices)")
@@ -132,7 +130,7 @@ private func frameStarts(_ path: String) throws -> [Int] {
         #expect(a.durable == 2 && a.failedAfter == 2 && a.lastError?.kind == .io, "reported undone: \(String(describing: a.lastError))")
 
         // Told undone, they must never come back: not after a crash now…
-        let crashed = try snapshot(dir)
+        let crashed = try crashCopy(dir)
         defer { try? FileManager.default.removeItem(atPath: crashed) }
         let recovered = try DiskStorage(options: options(crashed), logger: testLogger)
         let state = try #require(try recovered.load().first).state

@@ -1,4 +1,5 @@
-// CLinux — Linux facts that Swift's Glibc module does not export (they need _GNU_SOURCE).
+// CLinux — Linux facts that Swift's Glibc module does not export (they need _GNU_SOURCE), and
+// the one CPU instruction the store wants that Swift cannot name (CRC-32C).
 #pragma once
 #include <stdint.h>
 
@@ -19,6 +20,16 @@ int obs_file_identity_of(int fd, obs_file_identity *out);
 
 /// How many CPUs this process may run on (sched_getaffinity: taskset, CPUAffinity=), or -1.
 int obs_cpus_allowed(void);
+
+// CRC-32C on the CPU's own instruction (SSE 4.2), where it has one: the store checksums every
+// record of its log and every block of its snapshot (ObsStore's CRC32C falls back to tables).
+#include <stddef.h>
+
+/// 1 when `obs_crc32c_update` may be called (x86-64 with SSE 4.2), else 0.
+int obs_crc32c_hardware(void);
+
+/// Runs the CRC-32C register `crc` (already inverted, as the algorithm keeps it) over `bytes`.
+uint32_t obs_crc32c_update(uint32_t crc, const void *bytes, size_t count);
 
 // The daemon's event loop (ObsServer's IOLoop): epoll and eventfd, which Swift's Glibc module
 // leaves out, and the socket calls it makes with flags that need _GNU_SOURCE.

@@ -3,9 +3,9 @@
 //
 // An iteration: wait for readiness (not at all when work is waiting), let each ready
 // socket's handler read (and handle requests), run the tasks posted from other threads and
-// the timers that are due, then run the tick (`onTick`: the shard's delivery and one write
-// per connection with output) if anything asked for one — the shape of Redis's
-// `beforeSleep`. Everything here but `execute` and `stop` runs on the loop's thread.
+// the timers that are due, let the store commit the writes made (`beforeTick`), then run
+// the tick (`onTick`: the shard's delivery and one write per connection with output) if
+// anything asked for one — the shape of Redis's `beforeSleep`. Everything here but `execute` and `stop` runs on the loop's thread.
 //
 // Why our own loop and not SwiftNIO's channels, for client connections: see README
 // "Architecture" (measured: NIO's per-write and per-read channel machinery was the largest
@@ -84,6 +84,9 @@ final class IOLoop: @unchecked Sendable {
 
     /// Run at the end of an iteration that asked for a tick (`requestTick`).
     var onTick: (() -> Void)?
+    /// Run at the end of every iteration, before the tick (the store commits the writes the
+    /// iteration made: what it reports durable is delivered by the same tick).
+    var beforeTick: (() -> Void)?
 
     init(index: Int, clock: @escaping @Sendable () -> UInt64 = IOLoop.monotonicNow) throws(SocketError) {
         self.index = index
@@ -188,6 +191,7 @@ final class IOLoop: @unchecked Sendable {
             task()
             worked = true
         }
+        beforeTick?()
         if tickRequested {
             tickRequested = false
             onTick?()

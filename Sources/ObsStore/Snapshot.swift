@@ -1,0 +1,301 @@
+// ObsStore — writing a snapshot (SnapshotFile.swift has the format) and loading one at
+// start-up: its entry blocks read straight into the slabs of each repository's flat table,
+// then indexed; its history decoded into records.
+
+import ObsValues
+import ObservableKit
+
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Musl)
+import Musl
+#endif
+
+/// Writes a whole snapshot beside the current one, then puts it in its place (`commit`).
+/// Per repository: `beginRepository`, its history oldest first, then its entries.
+final class SnapshotWriter {
+    let directory: String
+    private let output: SnapshotOutput
+    private var entries: [UInt8] = []
+    private var history: [UInt8] = []
+    private var repositories = 0
+    private var entryCount = 0
+    private var historyCount = 0
+    private var committed = false
+
+    var path: String { directory + "/" + SnapshotFormat.fileName }
+
+    /// Starts `obsd.snapshot.new` in `directory`, covering the log through `position`.
+    init(directory: String, covering position: UInt64) throws(StorageError) {
+        self.directory = directory
+        output = try SnapshotOutput(path: directory + "/" + SnapshotFormat.partialName)
+        var head = PayloadWriter()
+        head.u32(SnapshotFormat.version)
+        head.u64(position)
+        head.text(try output.identity(), lengthBytes: 2)
+        head.u64(UInt64(bitPattern: WallClock.unixSeconds()))
+        try output.block(.head, head.bytes)
+        entries.reserveCapacity(SnapshotFormat.blockSize)
+    }
+
+    deinit { if !committed { unlink(output.path) } }
+
+    func beginRepository(name: String, epoch: String, revision: UInt64) throws(StorageError) {
+        try flush()
+        var repo = PayloadWriter()
+        repo.text(name, lengthBytes: 2)
+        repo.text(epoch, lengthBytes: 1)
+        repo.u64(revision)
+        try output.block(.repository, repo.bytes)
+        repositories += 1
+    }
+
+    /// Appends a history revision (before the repository's entries).
+    func history(_ record: RevisionRecord) throws(StorageError) {
+        var body: [UInt8] = []
+        body.reserveCapacity(record.byteSize + 64)
+        StoredRevision.appendHead(revision: record.revision, time: record.time, weight: record.byteSize, writer: record.writer, to: &body)
+        LogRecord.encode(record.changes, into: &body)
+        try body.withUnsafeBytes { raw in Result { () throws(StorageError) in try history(body: raw) } }.get()
+    }
+
+    /// Appends a history revision as another snapshot holds it (without its length).
+    func history(body: UnsafeRawBufferPointer) throws(StorageError) {
+        Self.append(UInt32(body.count), &history)
+        history.append(contentsOf: body)
+        historyCount += 1
+        if history.count >= SnapshotFormat.blockSize { try flushHistory() }
+    }
+
+    /// Appends an entry (a record as `FlatRecord` encodes it).
+    func entry(_ encoded: UnsafeRawBufferPointer) throws(StorageError) {
+        try flushHistory()
+        if entries.count + encoded.count > SnapshotFormat.blockSize { try flushEntries() }
+        if encoded.count > SnapshotFormat.blockSize {
+            try output.block(.entries, encoded)  // a record larger than a slab: a block, and a slab, of its own
+        } else {
+            entries.append(contentsOf: encoded)
+        }
+        entryCount += 1
+    }
+
+    /// Ends the snapshot, makes it durable and puts it in place of the current one.
+    func commit() throws(StorageError) {
+        try flush()
+        var done = PayloadWriter()
+        done.u32(UInt32(clamping: repositories))
+        done.u64(UInt64(entryCount))
+        done.u64(UInt64(historyCount))
+        try output.block(.done, done.bytes)
+        try output.sync()
+        guard rename(output.path, path) == 0 else { throw StorageError.from(errno, "cannot rename \(output.path) to \(path)") }
+        committed = true
+        try DataDirectory.sync(directory)
+    }
+
+    private func flush() throws(StorageError) {
+        try flushHistory()
+        try flushEntries()
+    }
+
+    private func flushHistory() throws(StorageError) {
+        guard !history.isEmpty else { return }
+        try output.block(.history, history)
+        history.removeAll(keepingCapacity: true)
+    }
+
+    private func flushEntries() throws(StorageError) {
+        guard !entries.isEmpty else { return }
+        try output.block(.entries, entries)
+        entries.removeAll(keepingCapacity: true)
+    }
+
+    static func append<I: FixedWidthInteger>(_ value: I, _ out: inout [UInt8]) {
+        withUnsafeBytes(of: value.littleEndian) { out.append(contentsOf: $0) }
+    }
+}
+
+/// One history revision as a snapshot holds it (after its length): the fixed fields read,
+/// the changes still encoded.
+struct StoredRevision {
+    let revision: UInt64
+    let time: Int64
+    let weight: Int
+    let writer: Writer?
+    let changes: UnsafeRawBufferPointer
+
+    /// Reads the revision at the reader's position (`u32 length` then the body); `body` is
+    /// all of it after its length.
+    static func read(_ reader: inout PayloadReader) -> (revision: StoredRevision, body: UnsafeRawBufferPointer)? {
+        guard let length = reader.u32(), let body = reader.take(Int(length)) else { return nil }
+        var fields = PayloadReader(body)
+        return Self.fields(&fields).map { ($0, body) }
+    }
+
+    /// Reads a body (what follows the length) that `reader` holds whole.
+    static func fields(_ reader: inout PayloadReader) -> StoredRevision? {
+        guard let revision = reader.u64(), let time = reader.u64(), let weight = reader.u32(), let hasWriter = reader.u8() else { return nil }
+        var writer: Writer? = nil
+        if hasWriter == 1 {
+            guard let uid = reader.u32(), let gid = reader.u32(), let pid = reader.u32() else { return nil }
+            writer = Writer(uid: uid, gid: gid, pid: Int32(bitPattern: pid))
+        }
+        guard let changes = reader.take(reader.bytes.count - reader.offset) else { return nil }
+        return StoredRevision(revision: revision, time: Int64(bitPattern: time), weight: Int(weight), writer: writer, changes: changes)
+    }
+
+    /// Appends the body (what follows the length) of `record`, read from the log, weighing `weight`.
+    static func appendBody(of record: LogRecord.View, weight: Int, to out: inout [UInt8]) {
+        appendHead(revision: record.revision, time: record.time, weight: weight, writer: record.writer, to: &out)
+        out.append(contentsOf: record.changes)
+    }
+
+    /// Appends a body's fields before its changes.
+    static func appendHead(revision: UInt64, time: Int64, weight: Int, writer: Writer?, to out: inout [UInt8]) {
+        SnapshotWriter.append(revision, &out)
+        SnapshotWriter.append(UInt64(bitPattern: time), &out)
+        SnapshotWriter.append(UInt32(clamping: weight), &out)
+        if let writer {
+            out.append(1)
+            SnapshotWriter.append(writer.uid, &out)
+            SnapshotWriter.append(writer.gid, &out)
+            SnapshotWriter.append(UInt32(bitPattern: writer.pid), &out)
+        } else {
+            out.append(0)
+        }
+    }
+
+    func record(repo: String) -> RevisionRecord? {
+        guard let changes = try? LogRecord.decodeChanges(changes) else { return nil }
+        return RevisionRecord(repo: repo, changeSet: ChangeSet(revision: revision, changes: changes), time: time, writer: writer)
+    }
+}
+
+/// What a snapshot holds, as start-up loads it.
+struct LoadedSnapshot {
+    var repositories: [LoadedRepository]
+    /// The log position it covers.
+    let covered: UInt64
+    /// The identity it recorded for itself, and the one the file has.
+    let recordedIdentity: String
+    let identity: String
+    /// Its size in bytes.
+    let size: Int
+}
+
+enum SnapshotLoader {
+    /// Reads the snapshot at `path`: every block checked, entries into flat tables, the
+    /// history within `options`' limits (age included).
+    static func load(_ path: String, options: DiskStorage.Options) throws(StorageError) -> LoadedSnapshot {
+        let input = try SnapshotInput(path: path)
+        let head = try input.next()
+        guard head.kind == .head else { throw input.malformed(head.at, "it begins with a \(head.kind.name) block, not HEAD") }
+        var fields = PayloadReader(try input.payload())
+        guard let version = fields.u32(), let covered = fields.u64(), let recorded = fields.text(lengthBytes: 2), fields.u64() != nil else {
+            throw input.malformed(head.at, "a HEAD block cut short")
+        }
+        guard version == SnapshotFormat.version else {
+            throw StorageError(.corrupt, "\(path) is a snapshot of format version \(version); this obsd reads version \(SnapshotFormat.version)")
+        }
+        let identity = try Self.identity(of: path)
+        let cutoff = options.historyMaxAge.map { WallClock.unixSeconds() - $0.components.seconds } ?? Int64.min
+        var repositories: [LoadedRepository] = []
+        var current: (name: String, epoch: String, revision: UInt64, table: FlatTableStorage, history: LoadedHistory)? = nil
+        var counts = (entries: 0, history: 0)
+
+        func finish() throws(StorageError) {
+            guard let repo = current else { return }
+            current = nil
+            do throws(FlatRecordCodec.Malformed) { try repo.table.buildIndex() } catch {
+                throw StorageError(.corrupt, "\(path): repository \(repo.name) holds \(error.reason); refusing to start")
+            }
+            var history = repo.history
+            history.retain(limit: options.historyLimit, maxBytes: options.historyMaxBytes, cutoff: cutoff)
+            if history.last?.revision != repo.revision { history = [] }  // a history that does not reach the state serves no `since`
+            repositories.append(
+                LoadedRepository(name: repo.name, epoch: repo.epoch, state: FlatTable(revision: repo.revision, storage: repo.table), history: history))
+        }
+
+        while true {
+            let block = try input.next()
+            switch block.kind {
+            case .head:
+                throw input.malformed(block.at, "a second HEAD block")
+            case .repository:
+                try finish()
+                var fields = PayloadReader(try input.payload())
+                guard let name = fields.text(lengthBytes: 2), let epoch = fields.text(lengthBytes: 1), let revision = fields.u64(), fields.atEnd else {
+                    throw input.malformed(block.at, "a REPO block that is not a name, an epoch and a revision")
+                }
+                guard Epoch.isValid(epoch) else { throw input.malformed(block.at, "repository \(name) has no valid epoch") }
+                current = (name, epoch, revision, FlatTableStorage(), LoadedHistory(repo: name))
+            case .history:
+                guard current != nil, current!.table.count == 0, !current!.table.hasBlocks else {
+                    throw input.malformed(block.at, "history outside a repository, or after its entries")
+                }
+                var reader = PayloadReader(try input.payload())
+                while !reader.atEnd {
+                    guard let length = reader.u32(), let body = reader.take(Int(length)),
+                        options.historyLimit == 0 || current!.history.appendStored(body)
+                    else {
+                        throw input.malformed(block.at, "a history revision that does not decode")
+                    }
+                    counts.history += 1
+                }
+            case .entries:
+                guard let table = current?.table else { throw input.malformed(block.at, "entries outside a repository") }
+                let memory = FlatMemory.allocate(block.length, populate: true)
+                do {
+                    try input.payload(into: memory)
+                } catch {
+                    FlatMemory.deallocate(memory, block.length)
+                    throw error
+                }
+                do throws(FlatRecordCodec.Malformed) {
+                    counts.entries += try table.adoptBlock(memory, blockCapacity: block.length, used: block.length)
+                } catch {
+                    throw input.malformed(block.at, "\(error.reason) at byte \(error.offset) of its entries")
+                }
+            case .done:
+                try finish()
+                var fields = PayloadReader(try input.payload())
+                guard let repos = fields.u32(), let entries = fields.u64(), let history = fields.u64(), fields.atEnd else {
+                    throw input.malformed(block.at, "a DONE block cut short")
+                }
+                guard Int(repos) == repositories.count, Int(entries) == counts.entries, Int(history) == counts.history else {
+                    throw input.malformed(
+                        block.at,
+                        "its end counts \(repos) repositories, \(entries) entries and \(history) history revisions; the file holds \(repositories.count), \(counts.entries) and \(counts.history)"
+                    )
+                }
+                guard input.atEnd else { throw input.malformed(block.at, "bytes after its end marker") }
+                return LoadedSnapshot(repositories: repositories, covered: covered, recordedIdentity: recorded, identity: identity, size: input.size)
+            }
+        }
+    }
+
+    static func identity(of path: String) throws(StorageError) -> String {
+        let fd = open(path, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { throw StorageError.from(errno, "cannot open \(path)") }
+        defer { close(fd) }
+        return try SnapshotFormat.identity(of: fd, path: path)
+    }
+
+    /// Writes a whole snapshot of `repositories` covering the log through `position`.
+    static func write(_ repositories: [LoadedRepository], covering position: UInt64, directory: String) throws(StorageError) -> Int {
+        let writer = try SnapshotWriter(directory: directory, covering: position)
+        for repository in repositories {
+            try writer.beginRepository(name: repository.name, epoch: repository.epoch, revision: repository.state.revision)
+            try repository.history.forEach(stored: writer.history(body:), replayed: writer.history(_:))
+            try repository.state.forEach { (record) throws(StorageError) in try writer.entry(record.encoded) }
+        }
+        try writer.commit()
+        return (try? fileSize(writer.path)) ?? 0
+    }
+
+    static func fileSize(_ path: String) throws(StorageError) -> Int {
+        var st = stat()
+        guard stat(path, &st) == 0 else { throw StorageError.from(errno, "cannot stat \(path)") }
+        return Int(st.st_size)
+    }
+}
