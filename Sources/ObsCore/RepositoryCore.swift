@@ -84,7 +84,7 @@ public struct RepositoryCore: Sendable {
             history.append(
                 prefix: prefix,
                 info: RevisionInfo(revision: record.revision, time: record.time, writer: record.writer, origin: 0, weight: record.byteSize),
-                changes: record.changes)
+                changes: record.changes, tail: record.leaseEnd.map(Self.tail) ?? [])
         }
         self.history = history
         self.lastTime = loaded?.history.last?.time ?? .min
@@ -159,6 +159,13 @@ public struct RepositoryCore: Sendable {
     }
 
     // MARK: Leases
+
+    /// The lease member of the event of a deletion `end` made: `,"lease":{"id":L,"end":E}`.
+    public static func tail(_ end: SharedLeaseEnd) -> [UInt8] {
+        var bytes: [UInt8] = []
+        LeaseEnd(lease: end.lease, reason: LeaseEnd.Reason(rawValue: end.reason.rawValue)).writeMember(into: &bytes)
+        return bytes
+    }
 
     /// The lease `key` is attached to, if any.
     public func lease(of key: Key) -> UInt64? { attachments.isEmpty ? nil : attachments[key] }

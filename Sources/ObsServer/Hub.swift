@@ -87,8 +87,8 @@ final class Hub: Sendable {
     let users = UserDatabase()
     /// The uid the daemon runs as (its peers of this uid are privileged), read once.
     let daemonUID = getuid()
-    /// Every lease, and which keys each holds (local storage).
-    let leases = LeaseTable()
+    /// Every lease, and which keys each holds (local storage; persisted when it persists).
+    let leases: LeaseTable
     /// Leases kept by a shared store, and this daemon's part in them (etcd mode).
     let sharedLeases: SharedLeases?
     /// Expires leases with a TTL (on the first loop).
@@ -118,6 +118,8 @@ final class Hub: Sendable {
         self.runtime = runtime
         self.onHistoryLost = onHistoryLost
         self.leaseClock = LeaseClock(loop: shards[0].loop)
+        let leases = LeaseTable(journal: storage is any SharedStorage ? nil : storage.leaseJournal)
+        self.leases = leases
         if let shared = storage as? any SharedStorage {
             self.shared = shared
             self.sequencer = SharedSequencer(store: shared, stats: stats, leaseLoop: shards[0].loop)

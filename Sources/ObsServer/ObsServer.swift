@@ -123,6 +123,14 @@ public final class ObsServer: Service, Sendable {
             throw error
         }
         (storage as? any SharedStorage)?.start(delivering: hub)
+        do {
+            // Leases a persisting store kept: restored, and the deletions a restart owes made,
+            // before anything is served.
+            try hub.restoreLeases(now: loops[0].io.currentTime, time: WallClock.unixSeconds())
+        } catch {
+            storage.close()
+            throw error
+        }
         let (repositories, keys) = hub.listed().reduce(into: (0, 0)) { $0.0 += 1; $0.1 += $1.summary.keys }
         logger.info(
             "storage ready",

@@ -117,7 +117,14 @@ final class Committer: @unchecked Sendable {
     /// The group being written (reused: a steady stream of groups allocates nothing here).
     private var group: [UInt8] = []
 
-    init(log: WriteAheadLog, sync: SyncPolicy, queue: CommitQueue, progress: LogProgress, counters: StorageCounters, logger: Logger) {
+    /// The lease journal, synced before the log (a revision durable has its key's attachment durable).
+    private let leases: LeaseJournal?
+
+    init(
+        log: WriteAheadLog, sync: SyncPolicy, queue: CommitQueue, progress: LogProgress, counters: StorageCounters, logger: Logger,
+        leases: LeaseJournal? = nil
+    ) {
+        self.leases = leases
         self.log = log
         self.sync = sync
         self.queue = queue
@@ -196,6 +203,7 @@ final class Committer: @unchecked Sendable {
         do throws(StorageError) {
             _ = try log.append(group)
             if sync == .always {
+                try leases?.syncIfDirty()
                 try log.sync()
                 counters.fsyncs.add(1, ordering: .relaxed)
             }
@@ -251,6 +259,7 @@ final class Committer: @unchecked Sendable {
     /// Syncs the log under `sync = relaxed`; whether it worked.
     private func syncRelaxed() -> Bool {
         do throws(StorageError) {
+            try leases?.syncIfDirty()
             try log.sync()
             counters.fsyncs.add(1, ordering: .relaxed)
             return true

@@ -102,6 +102,8 @@ public final class DiskStorage: Storage {
     public let path: String
     public let counters: StorageCounters? = StorageCounters()
     public let notices: [String]
+    /// Leases, their attachments and ids (LeaseJournal.swift).
+    public let leaseJournal: LeaseJournal?
     private let queue: CommitQueue
     private let lock: DirectoryLock
     private let loaded: Locked<[LoadedRepository]?>
@@ -170,6 +172,9 @@ public final class DiskStorage: Storage {
             }
         }
         log.directory.removeSegments(through: covered)
+        let leaseJournal = try LeaseJournal(directory: directory, sync: options.sync, logger: logger)
+        self.leaseJournal = leaseJournal
+        notices += leaseJournal.notices
         try RunMarker.claim(directory, sync: options.sync)
         self.notices = notices
         loaded = Locked(repositories)
@@ -184,7 +189,8 @@ public final class DiskStorage: Storage {
         // The checkpointer moves to its thread and is used there only.
         let handedCheckpointer = Handover(checkpointer)
         self.checkpointer = DedicatedThread { handedCheckpointer.take().run(progress) }
-        let committer = Committer(log: log, sync: options.sync, queue: queue, progress: progress, counters: counters, logger: logger)
+        let committer = Committer(
+            log: log, sync: options.sync, queue: queue, progress: progress, counters: counters, logger: logger, leases: leaseJournal)
         self.committer = committer
         committerThread = DedicatedThread { committer.run() }
     }
@@ -261,6 +267,7 @@ public final class DiskStorage: Storage {
     public func close() {
         queue.close()
         committerThread.join()  // it closes the log's progress once the log is synced
+        leaseJournal?.close()
         checkpointer.join()
         lock.release()
     }

@@ -3,7 +3,7 @@
 // recreated with it). Little-endian:
 //
 //   u8 version (2) · u16 repo length, repo · u8 epoch length, epoch · u64 revision · i64 time
-//   u8 has writer · [u32 uid · u32 gid · i32 pid]
+//   u8 flags (1 writer, 2 lease end) · [u32 uid · u32 gid · i32 pid] · [u64 lease · u8 end]
 //   u32 changes · per change: u16 key length, key · u8 flags (1 old, 2 new, 4 old plain,
 //   8 new plain) · [u32 length, old bytes] · [u32 length, new bytes]
 //
@@ -26,13 +26,15 @@ enum LogRecord {
         out.append(contentsOf: epoch.utf8.prefix(255))
         append(record.revision, &out)
         append(UInt64(bitPattern: record.time), &out)
+        out.append(flags(record))
         if let writer = record.writer {
-            out.append(1)
             append(writer.uid, &out)
             append(writer.gid, &out)
             append(UInt32(bitPattern: writer.pid), &out)
-        } else {
-            out.append(0)
+        }
+        if let end = record.leaseEnd {
+            append(end.lease, &out)
+            out.append(LeaseRecord.code(end.reason))
         }
         encode(record.changes, into: &out)
     }
@@ -41,7 +43,7 @@ enum LogRecord {
     /// same bytes as `encode` then `WriteAheadLog.frame`, written in place — the committer's
     /// path, once per write.
     static func appendFrame(_ record: RevisionRecord, epoch: String, to group: inout [UInt8]) {
-        var size = 1 + 2 + record.repo.utf8.count + 1 + min(epoch.utf8.count, 255) + 8 + 8 + 1 + (record.writer == nil ? 0 : 12) + 4
+        var size = 1 + 2 + record.repo.utf8.count + 1 + min(epoch.utf8.count, 255) + 8 + 8 + 1 + (record.writer == nil ? 0 : 12) + (record.leaseEnd == nil ? 0 : 9) + 4
         for change in record.changes {
             size += 2 + change.key.utf8Count + 1 + (change.old.map { 4 + $0.bytes.count } ?? 0) + (change.new.map { 4 + $0.bytes.count } ?? 0)
         }
@@ -72,13 +74,15 @@ enum LogRecord {
             putText(epoch, lengthBytes: 1, limit: 255)
             put(record.revision)
             put(UInt64(bitPattern: record.time))
+            put(flags(record))
             if let writer = record.writer {
-                put(UInt8(1))
                 put(writer.uid)
                 put(writer.gid)
                 put(UInt32(bitPattern: writer.pid))
-            } else {
-                put(UInt8(0))
+            }
+            if let end = record.leaseEnd {
+                put(end.lease)
+                put(LeaseRecord.code(end.reason))
             }
             put(UInt32(record.changes.count))
             for change in record.changes {
@@ -133,13 +137,10 @@ enum LogRecord {
         let epoch = try reader.string(Int(try reader.byte()))
         let revision = try reader.u64()
         let time = Int64(bitPattern: try reader.u64())
-        var writer: Writer? = nil
-        if format >= 2, try reader.byte() == 1 {
-            writer = Writer(uid: try reader.u32(), gid: try reader.u32(), pid: Int32(bitPattern: try reader.u32()))
-        }
+        let (writer, leaseEnd) = format >= 2 ? try reader.writerAndLeaseEnd() : (nil, nil)
         let changes = try reader.changes()
         guard reader.offset == bytes.count else { throw Malformed() }
-        return (RevisionRecord(repo: repo, changeSet: ChangeSet(revision: revision, changes: changes), time: time, writer: writer), epoch)
+        return (RevisionRecord(repo: repo, changeSet: ChangeSet(revision: revision, changes: changes), time: time, writer: writer, leaseEnd: leaseEnd), epoch)
     }
 
     /// The changes encoded by `encode(_:into:)`, filling `bytes` exactly.
@@ -158,6 +159,7 @@ enum LogRecord {
         let revision: UInt64
         let time: Int64
         let writer: Writer?
+        let leaseEnd: SharedLeaseEnd?
         /// The changes' encoding (`u32 count` and the changes), as a snapshot's history keeps it.
         let changes: UnsafeRawBufferPointer
 
@@ -169,11 +171,7 @@ enum LogRecord {
             epoch = try reader.take(Int(try reader.byte()))
             revision = try reader.u64()
             time = Int64(bitPattern: try reader.u64())
-            var writer: Writer? = nil
-            if format >= 2, try reader.byte() == 1 {
-                writer = Writer(uid: try reader.u32(), gid: try reader.u32(), pid: Int32(bitPattern: try reader.u32()))
-            }
-            self.writer = writer
+            (writer, leaseEnd) = format >= 2 ? try reader.writerAndLeaseEnd() : (nil, nil)
             changes = try reader.take(payload.count - reader.offset)
         }
 
@@ -218,6 +216,11 @@ enum LogRecord {
 
     // MARK: Helpers
 
+    /// The flags byte: 1 a writer follows, 2 a lease's end follows it.
+    static func flags(_ record: RevisionRecord) -> UInt8 {
+        (record.writer == nil ? 0 : 1) | (record.leaseEnd == nil ? 0 : 2)
+    }
+
     private static func appendShort(_ text: String.UTF8View, _ out: inout [UInt8]) {
         // Repository names and keys are bounded by the protocol (128 and 1024 bytes).
         append(UInt16(truncatingIfNeeded: text.count), &out)
@@ -244,6 +247,17 @@ enum LogRecord {
         }
 
         mutating func byte() throws(Malformed) -> UInt8 { try take(1)[0] }
+
+        /// The flags byte and the writer and lease end it announces.
+        mutating func writerAndLeaseEnd() throws(Malformed) -> (Writer?, SharedLeaseEnd?) {
+            let flags = try byte()
+            guard flags & ~3 == 0 else { throw Malformed() }
+            let writer = flags & 1 == 0 ? nil : Writer(uid: try u32(), gid: try u32(), pid: Int32(bitPattern: try u32()))
+            guard flags & 2 != 0 else { return (writer, nil) }
+            let lease = try u64()
+            guard let reason = LeaseRecord.reason(try byte()) else { throw Malformed() }
+            return (writer, SharedLeaseEnd(lease: lease, reason: reason))
+        }
         mutating func u16() throws(Malformed) -> UInt16 { UInt16(littleEndian: try take(2).loadUnaligned(as: UInt16.self)) }
         mutating func u32() throws(Malformed) -> UInt32 { UInt32(littleEndian: try take(4).loadUnaligned(as: UInt32.self)) }
         mutating func u64() throws(Malformed) -> UInt64 { UInt64(littleEndian: try take(8).loadUnaligned(as: UInt64.self)) }

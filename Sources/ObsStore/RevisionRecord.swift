@@ -13,11 +13,14 @@ public final class RevisionRecord: Sendable {
     public let time: Int64
     /// Who wrote it (nil: written before obsd recorded writers).
     public let writer: Writer?
+    /// For the deletion a lease's end made: which lease, and why (its event says so, replayed too).
+    public let leaseEnd: SharedLeaseEnd?
     /// What it weighs against history and revision limits: keys, old and new values, and 32
     /// bytes per change for what goes with them.
     public let byteSize: Int
 
-    public init(repo: String, changeSet: ChangeSet<CanonicalJSON>, time: Int64, writer: Writer?) {
+    public init(repo: String, changeSet: ChangeSet<CanonicalJSON>, time: Int64, writer: Writer?, leaseEnd: SharedLeaseEnd? = nil) {
+        self.leaseEnd = leaseEnd
         self.repo = repo
         self.revision = changeSet.revision
         self.changes = changeSet.changes

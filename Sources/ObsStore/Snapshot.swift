@@ -54,7 +54,7 @@ final class SnapshotWriter {
     func history(_ record: RevisionRecord) throws(StorageError) {
         var body: [UInt8] = []
         body.reserveCapacity(record.byteSize + 64)
-        StoredRevision.appendHead(revision: record.revision, time: record.time, weight: record.byteSize, writer: record.writer, to: &body)
+        StoredRevision.appendHead(revision: record.revision, time: record.time, weight: record.byteSize, writer: record.writer, leaseEnd: record.leaseEnd, to: &body)
         LogRecord.encode(record.changes, into: &body)
         try body.withUnsafeBytes { raw in Result { () throws(StorageError) in try history(body: raw) } }.get()
     }
@@ -122,6 +122,7 @@ struct StoredRevision {
     let time: Int64
     let weight: Int
     let writer: Writer?
+    let leaseEnd: SharedLeaseEnd?
     let changes: UnsafeRawBufferPointer
 
     /// Reads the revision at the reader's position (`u32 length` then the body); `body` is
@@ -134,40 +135,47 @@ struct StoredRevision {
 
     /// Reads a body (what follows the length) that `reader` holds whole.
     static func fields(_ reader: inout PayloadReader) -> StoredRevision? {
-        guard let revision = reader.u64(), let time = reader.u64(), let weight = reader.u32(), let hasWriter = reader.u8() else { return nil }
+        guard let revision = reader.u64(), let time = reader.u64(), let weight = reader.u32(), let flags = reader.u8(), flags & ~3 == 0 else { return nil }
         var writer: Writer? = nil
-        if hasWriter == 1 {
+        if flags & 1 != 0 {
             guard let uid = reader.u32(), let gid = reader.u32(), let pid = reader.u32() else { return nil }
             writer = Writer(uid: uid, gid: gid, pid: Int32(bitPattern: pid))
         }
+        var leaseEnd: SharedLeaseEnd? = nil
+        if flags & 2 != 0 {
+            guard let lease = reader.u64(), let reason = reader.u8().flatMap(LeaseRecord.reason) else { return nil }
+            leaseEnd = SharedLeaseEnd(lease: lease, reason: reason)
+        }
         guard let changes = reader.take(reader.bytes.count - reader.offset) else { return nil }
-        return StoredRevision(revision: revision, time: Int64(bitPattern: time), weight: Int(weight), writer: writer, changes: changes)
+        return StoredRevision(revision: revision, time: Int64(bitPattern: time), weight: Int(weight), writer: writer, leaseEnd: leaseEnd, changes: changes)
     }
 
     /// Appends the body (what follows the length) of `record`, read from the log, weighing `weight`.
     static func appendBody(of record: LogRecord.View, weight: Int, to out: inout [UInt8]) {
-        appendHead(revision: record.revision, time: record.time, weight: weight, writer: record.writer, to: &out)
+        appendHead(revision: record.revision, time: record.time, weight: weight, writer: record.writer, leaseEnd: record.leaseEnd, to: &out)
         out.append(contentsOf: record.changes)
     }
 
     /// Appends a body's fields before its changes.
-    static func appendHead(revision: UInt64, time: Int64, weight: Int, writer: Writer?, to out: inout [UInt8]) {
+    static func appendHead(revision: UInt64, time: Int64, weight: Int, writer: Writer?, leaseEnd: SharedLeaseEnd?, to out: inout [UInt8]) {
         SnapshotWriter.append(revision, &out)
         SnapshotWriter.append(UInt64(bitPattern: time), &out)
         SnapshotWriter.append(UInt32(clamping: weight), &out)
+        out.append((writer == nil ? 0 : 1) | (leaseEnd == nil ? 0 : 2))
         if let writer {
-            out.append(1)
             SnapshotWriter.append(writer.uid, &out)
             SnapshotWriter.append(writer.gid, &out)
             SnapshotWriter.append(UInt32(bitPattern: writer.pid), &out)
-        } else {
-            out.append(0)
+        }
+        if let leaseEnd {
+            SnapshotWriter.append(leaseEnd.lease, &out)
+            out.append(LeaseRecord.code(leaseEnd.reason))
         }
     }
 
     func record(repo: String) -> RevisionRecord? {
         guard let changes = try? LogRecord.decodeChanges(changes) else { return nil }
-        return RevisionRecord(repo: repo, changeSet: ChangeSet(revision: revision, changes: changes), time: time, writer: writer)
+        return RevisionRecord(repo: repo, changeSet: ChangeSet(revision: revision, changes: changes), time: time, writer: writer, leaseEnd: leaseEnd)
     }
 }
 

@@ -11,8 +11,9 @@
 //   revisions · u64 their weight), then ENTR blocks — its entries as FlatRecord encodes them,
 //   whole records, at most 1 MiB a block unless one record is larger, so a block becomes a
 //   slab of the table as it is — then HIST blocks: its retained history, oldest first, each
-//   revision `u32 length · u64 revision · i64 time · u32 weight · u8 has writer · [u32 uid ·
-//   u32 gid · i32 pid] · its changes as the log encodes them (LogRecord)`.
+//   revision `u32 length · u64 revision · i64 time · u32 weight · u8 flags (1 writer, 2 lease
+//   end) · [u32 uid · u32 gid · i32 pid] · [u64 lease · u8 end] · its changes as the log
+//   encodes them (LogRecord)`.
 // - DONE, last: u32 repositories · u64 entries · u64 history revisions. Nothing follows it.
 //
 // It is written beside as `obsd.snapshot.new`, synced, and renamed over the old one, so a

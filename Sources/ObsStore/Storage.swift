@@ -71,10 +71,14 @@ public protocol Storage: AnyObject, Sendable {
     func flush()
     /// Makes everything queued durable, then releases the storage.
     func close()
+    /// Where leases persist (nil: they live only as long as the process).
+    var leaseJournal: LeaseJournal? { get }
 }
 
 extension Storage {
     public func flush() {}
+    /// Where leases persist (nil: they live only as long as the process).
+    public var leaseJournal: LeaseJournal? { nil }
 }
 
 /// Keeps nothing: repositories live only as long as the process.

@@ -48,6 +48,9 @@ extension Obsctl {
 
         func run() async throws {
             let parsed = try Set.parse(value)
+            // Without a command, the signals that end the hold are caught from the start: one
+            // that arrives while the key is being written releases it once written.
+            let signals = command.isEmpty ? SignalWatch([SIGTERM, SIGINT, SIGHUP]) : nil
             let session = ObsSession(socketPath: global.socket)
             if let reason = await session.firstConnection() {
                 printError(reason)
@@ -60,8 +63,8 @@ extension Obsctl {
                 await session.close()
                 throw fail(error)
             }
-            guard !command.isEmpty else {
-                let sig = await Signals.first(of: [SIGTERM, SIGINT, SIGHUP])
+            if let signals {
+                let sig = await signals.first()
                 await hold.release()
                 await session.close()
                 ChildCommand.exit(like: .signaled(sig))
@@ -174,21 +177,28 @@ extension ObsSession {
     }
 }
 
-/// Waiting for a signal, for `hold` without a command.
-enum Signals {
-    /// Returns the first of `signals` obsctl receives (their default action stays suspended).
-    static func first(of signals: [Int32]) async -> Int32 {
+/// Waiting for a signal, for `hold` without a command: from its creation on, `signals` no
+/// longer end obsctl; the first one received is kept until `first` asks.
+final class SignalWatch {
+    private let stream: AsyncStream<Int32>
+    private let sources: [any DispatchSourceSignal]
+
+    init(_ signals: [Int32]) {
         let (stream, continuation) = AsyncStream.makeStream(of: Int32.self)
-        var sources: [any DispatchSourceSignal] = []
-        for sig in signals {
+        self.stream = stream
+        sources = signals.map { sig in
             signal(sig, SIG_IGN)
             let source = DispatchSource.makeSignalSource(signal: sig, queue: .global())
             source.setEventHandler { continuation.yield(sig) }
             source.resume()
-            sources.append(source)
+            return source
         }
+    }
+
+    /// The first signal received (at once if one came already).
+    func first() async -> Int32 {
         let received = await stream.first { _ in true }
-        for source in sources { source.cancel() }  // (keeps them alive until here)
+        for source in sources { source.cancel() }
         return received ?? SIGTERM
     }
 }

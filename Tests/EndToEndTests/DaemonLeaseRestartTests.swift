@@ -1,46 +1,128 @@
-// End-to-end, raw wire: two rules of the contract's leases across a restart of a durable
-// daemon that obsd 0.3.0 (this branch's daemon) breaks. Found while testing the client's
-// holds; the daemon is not this branch's to change, so each test states the rule and is
-// wrapped in `withKnownIssue`: it passes while the daemon is wrong and fails — telling
-// whoever fixes it to unwrap it — once the daemon is right.
+// End-to-end, raw wire: leases across a restart of a durable daemon (the contract's "Across a
+// restart of a daemon that persists") — after SIGTERM and after kill -9: ids never reused,
+// TTL leases and their keys kept with their TTL started again in full, keys of
+// connection-bound leases deleted with `end: "closed"` before the first request (and that
+// event replayed with `since`), an equal-value `set`'s attachment kept, a revoke's deletion
+// replayed with its lease member.
 
+import Logging
 import ObsProtocol
+import ObsStore
 import Testing
 import TestSupport
 
 @Suite(.timeLimit(.minutes(3))) struct DaemonLeaseRestartTests {
     /// "Lease ids are never reused by a daemon for as long as its data persists."
-    @Test func leaseIDsAreNotReusedAfterARestart() async throws {
+    @Test(arguments: [false, true]) func leaseIDsAreNotReusedAfterARestart(kill: Bool) async throws {
         let d = try await TestDaemon.start()
         let c = try d.connect()
         let first = try #require(try c.call(["op": "grant"])["lease"]?.uint64Value)
         let timed = try #require(try c.call(["op": "grant", "ttl": 600])["lease"]?.uint64Value)
-        c.close()
-        await d.stop()
-        try await d.launch()
+        #expect(try c.call(["op": "revoke", "lease": .int(Int64(timed))]).ok)
+        try await restart(d, kill: kill)
         let after = try #require(try d.connect().call(["op": "grant"])["lease"]?.uint64Value)
-        withKnownIssue("obsd reuses lease ids after a restart (the first grant answers 1 again)") {
-            #expect(after > max(first, timed), "granted \(first) and \(timed) before the restart, \(after) after")
-        }
+        #expect(after > max(first, timed), "granted \(first) and \(timed) before the restart, \(after) after")
     }
 
-    /// "keys attached to connection-bound leases are deleted … with end: "closed", in revisions
-    /// made before the daemon serves its first request, so a client that resumes with `since`
-    /// sees those deletions" — and the event "carries lease {id, end}; so does the same event
+    /// Keys of connection-bound leases are deleted "with end: "closed", in revisions made
+    /// before the daemon serves its first request, so a client that resumes with `since` sees
+    /// those deletions" — and the event "carries lease {id, end}; so does the same event
     /// replayed with since".
-    @Test func theRestartsDeletionOfConnectionBoundKeysSaysClosed() async throws {
+    @Test(arguments: [false, true]) func theRestartsDeletionOfConnectionBoundKeysSaysClosed(kill: Bool) async throws {
         let d = try await TestDaemon.start()
         let holder = try d.connect()
         let lease = try #require(try holder.call(["op": "grant"])["lease"])
         #expect(try holder.call(["op": "set", "repo": "svc", "key": "up", "value": true, "lease": lease])["rev"] == 1)
+        #expect(try holder.call(["op": "set", "repo": "svc", "key": "plain", "value": 1])["rev"] == 2)
+        try await restart(d, kill: kill)
+        let reader = try d.connect()
+        // The first request served already finds the key gone.
+        #expect(try reader.call(["op": "get", "repo": "svc", "key": "up"]).errorCode == "not_found")
+        #expect(try reader.call(["op": "subscribe", "repo": "svc", "since": 2]).ok)
+        let deletion = try reader.receive()
+        #expect(deletion["rev"] == 3 && deletion["changes"] == [["key": "up", "old": true]])
+        #expect(deletion["lease"] == ["id": lease, "end": "closed"])
+        #expect(try d.value("svc", "plain") == 1, "a key on no lease stays")
+    }
+
+    /// "leases with a TTL, and their keys, survive, each TTL starting again in full from the
+    /// moment the daemon serves again" — attachments included, the one an equal-value set moved.
+    @Test(arguments: [false, true]) func aTTLLeaseAndItsKeysSurviveAndExpireAfterTheirTTLAgain(kill: Bool) async throws {
+        let d = try await TestDaemon.start()
+        let c = try d.connect()
+        let lease = try #require(try c.call(["op": "grant", "ttl": 3])["lease"])
+        #expect(try c.call(["op": "set", "repo": "jobs", "key": "a", "value": 1, "lease": lease])["rev"] == 1)
+        #expect(try c.call(["op": "set", "repo": "jobs", "key": "b", "value": 2])["rev"] == 2)
+        // An equal value: no revision, but the key now follows the lease.
+        let equal = try c.call(["op": "set", "repo": "jobs", "key": "b", "value": 2, "lease": lease])
+        #expect(equal["changed"] == false)
+        try await restart(d, kill: kill)
+        let started = ContinuousClock.now
+        let w = try d.connect()
+        #expect(try w.call(["op": "get", "repo": "jobs", "key": "a"])["lease"] == lease)
+        #expect(try w.call(["op": "get", "repo": "jobs", "key": "b"])["lease"] == lease)
+        #expect(try w.call(["op": "keepalive", "lease": lease])["ttl"] == 3, "the lease lives on")
+        let kept = ContinuousClock.now
+        #expect(try w.call(["op": "subscribe", "repo": "jobs"]).ok)
+        // Suspending, not blocking, while the TTL runs: other tests' clients share the pool.
+        #expect(try await eventually(timeout: .seconds(10), every: .milliseconds(20)) { () async throws in try d.value("jobs", "a") == nil })
+        let waited = ContinuousClock.now - kept
+        let end = try w.receive(timeout: .seconds(2))
+        #expect(end["changes"] == [["key": "a", "old": 1], ["key": "b", "old": 2]])
+        #expect(end["lease"] == ["id": lease, "end": "expired"])
+        #expect(waited >= .seconds(3) - .milliseconds(50) && ContinuousClock.now - started < .seconds(5), "expired \(waited) after its keep-alive")
+    }
+
+    /// A revoke's deletion is replayed with its lease member after a restart (the log and the
+    /// snapshot keep it).
+    @Test func aLeasesEndIsReplayedWithItsLeaseMemberAfterARestart() async throws {
+        let d = try await TestDaemon.start()
+        let c = try d.connect()
+        let lease = try #require(try c.call(["op": "grant", "ttl": 60])["lease"])
+        #expect(try c.call(["op": "set", "repo": "r", "key": "k", "value": 1, "lease": lease])["rev"] == 1)
+        #expect(try c.call(["op": "revoke", "lease": lease])["revs"] == ["r": 2])
+        try await restart(d, kill: false)
+        let reader = try d.connect()
+        #expect(try reader.call(["op": "subscribe", "repo": "r", "since": 1]).ok)
+        let replayed = try reader.receive()
+        #expect(replayed["rev"] == 2 && replayed["lease"] == ["id": lease, "end": "revoked"])
+        #expect(try reader.call(["op": "revoke", "lease": lease]).errorCode == "not_found", "an ended lease stays ended")
+    }
+
+    /// A kill right after a lease's end was journaled, before its deletion was made (or before
+    /// that deletion was durable): the restart makes it, with the end's reason.
+    @Test(arguments: [false, true]) func aDeletionAKillInterruptedIsMadeAtStartUp(recorded: Bool) async throws {
+        let d = try await TestDaemon.start()
+        let c = try d.connect()
+        let lease = try #require(try c.call(["op": "grant", "ttl": 600])["lease"]?.uint64Value)
+        #expect(try c.call(["op": "set", "repo": "r", "key": "k", "value": 1, "lease": .int(Int64(lease))])["rev"] == 1)
+        #expect(try c.call(["op": "set", "repo": "r", "key": "other", "value": 2])["rev"] == 2)
         await d.stop()
+        // What the journal holds when a kill came between the end and its durable deletion.
+        let journal = try LeaseJournal(directory: try #require(d.dataDirectory), sync: .always, logger: Logger(label: "test"))
+        journal.ended(lease, .revoked)
+        if recorded {
+            journal.deleting(
+                PersistedLeases.Deletion(lease: lease, reason: .revoked, owner: Writer(uid: 0, gid: 0, pid: 1), repo: "r", before: 2, keys: ["k"]))
+        }
+        journal.close()
         try await d.launch()
         let reader = try d.connect()
-        #expect(try reader.call(["op": "subscribe", "repo": "svc", "since": 1]).ok)
+        #expect(try reader.call(["op": "subscribe", "repo": "r", "since": 2]).ok)
         let deletion = try reader.receive()
-        #expect(deletion["rev"] == 2 && deletion["changes"] == [["key": "up", "old": true]])
-        withKnownIssue("the restart's deletion revision carries no \"lease\" member") {
-            #expect(deletion["lease"] == ["id": lease, "end": "closed"])
+        #expect(deletion["rev"] == 3 && deletion["changes"] == [["key": "k", "old": 1]])
+        #expect(deletion["lease"] == ["id": .int(Int64(lease)), "end": "revoked"])
+        #expect(try reader.call(["op": "keepalive", "lease": .int(Int64(lease))]).errorCode == "not_found")
+        #expect(try d.value("r", "other") == 2)
+    }
+
+    private func restart(_ d: TestDaemon, kill: Bool) async throws {
+        if kill {
+            d.kill9()
+            _ = await d.waitForExit()
+        } else {
+            await d.stop()
         }
+        try await d.launch()
     }
 }

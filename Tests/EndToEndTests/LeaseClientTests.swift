@@ -16,14 +16,16 @@ import TestSupport
     @Test func aTTLLeaseLivesWhileItsValueDoesAndRevokeEndsIt() async throws {
         let d = try await TestDaemon.start(inMemory: true)
         let session = ObsSession(socketPath: d.socketPath)
-        var lease: Lease? = try await session.grant(ttl: .seconds(3))
+        // 5 s: kept alive every 1.7 s, so a keep-alive may wait 3 s for a thread of the
+        // cooperative pool other tests' blocking waits hold, and still arrive in time.
+        var lease: Lease? = try await session.grant(ttl: .seconds(5))
         let id = try #require(lease?.id)
-        #expect(lease?.ttl == .seconds(3))
+        #expect(lease?.ttl == .seconds(5))
         try await session.set("worker", to: "busy", in: "jobs", lease: id)
         let watcher = try d.connect()
         #expect(try watcher.call(["op": "subscribe", "repo": "jobs", "keys": ["worker"]]).ok)
         // Over two TTLs later the key is still there: the lease was kept alive.
-        try await Task.sleep(for: .seconds(7))
+        try await Task.sleep(for: .seconds(11))
         #expect(try d.value("jobs", "worker") == "busy", "kept alive for over two TTLs")
         #expect(lease?.hasEnded == false)
         lease = nil  // no more keep-alives: it expires within its TTL

@@ -75,6 +75,8 @@ final class IOLoop: @unchecked Sendable {
     private let clock: @Sendable () -> UInt64
     /// The time of the current iteration.
     private(set) var now: UInt64
+    /// The time now, from any thread (`now` is the iteration's).
+    var currentTime: UInt64 { clock() }
     /// The wall clock at the current iteration, in seconds since 1970 (revisions' times): read
     /// once per iteration, not once per write.
     private(set) var wallSeconds: Int64 = WallClock.unixSeconds()

@@ -13,6 +13,7 @@
 import HeapModule
 import ObsCore
 import ObsProtocol
+import ObsStore
 import ObsValues
 import ObservableKit
 import Synchronization
@@ -22,6 +23,8 @@ enum LeaseRefusal: Error, Sendable, Equatable {
     case notFound(UInt64)
     case forbidden(UInt64, owner: UInt32)
     case tooMany(limit: Int)
+    /// The lease journal cannot be written (durable storage only).
+    case unavailable(String)
 }
 
 /// A lease that ended: whose it was and the keys it still held, per repository.
@@ -54,9 +57,13 @@ final class LeaseTable: Sendable {
     }
 
     private let state = Mutex(State())
+    /// Where grants, ends and attachments persist (nil: in memory only).
+    let journal: LeaseJournal?
 
-    /// A table whose ids continue after `nextID` (ids are never reused while data persists).
-    init(nextID: UInt64 = 1) {
+    /// A table whose ids continue after `nextID` (ids are never reused while data persists),
+    /// recording what happens to `journal`.
+    init(nextID: UInt64 = 1, journal: LeaseJournal? = nil) {
+        self.journal = journal
         state.withLock { $0.nextID = max(1, nextID) }
     }
 
@@ -74,6 +81,14 @@ final class LeaseTable: Sendable {
         state.withLock { s in
             if s.perUID[owner.uid, default: 0] >= limit { return .failure(.tooMany(limit: limit)) }
             let id = s.nextID
+            if let journal {
+                compactIfDue(&s, journal)
+                do throws(StorageError) {
+                    try journal.granted(PersistedLeases.Lease(id: id, owner: owner, ttl: ttl))
+                } catch {
+                    return .failure(.unavailable(error.description))
+                }
+            }
             s.nextID += 1
             let deadline = ttl.map { now &+ UInt64($0) * 1_000_000_000 } ?? .max
             s.leases[id] = Lease(id: id, owner: owner, ttl: ttl, connection: ttl == nil ? connection : nil, deadline: deadline)
@@ -119,6 +134,10 @@ final class LeaseTable: Sendable {
     func move(_ key: Key, of repo: String, from previous: UInt64?, to lease: UInt64?) {
         guard previous != lease else { return }
         state.withLock { s in
+            if let journal {
+                journal.attached(key, of: repo, to: lease)
+                compactIfDue(&s, journal)
+            }
             if let previous, s.leases[previous] != nil {
                 s.leases[previous]!.keys[repo]?.remove(key)
                 if s.leases[previous]!.keys[repo]?.isEmpty == true { s.leases[previous]!.keys[repo] = nil }
@@ -134,7 +153,7 @@ final class LeaseTable: Sendable {
         state.withLock { s in
             guard let lease = s.leases[id] else { return .failure(.notFound(id)) }
             if let refusal = Self.refusal(lease, peer) { return .failure(refusal) }
-            return .success(Self.end(&s, id, .revoked)!)
+            return .success(self.end(&s, id, .revoked)!)
         }
     }
 
@@ -142,7 +161,7 @@ final class LeaseTable: Sendable {
     func connectionClosed(_ connection: ConnectionID) -> [EndedLease] {
         state.withLock { s in
             guard let ids = s.byConnection.removeValue(forKey: connection) else { return [] }
-            return ids.sorted().compactMap { Self.end(&s, $0, .closed) }
+            return ids.sorted().compactMap { self.end(&s, $0, .closed) }
         }
     }
 
@@ -153,7 +172,7 @@ final class LeaseTable: Sendable {
             while let top = s.deadlines.min, top.time <= now {
                 s.deadlines.removeMin()
                 guard let lease = s.leases[top.id], lease.deadline == top.time else { continue }  // kept alive since, or ended
-                if let end = Self.end(&s, top.id, .expired) { ended.append(end) }
+                if let end = self.end(&s, top.id, .expired) { ended.append(end) }
             }
             return ended
         }
@@ -167,8 +186,9 @@ final class LeaseTable: Sendable {
         }
     }
 
-    private static func end(_ s: inout State, _ id: UInt64, _ end: LeaseEnd.Reason) -> EndedLease? {
+    private func end(_ s: inout State, _ id: UInt64, _ end: LeaseEnd.Reason) -> EndedLease? {
         guard let lease = s.leases.removeValue(forKey: id) else { return nil }
+        journal?.ended(id, SharedLeaseReason(end))
         let left = s.perUID[lease.owner.uid, default: 1] - 1
         s.perUID[lease.owner.uid] = left > 0 ? left : nil
         if let connection = lease.connection {
@@ -179,6 +199,63 @@ final class LeaseTable: Sendable {
     }
 }
 
+extension LeaseTable {
+    // MARK: Persistence
+
+    /// Rewrites the journal from this table when it asks to be (grown, or a write failed).
+    private func compactIfDue(_ s: inout State, _ journal: LeaseJournal) {
+        guard journal.wantsCompaction else { return }
+        do throws(StorageError) {
+            try journal.compact(live: Self.persisted(s), attachments: Self.attachments(s), nextID: s.nextID)
+        } catch {
+            // Logged by the journal's next failing write; grants are refused until it succeeds.
+        }
+    }
+
+    /// Rewrites the journal now (start-up, once the restart's deletions were made).
+    func compactJournal(keeping deletions: [PersistedLeases.Deletion]) throws(StorageError) {
+        guard let journal else { return }
+        try state.withLock { s throws(StorageError) in
+            try journal.compact(live: Self.persisted(s), attachments: Self.attachments(s), nextID: s.nextID, deletions: deletions)
+        }
+    }
+
+    private static func persisted(_ s: borrowing State) -> [PersistedLeases.Lease] {
+        s.leases.values.map { PersistedLeases.Lease(id: $0.id, owner: $0.owner, ttl: $0.ttl) }
+    }
+
+    private static func attachments(_ s: borrowing State) -> [(repo: String, key: Key, lease: UInt64)] {
+        s.leases.values.sorted { $0.id < $1.id }.flatMap { lease in
+            lease.keys.sorted { $0.key < $1.key }.flatMap { repo, keys in keys.sorted().map { (repo, $0, lease.id) } }
+        }
+    }
+
+    /// Takes the leases with a TTL a restart found, each TTL starting again in full from
+    /// `now`, with their keys (repository → keys); ids continue after `nextID`.
+    func restore(_ leases: [PersistedLeases.Lease], keys: [UInt64: [String: Set<Key>]], nextID: UInt64, now: UInt64) {
+        state.withLock { s in
+            s.nextID = max(s.nextID, nextID)
+            for lease in leases {
+                guard let ttl = lease.ttl else { continue }
+                let deadline = now &+ UInt64(ttl) * 1_000_000_000
+                s.leases[lease.id] = Lease(id: lease.id, owner: lease.owner, ttl: ttl, connection: nil, deadline: deadline, keys: keys[lease.id] ?? [:])
+                s.perUID[lease.owner.uid, default: 0] += 1
+                s.deadlines.insert(Deadline(time: deadline, id: lease.id))
+            }
+        }
+    }
+}
+
+extension SharedLeaseReason {
+    init(_ reason: LeaseEnd.Reason) {
+        switch reason {
+        case .expired: self = .expired
+        case .revoked: self = .revoked
+        default: self = .closed
+        }
+    }
+}
+
 extension LeaseRefusal {
     /// The error reply for it.
     var protocolError: ProtocolError {
@@ -186,6 +263,7 @@ extension LeaseRefusal {
         case .notFound(let id): ProtocolError(.notFound, "lease \(id) does not exist (it ended, or was never granted)")
         case .forbidden(let id, let owner): ProtocolError(.forbidden, "lease \(id) belongs to uid \(owner)")
         case .tooMany(let limit): ProtocolError(.overloaded, "this uid holds \(limit) leases, the limit (limits.max-leases-per-uid): revoke some first")
+        case .unavailable(let why): ProtocolError(.internal, "the lease could not be stored: \(why)")
         }
     }
 }

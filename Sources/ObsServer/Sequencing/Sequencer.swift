@@ -87,15 +87,6 @@ protocol Sequencer: Sendable {
     func end(_ lease: EndedLease, keys: Set<Key>, in repository: Repository, time: Int64, done: @escaping @Sendable (WriteOutcome?) -> Void)
 }
 
-extension EndedLease {
-    /// The lease member of its deletion events: `,"lease":{"id":L,"end":E}`.
-    var eventMember: [UInt8] {
-        var bytes: [UInt8] = []
-        LeaseEnd(lease: id, reason: end).writeMember(into: &bytes)
-        return bytes
-    }
-}
-
 /// Decisions made here and now: the local store (memory, or the write-ahead log).
 struct LocalSequencer: Sequencer {
     let storage: any Storage
@@ -133,7 +124,12 @@ struct LocalSequencer: Sequencer {
             guard !doomed.isEmpty else { return nil }
             let ops = doomed.map { WriteOp<CanonicalJSON>.delete($0) }
             guard let plan = try? s.core.plan(ops, limits: WriteLimits(maxKeys: .max, maxRevisionBytes: .max)), !plan.changes.isEmpty else { return nil }
-            guard case .success(let outcome) = commit(plan, &s, repository, time: time, writer: lease.owner, origin: 0, tail: lease.eventMember) else {
+            let end = SharedLeaseEnd(lease: lease.id, reason: SharedLeaseReason(lease.end))
+            // Journaled before the revision exists: a restart that finds the repository no
+            // further than this makes the deletion again.
+            leases.journal?.deleting(
+                PersistedLeases.Deletion(lease: lease.id, reason: end.reason, owner: lease.owner, repo: repository.name, before: s.core.revision, keys: doomed))
+            guard case .success(let outcome) = commit(plan, &s, repository, time: time, writer: lease.owner, origin: 0, leaseEnd: end) else {
                 return nil
             }
             return outcome
@@ -145,15 +141,16 @@ struct LocalSequencer: Sequencer {
     /// immediate (memory), else once storage says it is durable.
     private func commit(
         _ plan: WritePlan, _ s: inout Repository.State, _ repository: Repository, time: Int64, writer: Writer?, origin: UInt64,
-        tail: [UInt8] = []
+        leaseEnd: SharedLeaseEnd? = nil
     ) -> WriteDecision {
         let immediate = storage.isImmediate
-        let info = s.core.commit(plan, time: time, writer: writer, origin: origin, durable: immediate, tail: tail)
+        let info = s.core.commit(plan, time: time, writer: writer, origin: origin, durable: immediate, tail: leaseEnd.map(RepositoryCore.tail) ?? [])
         if !immediate {
             // Storage never calls back from inside `append` (this lock is held); a store that
             // no longer takes revisions says so, and the revision is taken back.
             let record = RevisionRecord(
-                repo: repository.name, changeSet: ChangeSet(revision: info.revision, changes: plan.changes), time: info.time, writer: info.writer)
+                repo: repository.name, changeSet: ChangeSet(revision: info.revision, changes: plan.changes), time: info.time, writer: info.writer,
+                leaseEnd: leaseEnd)
             guard storage.append(record, listener: repository) else {
                 s.core.undo(after: info.revision - 1)
                 if plan.creates { stats.repositories.subtract(1, ordering: .relaxed) }
