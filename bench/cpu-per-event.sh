@@ -5,6 +5,7 @@
 #
 #   bench/cpu-per-event.sh ROUNDS OLD_OBSD NEW_OBSD [...] -- BUSBENCH_ARGS
 #   bench/cpu-per-event.sh 5 /tmp/obsd-before .build/release/obsd -- --scenario fanout --subs 1 --window 64
+#   bench/cpu-per-event.sh 3 redis .build/release/obsd -- --scenario writes --window 64   (`redis`: the peer)
 #
 # Each round starts each binary in turn (`--in-memory`, pinned to CPU $SERVER_CPU, default 0)
 # on a fresh socket and drives it with busbench (pinned to CPU $DRIVER_CPU, default 1) for
@@ -28,9 +29,18 @@ for round in $(seq "$rounds"); do
     # shellcheck disable=SC2086
     rm -rf "$tmp/data"
     store=${STORE:---in-memory}
-    taskset -c "${SERVER_CPU:-0}" "$bin" --socket "$tmp/s.sock" ${store//@DIR@/$tmp/data} ${OBSD_ARGS:-} >"$tmp/log" 2>&1 & pid=$!
+    proto=obsd
+    if [ "$bin" = redis ]; then
+      # The peer, as compare.sh runs it: Redis 7 without persistence.
+      proto=redis
+      mkdir -p "$tmp/data"
+      taskset -c "${SERVER_CPU:-0}" redis-server --port 0 --unixsocket "$tmp/s.sock" --dir "$tmp/data" --save '' --appendonly no \
+        --maxclients 20000 --daemonize no >"$tmp/log" 2>&1 & pid=$!
+    else
+      taskset -c "${SERVER_CPU:-0}" "$bin" --socket "$tmp/s.sock" ${store//@DIR@/$tmp/data} ${OBSD_ARGS:-} >"$tmp/log" 2>&1 & pid=$!
+    fi
     for _ in $(seq 200); do [ -S "$tmp/s.sock" ] && break; sleep 0.05; done
-    out=$(taskset -c "${DRIVER_CPU:-1}" "$BUSBENCH" --proto obsd --socket "$tmp/s.sock" --server-pid "$pid" "$@" \
+    out=$(taskset -c "${DRIVER_CPU:-1}" "$BUSBENCH" --proto "$proto" --socket "$tmp/s.sock" --server-pid "$pid" "$@" \
       --duration "${DUR:-3}" --timeout 60)
     kill "$pid"; wait "$pid" 2>/dev/null || true; pid=; rm -f "$tmp/s.sock"
     grep -q 'status=ok' <<<"$out" || { echo "busbench failed against $bin: $out" >&2; exit 1; }
