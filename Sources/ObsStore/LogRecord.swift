@@ -26,16 +26,7 @@ enum LogRecord {
         out.append(contentsOf: epoch.utf8.prefix(255))
         append(record.revision, &out)
         append(UInt64(bitPattern: record.time), &out)
-        out.append(flags(record))
-        if let writer = record.writer {
-            append(writer.uid, &out)
-            append(writer.gid, &out)
-            append(UInt32(bitPattern: writer.pid), &out)
-        }
-        if let end = record.leaseEnd {
-            append(end.lease, &out)
-            out.append(LeaseRecord.code(end.reason))
-        }
+        appendWriterAndLeaseEnd(record.writer, record.leaseEnd, to: &out)
         encode(record.changes, into: &out)
     }
 
@@ -219,6 +210,21 @@ enum LogRecord {
     /// The flags byte: 1 a writer follows, 2 a lease's end follows it.
     static func flags(_ record: RevisionRecord) -> UInt8 {
         (record.writer == nil ? 0 : 1) | (record.leaseEnd == nil ? 0 : 2)
+    }
+
+    /// Appends the flags byte, then the writer and the lease end it announces (the log's
+    /// records and the snapshot's history revisions share this part).
+    static func appendWriterAndLeaseEnd(_ writer: Writer?, _ leaseEnd: SharedLeaseEnd?, to out: inout [UInt8]) {
+        out.append((writer == nil ? 0 : 1) | (leaseEnd == nil ? 0 : 2))
+        if let writer {
+            append(writer.uid, &out)
+            append(writer.gid, &out)
+            append(UInt32(bitPattern: writer.pid), &out)
+        }
+        if let leaseEnd {
+            append(leaseEnd.lease, &out)
+            out.append(LeaseRecord.code(leaseEnd.reason))
+        }
     }
 
     private static func appendShort(_ text: String.UTF8View, _ out: inout [UInt8]) {

@@ -161,16 +161,7 @@ struct StoredRevision {
         SnapshotWriter.append(revision, &out)
         SnapshotWriter.append(UInt64(bitPattern: time), &out)
         SnapshotWriter.append(UInt32(clamping: weight), &out)
-        out.append((writer == nil ? 0 : 1) | (leaseEnd == nil ? 0 : 2))
-        if let writer {
-            SnapshotWriter.append(writer.uid, &out)
-            SnapshotWriter.append(writer.gid, &out)
-            SnapshotWriter.append(UInt32(bitPattern: writer.pid), &out)
-        }
-        if let leaseEnd {
-            SnapshotWriter.append(leaseEnd.lease, &out)
-            out.append(LeaseRecord.code(leaseEnd.reason))
-        }
+        LogRecord.appendWriterAndLeaseEnd(writer, leaseEnd, to: &out)
     }
 
     func record(repo: String) -> RevisionRecord? {
