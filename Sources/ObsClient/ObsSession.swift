@@ -120,7 +120,7 @@ public final class ObsSession: Sendable {
         try await connection().get(key, in: repository)
     }
 
-    /// Sets `key` in `repository` to `value` (see ``ObsConnection/set(_:to:in:ifRevision:force:lease:)``).
+    /// Sets `key` in `repository` to `value` (see `ObsConnection.set(_:to:in:ifRevision:force:lease:)`).
     /// A `lease` of the session's is one with a TTL (``grant(ttl:)``): it outlives connections.
     @discardableResult
     public func set(

@@ -61,8 +61,9 @@ import TestSupport
         let w = try d.connect()
         #expect(try w.call(["op": "get", "repo": "jobs", "key": "a"])["lease"] == lease)
         #expect(try w.call(["op": "get", "repo": "jobs", "key": "b"])["lease"] == lease)
-        #expect(try w.call(["op": "keepalive", "lease": lease])["ttl"] == 3, "the lease lives on")
+        // Taken before the keep-alive is sent: the daemon starts the TTL again after this.
         let kept = ContinuousClock.now
+        #expect(try w.call(["op": "keepalive", "lease": lease])["ttl"] == 3, "the lease lives on")
         #expect(try w.call(["op": "subscribe", "repo": "jobs"]).ok)
         // Suspending, not blocking, while the TTL runs: other tests' clients share the pool.
         #expect(try await eventually(timeout: .seconds(10), every: .milliseconds(20)) { () async throws in try d.value("jobs", "a") == nil })
@@ -70,7 +71,8 @@ import TestSupport
         let end = try w.receive(timeout: .seconds(2))
         #expect(end["changes"] == [["key": "a", "old": 1], ["key": "b", "old": 2]])
         #expect(end["lease"] == ["id": lease, "end": "expired"])
-        #expect(waited >= .seconds(3) - .milliseconds(50) && ContinuousClock.now - started < .seconds(5), "expired \(waited) after its keep-alive")
+        #expect(waited >= .seconds(3), "expired \(waited) after its keep-alive, never earlier than its TTL")
+        #expect(ContinuousClock.now - started < .seconds(8), "and not long after it")
     }
 
     /// A revoke's deletion is replayed with its lease member after a restart (the log and the
