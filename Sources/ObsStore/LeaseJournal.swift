@@ -184,7 +184,8 @@ public final class LeaseJournal: Sendable {
                 s.failure = error.description
                 throw error
             }
-            try DataDirectory.sync(directory)
+            // The new file is the journal from the rename on: appends go to it even if the
+            // directory's sync fails (the old descriptor names a file no longer linked).
             Glibc.close(s.fd)
             s.fd = fd
             s.size = bytes.count
@@ -192,6 +193,7 @@ public final class LeaseJournal: Sendable {
             s.dirty = false
             s.failure = nil
             s.recentDeletions = []
+            try DataDirectory.sync(directory)
         }
     }
 
@@ -221,6 +223,12 @@ public final class LeaseJournal: Sendable {
             let n = LeaseRecord.magic.withUnsafeBytes { pwrite(fd, $0.baseAddress, $0.count, 0) }
             guard n == LeaseRecord.magic.count else { throw StorageError.from(errno, "cannot write \(path)") }
             return (PersistedLeases(), n, nil)
+        }
+        if bytes.count < LeaseRecord.magic.count, LeaseRecord.magic.starts(with: bytes) {
+            // A header a crash cut short, right after the file was created: nothing else was in it.
+            let n = LeaseRecord.magic.withUnsafeBytes { pwrite(fd, $0.baseAddress, $0.count, 0) }
+            guard n == LeaseRecord.magic.count else { throw StorageError.from(errno, "cannot write \(path)") }
+            return (PersistedLeases(), n, "rewrote the header of \(path), which a crash had cut short (it held nothing yet)")
         }
         guard bytes.count >= LeaseRecord.magic.count, Array(bytes[..<LeaseRecord.magic.count]) == LeaseRecord.magic else {
             throw StorageError(.corrupt, "\(path) is not an obsd lease journal (bad header); refusing to start")

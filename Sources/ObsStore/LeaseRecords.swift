@@ -18,7 +18,7 @@ import ObsValues
 import ObservableKit
 
 /// The leases a data directory holds, as a restart finds them.
-public struct PersistedLeases: Sendable, Equatable {
+public struct PersistedLeases: Sendable {
     /// A lease that had not ended.
     public struct Lease: Sendable, Equatable {
         public let id: UInt64
@@ -65,11 +65,6 @@ public struct PersistedLeases: Sendable, Equatable {
     public var deletions: [Deletion] = []
 
     public init() {}
-
-    public static func == (a: Self, b: Self) -> Bool {
-        a.nextID == b.nextID && a.live == b.live && a.attachments == b.attachments && a.deletions == b.deletions
-            && a.ended.mapValues(\.reason) == b.ended.mapValues(\.reason)
-    }
 }
 
 enum LeaseRecord {

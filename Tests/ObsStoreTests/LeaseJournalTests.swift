@@ -2,7 +2,8 @@
 // deletions lease ends made, the next id); a rewrite keeps exactly the state it is given
 // and the recent deletions; a torn last frame is cut off and reported; a damaged frame with
 // more after it, or a foreign file, refuses start-up naming the file; a revision's lease end
-// survives the log's encoding and the snapshot's.
+// survives the log's encoding and the snapshot's; a header a crash cut short at creation is
+// written again.
 
 import Foundation
 import Logging
@@ -84,6 +85,20 @@ import Testing
         // What follows is appended where the torn frame began.
         try reopened.granted(.init(id: 3, owner: alice, ttl: 9))
         #expect(try open(dir).takeLoaded().live.keys.sorted() == [1, 3])
+    }
+
+    @Test func aHeaderCutShortRightAfterCreationIsWrittenAgain() throws {
+        let dir = try directory()
+        let path = dir + "/" + LeaseJournal.fileName
+        try Data("OBSD".utf8).write(to: URL(fileURLWithPath: path))
+        let journal = try open(dir)
+        #expect(journal.notices.count == 1 && journal.notices[0].contains("cut short"))
+        try journal.granted(.init(id: 1, owner: alice, ttl: 9))
+        journal.close()
+        #expect(try open(dir).takeLoaded().live.keys.sorted() == [1])
+        // A short file that is not the start of the header is someone else's.
+        try Data("XY".utf8).write(to: URL(fileURLWithPath: path))
+        #expect(throws: StorageError.self) { _ = try open(dir) }
     }
 
     @Test func aDamagedFrameWithMoreAfterItOrAForeignFileRefusesStartUp() throws {
