@@ -181,6 +181,7 @@ public final class LeaseJournal: Sendable {
                 let error = StorageError.from(n < 0 || n == bytes.count ? errno : ENOSPC, "cannot write \(temporary)")
                 Glibc.close(fd)
                 unlink(temporary)
+                if s.failure == nil { logger.error("\(error.description); lease grants are refused until the lease journal can be rewritten") }
                 s.failure = error.description
                 throw error
             }

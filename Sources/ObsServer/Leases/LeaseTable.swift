@@ -135,8 +135,9 @@ final class LeaseTable: Sendable {
         guard previous != lease else { return }
         state.withLock { s in
             if let journal {
-                journal.attached(key, of: repo, to: lease)
+                // Rewritten first, if due: a rewrite holds the table's state, not this move yet.
                 compactIfDue(&s, journal)
+                journal.attached(key, of: repo, to: lease)
             }
             if let previous, s.leases[previous] != nil {
                 s.leases[previous]!.keys[repo]?.remove(key)
@@ -208,7 +209,7 @@ extension LeaseTable {
         do throws(StorageError) {
             try journal.compact(live: Self.persisted(s), attachments: Self.attachments(s), nextID: s.nextID)
         } catch {
-            // Logged by the journal's next failing write; grants are refused until it succeeds.
+            // The journal logged it; grants are refused until a rewrite succeeds.
         }
     }
 
