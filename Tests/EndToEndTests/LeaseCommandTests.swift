@@ -208,7 +208,9 @@ extension TestDaemon {
         holder.close()
         #expect(try eventually { try d.value("svc", "up") == nil }, "the lease ended with its connection")
         #expect(try obsctl(["set", "svc", "t", "1", "--ttl", "1"], socket: d.socketPath).status == 0)
+        // Both watchers print the fourth event in their own time: wait for each.
         #expect(eventually { human.stdout.components(separatedBy: "\n").count > 4 }, "\(human.stdout)")
+        #expect(eventually { json.stdout.components(separatedBy: "\n").count > 4 }, "\(json.stdout)")
         #expect(human.stdout == "1  svc/up  (none) → true\n2  svc/up  true → (closed)\n3  svc/t  (none) → 1\n4  svc/t  1 → (expired)\n")
         let lines = json.stdout.split(separator: "\n").map { try? JSONParser.parse(String($0)).objectValue }
         #expect(lines.count == 4 && lines[1]?["lease"] == ["id": lease, "end": "closed"] && lines[1]?["new"] == nil)
