@@ -77,8 +77,10 @@ test: unit-test docs tsan fuzz-smoke
 # subscribers must never fall a queue behind, which is a statement about obsd, not about a
 # machine busy with thirty other test daemons) and those that run a real etcd cluster
 # (their bounds — a write within seconds, a failover — are etcd's, and etcd's fsyncs and
-# elections starve on a 2-core machine busy with everything else).
-ALONE_SUITES := SoakTests EtcdClientTests ClusterTests
+# elections starve on a 2-core machine busy with everything else), and the client's lease
+# keep-alive (a task of the cooperative pool that the other tests' blocking waits can hold
+# up for longer than a TTL).
+ALONE_SUITES := SoakTests EtcdClientTests ClusterTests LeaseKeepAliveTests
 
 # At most this many tests at once. The end-to-end tests wait for the daemon with blocking
 # reads (WireConnection), each holding one of the cooperative pool's threads — two on a
