@@ -74,10 +74,11 @@ func collect(_ subscription: Subscription, until lastRevision: UInt64) async thr
     }
 
     @Test func slowReaderIsCutOffWhileFastReaderAndWriterKeepGoing() async throws {
-        // In memory: the writes must outrun the slow reader well within the grace period,
-        // whatever fsync costs on this machine (a reader that does not read within it is
-        // closed without its overflow event, by design).
-        let d = try await TestDaemon.start(["--queue-bytes", "262144", "--overflow-grace", "20"], inMemory: true)
+        // In memory, and a grace period far longer than the test: the slow reader reads only
+        // once all 4,000 writes are done, and a reader that does not read within the grace
+        // period is closed without its overflow event, by design. 20 s was once not enough
+        // for a debug daemon's 4,000 writes beside thirty other test daemons.
+        let d = try await TestDaemon.start(["--queue-bytes", "262144", "--overflow-grace", "600"], inMemory: true)
         let writes = 4000
         let padding = String(repeating: "p", count: 200)
 
