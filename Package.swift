@@ -1,6 +1,16 @@
 // swift-tools-version:6.1
 import PackageDescription
 
+// The daemon's own modules (ObsStore, ObsCore, ObsServer) skip the run-time exclusivity
+// checks in release builds: a profile of fan-out to 100 put ~20 % of the daemon's CPU in
+// swift_beginAccess and its thread-local bookkeeping, and one of writes at 64 in flight ~1 %
+// more in the flat table's lookups. Debug builds — every test run — keep them, so a violation
+// still traps in the tests. Never on the library products or what they import: a package
+// that uses them must not inherit unsafe flags.
+var daemonReleaseSettings: [SwiftSetting] {
+    [.unsafeFlags(["-enforce-exclusivity=unchecked"], .when(configuration: .release))]
+}
+
 let package = Package(
     name: "obsd",
     platforms: [.macOS(.v15)],
@@ -43,11 +53,12 @@ let package = Package(
         // compacted state in a snapshot file (SQLite only to read an earlier obsd's state).
         .target(
             name: "ObsStore",
-            dependencies: ["ObservableKit", "ObsValues", "CSQLite", "CLinux", .product(name: "Logging", package: "swift-log")]),
+            dependencies: ["ObservableKit", "ObsValues", "CSQLite", "CLinux", .product(name: "Logging", package: "swift-log")],
+            swiftSettings: daemonReleaseSettings),
         // A repository's values, revisions and history as the daemon keeps them: the write rules
         // and limits, undo, revisions recorded once as flat records, what a subscription starts
         // with. No connection, loop, socket or lock.
-        .target(name: "ObsCore", dependencies: ["ObservableKit", "ObsValues", "ObsProtocol", "ObsStore"]),
+        .target(name: "ObsCore", dependencies: ["ObservableKit", "ObsValues", "ObsProtocol", "ObsStore"], swiftSettings: daemonReleaseSettings),
         // Linux facts Swift's Glibc module hides: which file a descriptor is (statx, for the
         // store's provenance checks), how many CPUs the process may use (sched_getaffinity);
         // and the CPU's CRC-32C instruction (the store's checksums).
@@ -71,12 +82,7 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ],
-            // Release builds skip the run-time exclusivity checks on the delivery path (a
-            // profile of fan-out to 100 put ~20 % of the daemon's CPU in swift_beginAccess and
-            // its thread-local bookkeeping). Debug builds — every test run — keep them, so a
-            // violation still traps in the tests. Not on the library products: a package that
-            // uses them must not inherit unsafe flags.
-            swiftSettings: [.unsafeFlags(["-enforce-exclusivity=unchecked"], .when(configuration: .release))]),
+            swiftSettings: daemonReleaseSettings),
         // The async client library. Never depends on the daemon. An app imports it alone: it
         // re-exports the values, keys and typed replies it needs (Sources/ObsClient/Exports.swift).
         .target(

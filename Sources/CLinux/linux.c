@@ -84,3 +84,7 @@ int obs_peer_credentials(int fd, uint32_t *uid, uint32_t *gid, int32_t *pid) {
     *pid = cred.pid;
     return 0;
 }
+
+int obs_start_writeback(int fd, int64_t offset, int64_t count) {
+    return sync_file_range(fd, (off64_t)offset, (off64_t)count, SYNC_FILE_RANGE_WRITE);
+}

@@ -26,7 +26,7 @@ extension Request {
         var parser = Parser(base: base.assumingMemoryBound(to: UInt8.self), end: line.count, maxDepth: maxDepth)
         var fields = ScannedFields()
         guard (try? parser.scanRequest(into: &fields)) == true else { return nil }
-        return fields.request()
+        return (consume fields).request()  // no copy of the fields
     }
 }
 

@@ -216,6 +216,7 @@ final class Committer: @unchecked Sendable {
         counters.records.add(batch.count, ordering: .relaxed)
         progress.advance(to: log.position)
         for (listener, revision) in Self.lastRevisions(batch) { listener.durable(through: revision) }
+        log.zeroAhead()  // once its writers are told: off the path that acknowledges
         return true
     }
 

@@ -32,7 +32,7 @@ import Darwin
 
 /// A repository's entries and revision, flat (see the file header).
 public struct FlatTable: Sendable {
-    var storage: FlatTableStorage
+    @usableFromInline var storage: FlatTableStorage
     /// The repository revision the entries are at.
     public var revision: UInt64
 
@@ -66,6 +66,7 @@ public struct FlatTable: Sendable {
     }
 
     /// Calls `body` with the record of `key` read in place (nil: absent).
+    @inlinable  // specialized where it is called: no generic metadata per lookup
     public func withRecord<R>(_ key: Key, _ body: (FlatRecord?) -> R) -> R {
         key.withUTF8 { bytes in
             let raw = UnsafeRawBufferPointer(bytes)

@@ -15,6 +15,7 @@ import Darwin
 /// The table's memory (see the file header). Mutated only through a `FlatTable` that holds
 /// the only reference to it (`makeUnique`), so an instance reachable from two values — or two
 /// threads — is never written: that is why it may be `@unchecked Sendable`.
+@usableFromInline
 final class FlatTableStorage: @unchecked Sendable {
     struct Slab {
         let base: UnsafeMutableRawPointer
@@ -80,6 +81,7 @@ final class FlatTableStorage: @unchecked Sendable {
 
     // MARK: Hashing and probing
 
+    @usableFromInline
     static func tag(_ key: UnsafeRawBufferPointer) -> UInt64 {
         var hasher = Hasher()
         hasher.combine(bytes: key)
@@ -92,6 +94,7 @@ final class FlatTableStorage: @unchecked Sendable {
     }
 
     /// The slot holding `key` (found), or the empty slot where it would go.
+    @usableFromInline
     func find(_ key: UnsafeRawBufferPointer, tag: UInt64) -> (slot: Int, found: Bool) {
         guard let slots, capacity > 0 else { return (-1, false) }
         var i = home(tag, capacity)
@@ -104,6 +107,7 @@ final class FlatTableStorage: @unchecked Sendable {
         }
     }
 
+    @usableFromInline
     func record(in slot: Int) -> FlatRecord { record(at: slots.unsafelyUnwrapped[slot]) }
 
     func record(at slot: UInt64) -> FlatRecord {

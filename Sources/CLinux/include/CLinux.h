@@ -45,3 +45,9 @@ long obs_send(int fd, const void *bytes, unsigned long count);
 
 /// The peer credentials of a Unix socket (SO_PEERCRED); 0 on success, else -1 with errno set.
 int obs_peer_credentials(int fd, uint32_t *uid, uint32_t *gid, int32_t *pid);
+
+// The write-ahead log's zeros ahead of its end (WriteAheadLog.zeroAhead).
+
+/// Starts writing back `count` bytes of `fd` from `offset` without waiting
+/// (sync_file_range with SYNC_FILE_RANGE_WRITE); 0, or -1 with errno set.
+int obs_start_writeback(int fd, int64_t offset, int64_t count);
