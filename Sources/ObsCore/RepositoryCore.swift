@@ -62,7 +62,9 @@ public struct RepositoryCore: Sendable {
     /// Revisions committed and not yet durable, oldest first: their records, and what each
     /// changed key held before (to undo them).
     public private(set) var pending = RecordBatch<Void>()
-    private var undo: [[(key: Key, entry: Entry<CanonicalJSON>?)]] = []
+    /// Per pending revision: what its keys held before, and the lease attachments its write
+    /// moved (undone with it).
+    private var undo: [(previous: [(key: Key, entry: Entry<CanonicalJSON>?)], moves: [AttachmentMove])] = []
     /// How every revision's body begins (`,"repo":<name>,"rev":`), encoded once.
     private let prefix: [UInt8]
     /// Where the record of the revision committed last is: the history's newest, or — when the
@@ -146,12 +148,13 @@ public struct RepositoryCore: Sendable {
     /// `withLastRecord` reads its record.
     @discardableResult
     public mutating func commit(
-        _ plan: WritePlan, time now: Int64, writer: Writer?, origin: UInt64, durable: Bool, tail: [UInt8] = []
+        _ plan: WritePlan, time now: Int64, writer: Writer?, origin: UInt64, durable: Bool, tail: [UInt8] = [],
+        moves: [AttachmentMove] = []
     ) -> RevisionInfo {
         let revision = data.revision + 1
         let time = max(now, lastTime)
         let info = RevisionInfo(revision: revision, time: time, writer: writer, origin: origin, weight: plan.weight)
-        if !durable { undo.append(data.entries(replacedBy: plan.changes)) }
+        if !durable { undo.append((data.entries(replacedBy: plan.changes), moves)) }
         data.install(ChangeSet(revision: revision, changes: plan.changes))
         lastTime = time
         record(info, plan.changes, durable: durable, tail: tail)
@@ -170,11 +173,15 @@ public struct RepositoryCore: Sendable {
     /// The lease `key` is attached to, if any.
     public func lease(of key: Key) -> UInt64? { attachments.isEmpty ? nil : attachments[key] }
 
+    /// A key's move between leases: the lease it was attached to before, and after (nil: none).
+    public typealias AttachmentMove = (key: Key, from: UInt64?, to: UInt64?)
+
     /// A write was accepted: each `set` attaches its key to the lease it names (`leases[i]`,
     /// nil: none) — even when its value was equal — and each `delete` detaches. Returns the
-    /// moves, for the lease table: (key, lease before, lease after).
-    public mutating func attach(_ ops: [WriteOp<CanonicalJSON>], leases: [UInt64?]) -> [(key: Key, from: UInt64?, to: UInt64?)] {
-        var moves: [(key: Key, from: UInt64?, to: UInt64?)] = []
+    /// moves, for the lease table — and for `commit`, when the write makes a revision, so
+    /// that undoing the revision moves its keys back.
+    public mutating func attach(_ ops: [WriteOp<CanonicalJSON>], leases: [UInt64?]) -> [AttachmentMove] {
+        var moves: [AttachmentMove] = []
         for (i, op) in ops.enumerated() {
             let key = op.key
             let to: UInt64? = if case .set = op, i < leases.count { leases[i] } else { nil }
@@ -280,21 +287,28 @@ public struct RepositoryCore: Sendable {
     }
 
     /// Storage never will keep the pending revisions above `revision`: undoes them, newest
-    /// first, and drops them from the history. Returns whether revision 1 was among them (the
-    /// repository no longer exists).
+    /// first, and drops them from the history; the lease attachments their writes moved go
+    /// back (each key still where its write left it). Returns whether revision 1 was among
+    /// them (the repository no longer exists), and the attachments moved back, for the lease
+    /// table.
     @discardableResult
-    public mutating func undo(after revision: UInt64) -> (undone: Int, removedFirst: Bool) {
+    public mutating func undo(after revision: UInt64) -> (undone: Int, removedFirst: Bool, movedBack: [AttachmentMove]) {
         var undone = 0
         var removedFirst = false
+        var movedBack: [AttachmentMove] = []
         while let last = pending.count > 0 ? pending.entry(pending.count - 1).info : nil, last.revision > revision {
-            let previous = undo.removeLast()
+            let (previous, moves) = undo.removeLast()
             data.undoLast(restoring: previous)
+            for move in moves.reversed() where attachments[move.key] == move.to {
+                attachments[move.key] = move.from
+                movedBack.append((move.key, move.to, move.from))
+            }
             pending.removeLast(1)
             if last.revision == 1 { removedFirst = true }
             undone += 1
         }
         history.removeLast(undone)
-        return (undone, removedFirst)
+        return (undone, removedFirst, movedBack)
     }
 
     // MARK: Subscribing

@@ -132,7 +132,7 @@ final class Hub: Sendable {
             self.freshEpoch = Epoch.random()
         }
         let loaded = try storage.load()
-        let made = loaded.map { ($0.name, Repository(name: $0.name, epoch: freshEpoch, historyLimits: historyLimits, loaded: $0, storage: storage, stats: stats)) }
+        let made = loaded.map { ($0.name, makeRepository($0.name, loaded: $0)) }
         repositories.withLock { map in
             for (name, repository) in made { map[name] = Slot(repository: repository) }
         }
@@ -145,8 +145,10 @@ final class Hub: Sendable {
         leaseClock.attach(to: self)
     }
 
-    private func makeRepository(_ name: String) -> Repository {
-        Repository(name: name, epoch: freshEpoch, historyLimits: historyLimits, storage: storage, stats: stats)
+    private func makeRepository(_ name: String, loaded: LoadedRepository? = nil) -> Repository {
+        Repository(
+            name: name, epoch: freshEpoch, historyLimits: historyLimits, loaded: loaded, storage: storage, stats: stats,
+            leases: shared == nil ? leases : nil)
     }
 
     // MARK: Event loops

@@ -67,13 +67,20 @@ final class Repository: DurabilityListener, Sendable {
     /// of repositories that exist.
     private let storage: any Storage
     private let stats: ServerStats
+    /// The daemon's leases, told when an undo moves keys back between them (none: a shared
+    /// store, whose attachments come decided with its revisions).
+    private let leases: LeaseTable?
 
     private static let ids = Atomic<UInt64>(0)
 
-    init(name: String, epoch: String, historyLimits: HistoryLimits, loaded: LoadedRepository? = nil, storage: any Storage, stats: ServerStats) {
+    init(
+        name: String, epoch: String, historyLimits: HistoryLimits, loaded: LoadedRepository? = nil, storage: any Storage, stats: ServerStats,
+        leases: LeaseTable? = nil
+    ) {
         self.name = name
         self.storage = storage
         self.stats = stats
+        self.leases = leases
         self.id = Self.ids.add(1, ordering: .relaxed).newValue
         self.epoch = loaded?.epoch ?? epoch
         self.state = Mutex(State(core: RepositoryCore(name: name, epoch: loaded?.epoch ?? epoch, historyLimits: historyLimits, loaded: loaded)))
@@ -168,8 +175,9 @@ final class Repository: DurabilityListener, Sendable {
     func failed(after revision: UInt64, error: StorageError) {
         state.withLock { s in
             confirm(&s, through: revision)
-            let (_, removedFirst) = s.core.undo(after: revision)
+            let (_, removedFirst, movedBack) = s.core.undo(after: revision)
             if removedFirst { stats.repositories.subtract(1, ordering: .relaxed) }
+            for move in movedBack { leases?.move(move.key, of: name, from: move.from, to: move.to) }
             s.pendingSequences.removeAll { $0.revision > revision }
             // Under the lock: a revision written after this undo reuses those numbers, and the
             // store must not drop it as one of the undone.

@@ -125,8 +125,8 @@ private func replay(_ c: RepositoryCore, _ request: SubscribeRequest, skip: UInt
         var shown: [UInt64] = []
         #expect(c.confirm(through: 2) { shown.append($0.revision) } == 1)
         #expect(shown == [2])
-        let (undone, removedFirst) = c.undo(after: 2)
-        #expect(undone == 1 && !removedFirst)
+        let (undone, removedFirst, movedBack) = c.undo(after: 2)
+        #expect(undone == 1 && !removedFirst && movedBack.isEmpty)
         #expect(c.revision == 2 && c["a"]?.value == value(2) && c["n3"] == nil && c["n2"] != nil)
         #expect(c.history.newest == 2)
         #expect(try write(&c, [.set("a", value(9))]) == 3, "the next write takes the undone revision's number")
@@ -145,6 +145,32 @@ private func replay(_ c: RepositoryCore, _ request: SubscribeRequest, skip: UInt
         #expect(c.attached(["x", "y", "z", "w"], to: 7) == ["x", "z"], "existing keys still attached, in byte order")
         c.detach(["x"])
         #expect(c.lease(of: "x") == nil && c.lease(of: "z") == 7)
+    }
+
+    /// A revision storage did not keep takes back the lease attachments its write made —
+    /// unless a later write moved the key on — and says which, for the lease table.
+    @Test func anUndoneRevisionMovesItsKeysBackToTheLeasesTheyHadBefore() throws {
+        var c = core()
+        try write(&c, [.set("a", value(1)), .set("b", value(1)), .set("c", value(1))])
+        _ = c.attach([.set("c", value(1))], leases: [5])
+        // Revision 2 attaches a and c to lease 7 (c from 5); revision 3 moves b to 8.
+        let ops2: [WriteOp<CanonicalJSON>] = [.set("a", value(2)), .set("c", value(2))]
+        let moves2 = c.attach(ops2, leases: [7, 7])
+        c.commit(try c.plan(ops2, limits: unlimited), time: 0, writer: nil, origin: 0, durable: false, moves: moves2)
+        let ops3: [WriteOp<CanonicalJSON>] = [.set("b", value(3))]
+        let moves3 = c.attach(ops3, leases: [8])
+        c.commit(try c.plan(ops3, limits: unlimited), time: 0, writer: nil, origin: 0, durable: false, moves: moves3)
+        // An equal write (no revision) moves a on to lease 9 after revision 2 attached it.
+        _ = c.attach([.set("a", value(2))], leases: [9])
+
+        let (undone, _, movedBack) = c.undo(after: 1)
+        #expect(undone == 2)
+        #expect(c.lease(of: "b") == nil, "revision 3's attachment taken back")
+        #expect(c.lease(of: "c") == 5, "back to the lease it had before revision 2")
+        #expect(c.lease(of: "a") == 9, "a later write moved it on: it stays")
+        #expect(movedBack.map(\.key) == ["b", "c"])
+        #expect(movedBack.map(\.from) == [8, 7] && movedBack.map(\.to) == [nil, 5])
+        #expect(c.attached(["a", "b", "c"], to: 7).isEmpty, "lease 7's end would delete nothing")
     }
 
     /// Random writes, batches, deletes and undos against a dictionary: the core's state, its

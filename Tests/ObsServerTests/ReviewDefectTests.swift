@@ -2,8 +2,9 @@
 // must fail exactly the undone writes, not a later committed write waiting on another loop;
 // `echo: false` must skip only its own connection's revisions, never those of a closed
 // connection whose memory a new one reuses; a lagging coalescing subscription holds at most
-// one entry per key it still owes; and in etcd mode, a write holds its writer back while a
-// loop's delivery is behind, as a local write does.
+// one entry per key it still owes; in etcd mode, a write holds its writer back while a
+// loop's delivery is behind, as a local write does; and a write storage failed takes its
+// lease attachment back with its value.
 
 import ObsProtocol
 import ObsStore
@@ -131,5 +132,40 @@ import TestSupport
         let rest = try await writer.receive(running: 0, count: 2, alsoRunning: 1)
         #expect(rest.map(\.["id"]) == [.int(2), .int(3)])
         #expect(try subscriber.received().filter { $0["event"] == .string("change") }.count == 30)
+    }
+
+    /// A `set` that attached its key to a lease and that storage then failed takes the
+    /// attachment back with the value: the lease's end later deletes nothing — not the value
+    /// the undo restored, which no lease ever held.
+    @Test func aWriteStorageFailedLeavesNoLeaseAttachmentBehind() throws {
+        let server = try TestServer(storage: ManualStorage())
+        let hub = server.hub
+        let owner = try TestConnection(server)
+        try owner.send(lines(#"{"id":1,"op":"grant","ttl":60}"#, #"{"id":11,"op":"grant","ttl":60}"#))
+        let granted = try owner.received().compactMap { $0["lease"]?.uint64Value }
+        try #require(granted.count == 2)
+        let (lease, other) = (granted[0], granted[1])
+        try owner.send(lines(#"{"id":2,"op":"set","repo":"r","key":"k","value":1}"#))
+        let repository = try #require(hub.existing("r"))
+        repository.durable(through: 1)
+        #expect(try owner.received().map(\.errorCode) == [nil])
+
+        try owner.send(
+            lines(#"{"id":3,"op":"set","repo":"r","key":"k","value":2,"lease":\#(lease)}"#, #"{"id":31,"op":"set","repo":"r","key":"j","value":1,"lease":\#(other)}"#))
+        repository.failed(after: 1, error: StorageError(.io, "injected"))
+        #expect(try owner.received().map(\.errorCode) == ["internal", "internal"], "the undone writes fail")
+        #expect(repository.lease(of: "k") == nil && repository.lease(of: "j") == nil, "their attachments are undone with them")
+        // The lease table (and its journal, which a restart reads) holds no key of them either.
+        guard case .success(let ended) = hub.leases.revoke(other, by: testPeer) else {
+            Issue.record("lease \(other) not revoked")
+            return
+        }
+        #expect(ended.keys.isEmpty, "the lease table still names \(ended.keys)")
+
+        try owner.send(lines(#"{"id":4,"op":"revoke","lease":\#(lease)}"#))
+        #expect(try owner.received().map(\.errorCode) == [nil])
+        #expect(repository.revision == 1, "the lease's end deleted nothing")
+        try owner.send(lines(#"{"id":5,"op":"get","repo":"r","key":"k"}"#))
+        #expect(try owner.received().first?["value"] == .int(1))
     }
 }

@@ -102,8 +102,10 @@ struct LocalSequencer: Sequencer {
             for case let lease? in write.leases {
                 if let refusal = leases.check(lease, by: write.peer) { return .failure(.lease(refusal)) }
             }
+            var moves: [RepositoryCore.AttachmentMove] = []
             if !write.leases.isEmpty || !s.core.attachments.isEmpty {
-                for move in s.core.attach(write.ops, leases: write.leases) { leases.move(move.key, of: repository.name, from: move.from, to: move.to) }
+                moves = s.core.attach(write.ops, leases: write.leases)
+                for move in moves { leases.move(move.key, of: repository.name, from: move.from, to: move.to) }
             }
             guard !plan.changes.isEmpty else {
                 return .success(WriteOutcome(revision: s.core.revision, changed: false, previous: plan.previous, sequence: s.current))
@@ -113,7 +115,7 @@ struct LocalSequencer: Sequencer {
             if plan.creates, !stats.reserveRepository(limit: write.maxRepositories) {
                 return .failure(.tooManyRepositories(limit: write.maxRepositories))
             }
-            return commit(plan, &s, repository, time: write.time, writer: write.writer, origin: write.origin.value)
+            return commit(plan, &s, repository, time: write.time, writer: write.writer, origin: write.origin.value, moves: moves)
         }
     }
 
@@ -141,10 +143,11 @@ struct LocalSequencer: Sequencer {
     /// immediate (memory), else once storage says it is durable.
     private func commit(
         _ plan: WritePlan, _ s: inout Repository.State, _ repository: Repository, time: Int64, writer: Writer?, origin: UInt64,
-        leaseEnd: SharedLeaseEnd? = nil
+        leaseEnd: SharedLeaseEnd? = nil, moves: [RepositoryCore.AttachmentMove] = []
     ) -> WriteDecision {
         let immediate = storage.isImmediate
-        let info = s.core.commit(plan, time: time, writer: writer, origin: origin, durable: immediate, tail: leaseEnd.map(RepositoryCore.tail) ?? [])
+        let info = s.core.commit(
+            plan, time: time, writer: writer, origin: origin, durable: immediate, tail: leaseEnd.map(RepositoryCore.tail) ?? [], moves: moves)
         if !immediate {
             // Storage never calls back from inside `append` (this lock is held); a store that
             // no longer takes revisions says so, and the revision is taken back.
@@ -152,7 +155,7 @@ struct LocalSequencer: Sequencer {
                 repo: repository.name, changeSet: ChangeSet(revision: info.revision, changes: plan.changes), time: info.time, writer: info.writer,
                 leaseEnd: leaseEnd)
             guard storage.append(record, listener: repository) else {
-                s.core.undo(after: info.revision - 1)
+                for move in s.core.undo(after: info.revision - 1).movedBack { leases.move(move.key, of: repository.name, from: move.from, to: move.to) }
                 if plan.creates { stats.repositories.subtract(1, ordering: .relaxed) }
                 return .failure(.storageClosed)
             }
