@@ -9,7 +9,9 @@
 // Durability: a grant is written — and under `sync = always` synced — before its reply. The
 // other records are written at once and synced before the log's next sync (the committer
 // calls `syncIfDirty` first), so a write whose revision is durable has its attachment durable
-// too. A lease end's deletion record carries the repository's revision before the deletion:
+// too. Syncs run outside the journal's lock, on a duplicate of its descriptor: records go on
+// being appended — by writes on other loops, under their repository's lock — while the disk
+// works (a rewrite that replaces the file meanwhile makes everything durable itself). A lease end's deletion record carries the repository's revision before the deletion:
 // a restart that finds the repository no further (a kill before the deletion was durable)
 // deletes those keys again.
 //
@@ -34,14 +36,19 @@ public final class LeaseJournal: Sendable {
     private let directory: String
     private let syncEveryGrant: Bool
     private let logger: Logger
+    /// `fdatasync` (a test makes it slow, to see who waits for it).
+    private let syncFile: @Sendable (Int32) -> Int32
 
     private struct State: ~Copyable {
         var fd: Int32
         var size: Int
         /// The size after the last rewrite (compaction is due past four times it).
         var compactedSize: Int
+        /// Records appended, and how many of them are known durable.
+        var appended: UInt64 = 0
+        var synced: UInt64 = 0
         /// Written since the last sync.
-        var dirty = false
+        var dirty: Bool { appended > synced }
         /// Why the last write failed (the journal then wants a rewrite, and grants are refused).
         var failure: String? = nil
         var closed = false
@@ -56,11 +63,14 @@ public final class LeaseJournal: Sendable {
     public let notices: [String]
 
     /// Opens (or creates) `directory/leases` and reads it.
-    public init(directory: String, sync: SyncPolicy, logger: Logger) throws(StorageError) {
+    public init(
+        directory: String, sync: SyncPolicy, logger: Logger, syncFile: @escaping @Sendable (Int32) -> Int32 = { fdatasync($0) }
+    ) throws(StorageError) {
         self.directory = directory
         self.path = directory + "/" + Self.fileName
         self.syncEveryGrant = sync == .always
         self.logger = logger
+        self.syncFile = syncFile
         let fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
         guard fd >= 0 else { throw StorageError.from(errno, "cannot open \(path)") }
         let read: (leases: PersistedLeases, size: Int, notice: String?)
@@ -89,14 +99,15 @@ public final class LeaseJournal: Sendable {
 
     // MARK: Appending
 
-    /// Records a grant, durable (under `sync = always`) on return.
-    public func granted(_ lease: PersistedLeases.Lease) throws(StorageError) {
+    /// Records a grant. Under `sync = always`, returns the point `sync(through:)` must make
+    /// durable before the grant is answered (the caller syncs once it holds no lock).
+    public func granted(_ lease: PersistedLeases.Lease) throws(StorageError) -> UInt64? {
         try state.withLock { s throws(StorageError) in
             if let failure = s.failure { throw StorageError(.io, "the lease journal \(path) cannot be written (\(failure))") }
             s.buffer.removeAll(keepingCapacity: true)
             LeaseRecord.grant(lease, into: &s.buffer)
             try append(&s)
-            if syncEveryGrant { try sync(&s) }
+            return syncEveryGrant ? s.appended : nil
         }
     }
 
@@ -143,20 +154,30 @@ public final class LeaseJournal: Sendable {
             throw error
         }
         s.size += n
-        s.dirty = true
+        s.appended += 1
     }
 
     // MARK: Syncing
 
     /// Syncs what was written since the last sync (the committer, before the log's sync).
     public func syncIfDirty() throws(StorageError) {
-        try state.withLock { s throws(StorageError) in if s.dirty { try sync(&s) } }
+        try sync(through: state.withLock { $0.appended })
     }
 
-    private func sync(_ s: inout State) throws(StorageError) {
-        guard !s.closed else { return }
-        guard fdatasync(s.fd) == 0 else { throw StorageError.from(errno, "cannot sync \(path)") }
-        s.dirty = false
+    /// Makes the records appended up to `point` (a count `granted` returned) durable. The
+    /// sync runs without the lock, on a duplicate of the descriptor; if a rewrite replaced the
+    /// file meanwhile, the rewrite — synced before its rename — already holds every record.
+    public func sync(through point: UInt64) throws(StorageError) {
+        let target: (fd: Int32, point: UInt64)? = try state.withLock { (s) throws(StorageError) -> (fd: Int32, point: UInt64)? in
+            guard !s.closed, s.synced < point else { return nil }
+            let fd = dup(s.fd)
+            guard fd >= 0 else { throw StorageError.from(errno, "cannot sync \(path)") }
+            return (fd, s.appended)
+        }
+        guard let target else { return }
+        defer { Glibc.close(target.fd) }
+        guard syncFile(target.fd) == 0 else { throw StorageError.from(errno, "cannot sync \(path)") }
+        state.withLock { s in s.synced = max(s.synced, target.point) }
     }
 
     // MARK: Rewriting
@@ -191,7 +212,7 @@ public final class LeaseJournal: Sendable {
             s.fd = fd
             s.size = bytes.count
             s.compactedSize = bytes.count
-            s.dirty = false
+            s.synced = s.appended
             s.failure = nil
             s.recentDeletions = []
             try DataDirectory.sync(directory)
@@ -202,7 +223,7 @@ public final class LeaseJournal: Sendable {
     /// connections' leases ending — is for the next start to decide).
     public func close() {
         state.withLock { s in
-            if s.dirty { _ = fdatasync(s.fd) }
+            if s.dirty { _ = syncFile(s.fd) }
             s.closed = true
         }
     }

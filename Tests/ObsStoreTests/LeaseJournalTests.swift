@@ -30,9 +30,9 @@ import Testing
     @Test func whatItRecordsReadsBack() throws {
         let dir = try directory()
         let journal = try open(dir)
-        try journal.granted(.init(id: 1, owner: alice, ttl: nil))
-        try journal.granted(.init(id: 2, owner: alice, ttl: 30))
-        try journal.granted(.init(id: 3, owner: alice, ttl: 5))
+        _ = try journal.granted(.init(id: 1, owner: alice, ttl: nil))
+        _ = try journal.granted(.init(id: 2, owner: alice, ttl: 30))
+        _ = try journal.granted(.init(id: 3, owner: alice, ttl: 5))
         journal.attached("a", of: "r", to: 1)
         journal.attached("b", of: "r", to: 2)
         journal.attached("c", of: "s", to: 3)
@@ -53,7 +53,7 @@ import Testing
     @Test func aRewriteKeepsTheStateItIsGivenAndTheRecentDeletions() throws {
         let dir = try directory()
         let journal = try open(dir)
-        for id in 1...50 as ClosedRange<UInt64> { try journal.granted(.init(id: id, owner: alice, ttl: 60)) }
+        for id in 1...50 as ClosedRange<UInt64> { _ = try journal.granted(.init(id: id, owner: alice, ttl: 60)) }
         for id in 1...49 as ClosedRange<UInt64> { journal.ended(id, .expired) }
         let deletion = PersistedLeases.Deletion(lease: 49, reason: .expired, owner: alice, repo: "r", before: 3, keys: ["x", "y"])
         journal.deleting(deletion)
@@ -73,8 +73,8 @@ import Testing
     @Test func aTornLastFrameIsCutOffAndReported() throws {
         let dir = try directory()
         let journal = try open(dir)
-        try journal.granted(.init(id: 1, owner: alice, ttl: 9))
-        try journal.granted(.init(id: 2, owner: alice, ttl: 9))
+        _ = try journal.granted(.init(id: 1, owner: alice, ttl: 9))
+        _ = try journal.granted(.init(id: 2, owner: alice, ttl: 9))
         journal.close()
         let path = dir + "/" + LeaseJournal.fileName
         let whole = try Data(contentsOf: URL(fileURLWithPath: path))
@@ -83,7 +83,7 @@ import Testing
         #expect(reopened.notices.count == 1 && reopened.notices[0].contains("torn"))
         #expect(reopened.takeLoaded().live.keys.sorted() == [1])
         // What follows is appended where the torn frame began.
-        try reopened.granted(.init(id: 3, owner: alice, ttl: 9))
+        _ = try reopened.granted(.init(id: 3, owner: alice, ttl: 9))
         #expect(try open(dir).takeLoaded().live.keys.sorted() == [1, 3])
     }
 
@@ -93,7 +93,7 @@ import Testing
         try Data("OBSD".utf8).write(to: URL(fileURLWithPath: path))
         let journal = try open(dir)
         #expect(journal.notices.count == 1 && journal.notices[0].contains("cut short"))
-        try journal.granted(.init(id: 1, owner: alice, ttl: 9))
+        _ = try journal.granted(.init(id: 1, owner: alice, ttl: 9))
         journal.close()
         #expect(try open(dir).takeLoaded().live.keys.sorted() == [1])
         // A short file that is not the start of the header is someone else's.
@@ -104,8 +104,8 @@ import Testing
     @Test func aDamagedFrameWithMoreAfterItOrAForeignFileRefusesStartUp() throws {
         let dir = try directory()
         let journal = try open(dir)
-        try journal.granted(.init(id: 1, owner: alice, ttl: 9))
-        try journal.granted(.init(id: 2, owner: alice, ttl: 9))
+        _ = try journal.granted(.init(id: 1, owner: alice, ttl: 9))
+        _ = try journal.granted(.init(id: 2, owner: alice, ttl: 9))
         journal.close()
         let path = dir + "/" + LeaseJournal.fileName
         var bytes = try [UInt8](Data(contentsOf: URL(fileURLWithPath: path)))

@@ -77,14 +77,18 @@ final class LeaseTable: Sendable {
 
     /// Grants a lease to `owner` — with `ttl` seconds, or bound to `connection` — unless its
     /// uid (any uid, root's too: the contract bounds every uid) already holds `limit`.
+    /// Under `sync = always` the grant is synced to the journal before this returns — after
+    /// the table's lock is released, so the other loops' lease operations and the writes that
+    /// attach keys do not wait for the disk; a grant whose sync fails is taken back.
     func grant(owner: Writer, ttl: Int64?, connection: ConnectionID, now: UInt64, limit: Int) -> Result<UInt64, LeaseRefusal> {
-        state.withLock { s in
+        var syncPoint: UInt64? = nil
+        let granted = state.withLock { (s) -> Result<UInt64, LeaseRefusal> in
             if s.perUID[owner.uid, default: 0] >= limit { return .failure(.tooMany(limit: limit)) }
             let id = s.nextID
             if let journal {
                 compactIfDue(&s, journal)
                 do throws(StorageError) {
-                    try journal.granted(PersistedLeases.Lease(id: id, owner: owner, ttl: ttl))
+                    syncPoint = try journal.granted(PersistedLeases.Lease(id: id, owner: owner, ttl: ttl))
                 } catch {
                     return .failure(.unavailable(error.description))
                 }
@@ -100,6 +104,16 @@ final class LeaseTable: Sendable {
             }
             return .success(id)
         }
+        guard case .success(let id) = granted, let journal, let syncPoint else { return granted }
+        do throws(StorageError) {
+            try journal.sync(through: syncPoint)
+        } catch {
+            // Not answered, so no client holds it: it ends here (its deadline, if any, finds
+            // it gone), and the journal says so for a restart that finds its grant.
+            _ = state.withLock { s in end(&s, id, .revoked) }
+            return .failure(.unavailable(error.description))
+        }
+        return .success(id)
     }
 
     /// Starts lease `id`'s TTL again in full; its TTL (nil: bound to its connection).
