@@ -21,6 +21,20 @@ private func group(_ count: Int, tag: UInt8, size: Int = 100) -> [UInt8] {
     return group
 }
 
+/// A new, empty log in `dir`, open for appends.
+private func openLog(_ dir: String) throws -> WriteAheadLog {
+    let log = WriteAheadLog(directory: dir, segmentSize: 4 << 20)
+    _ = try log.open(after: 0) { _, _ in }
+    return log
+}
+
+/// Appends `group`, syncs it and writes zeros ahead, as the committer does.
+private func commit(_ log: WriteAheadLog, _ group: [UInt8]) throws {
+    _ = try log.append(group)
+    try log.sync()
+    log.zeroAhead()
+}
+
 /// Every payload a fresh log over `dir` replays, and what the replay reports.
 private func replay(_ dir: String) throws -> (payloads: [[UInt8]], replay: WriteAheadLog.Replay, position: UInt64) {
     let log = WriteAheadLog(directory: dir, segmentSize: 4 << 20)
@@ -57,13 +71,8 @@ private func holesShowUnwrittenSpace(in dir: String) -> Bool {
     @Test func zerosAheadOfTheEndChangeNothingReplayFinds() throws {
         let dir = temporaryDirectory()
         defer { try? FileManager.default.removeItem(atPath: dir) }
-        let log = WriteAheadLog(directory: dir, segmentSize: 4 << 20)
-        _ = try log.open(after: 0) { _, _ in }
-        for tag in UInt8(1)...3 {
-            _ = try log.append(group(5, tag: tag))
-            try log.sync()
-            log.zeroAhead()
-        }
+        let log = try openLog(dir)
+        for tag in UInt8(1)...3 { try commit(log, group(5, tag: tag)) }
         let end = log.position
         let path = try segment(dir)
         if holesShowUnwrittenSpace(in: dir) {
@@ -82,11 +91,8 @@ private func holesShowUnwrittenSpace(in dir: String) -> Bool {
     @Test func aTornWriteInsideTheZerosIsStillFoundAndCut() throws {
         let dir = temporaryDirectory()
         defer { try? FileManager.default.removeItem(atPath: dir) }
-        let log = WriteAheadLog(directory: dir, segmentSize: 4 << 20)
-        _ = try log.open(after: 0) { _, _ in }
-        _ = try log.append(group(2, tag: 7))
-        try log.sync()
-        log.zeroAhead()
+        let log = try openLog(dir)
+        try commit(log, group(2, tag: 7))
         let end = log.position
         // Half of a frame a crash interrupted, written over the zeros after the log's end
         // (in the file, positions count from the segment's base, its name).
@@ -109,19 +115,14 @@ private func holesShowUnwrittenSpace(in dir: String) -> Bool {
     @Test func aGroupUndoneAfterZerosIsCutAndTheLogGoesOn() throws {
         let dir = temporaryDirectory()
         defer { try? FileManager.default.removeItem(atPath: dir) }
-        let log = WriteAheadLog(directory: dir, segmentSize: 4 << 20)
-        _ = try log.open(after: 0) { _, _ in }
-        _ = try log.append(group(1, tag: 1))
-        try log.sync()
-        log.zeroAhead()
+        let log = try openLog(dir)
+        try commit(log, group(1, tag: 1))
         _ = try log.append(group(1, tag: 2))
         guard case .cut = try log.undoFailedGroup() else {
             Issue.record("the undone group was not cut off")
             return
         }
-        _ = try log.append(group(1, tag: 3))
-        try log.sync()
-        log.zeroAhead()
+        try commit(log, group(1, tag: 3))
         let found = try replay(dir)
         #expect(found.payloads.map { $0[0] } == [1, 3])
         #expect(found.replay.tornBytes == 0 && found.replay.leftoverBytes == 0)
