@@ -11,9 +11,10 @@
 // calls `syncIfDirty` first), so a write whose revision is durable has its attachment durable
 // too. Syncs run outside the journal's lock, on a duplicate of its descriptor: records go on
 // being appended — by writes on other loops, under their repository's lock — while the disk
-// works (a rewrite that replaces the file meanwhile makes everything durable itself). A lease end's deletion record carries the repository's revision before the deletion:
-// a restart that finds the repository no further (a kill before the deletion was durable)
-// deletes those keys again.
+// works (a rewrite that replaces the file meanwhile makes everything durable itself). A lease
+// end's deletion record carries the repository's revision before the deletion: a restart
+// that finds the repository no further (a kill before the deletion was durable) deletes
+// those keys again.
 //
 // Start-up reads the journal whole (a torn last frame is cut off and reported; a damaged one
 // elsewhere, or a foreign file, refuses start-up naming it), and the daemon then rewrites it

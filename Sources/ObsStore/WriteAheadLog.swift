@@ -327,12 +327,13 @@ final class WriteAheadLog {
     /// Writes zeros ahead of the log's end, a megabyte at a time, once the log comes within
     /// `zeroMargin` of the last ones, and starts writing them back. Preallocated space is
     /// unwritten extents: an `fdatasync` after appending into it must also convert the
-    /// extents and write the inode — a second synchronous write per group commit, which a
-    /// busbench run of durable writes at 64 in flight measured at ~12 % of throughput. Over
-    /// written zeros a sync writes the group's data blocks alone, as PostgreSQL's zero-filled
-    /// WAL segments do. Zeros past the log's end are its end to replay (an all-zero frame
-    /// header), so this changes nothing the log means. Best effort, outside the file
-    /// operations a test can fail: where it fails, appends convert extents as before.
+    /// extents and write the inode — a second synchronous write per group commit (busbench,
+    /// durable writes at 64 in flight: 0.70 × Redis's rate with it, 0.87–0.96 × without;
+    /// docs/PERFORMANCE.md). Over written zeros a sync writes the group's data blocks alone,
+    /// as PostgreSQL's zero-filled WAL segments do. Zeros past the log's end are its end to
+    /// replay (an all-zero frame header), so this changes nothing the log means. Best effort,
+    /// outside the file operations a test can fail: where it fails, appends convert extents
+    /// as before.
     func zeroAhead() {
         guard fd >= 0, zeroedTo < segmentSize, offset + Self.zeroMargin > zeroedTo else { return }
         let from = max(zeroedTo, offset)
