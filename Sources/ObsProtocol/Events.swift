@@ -165,16 +165,33 @@ public struct SnapshotEvent<Value: WireValue>: EventMessage, Equatable {
 
     @inlinable
     public func encode<S: JSONSink & ~Copyable>(into sink: inout S) {
+        encodeHead(into: &sink)
+        for (i, entry) in entries.enumerated() { Self.encodeMember(entry.key, entry.value, first: i == 0, into: &sink) }
+        Self.encodeTail(into: &sink)
+    }
+
+    /// The event up to its first value — with `encodeMember` per entry and `encodeTail`, the
+    /// same bytes as `encode`, for a sender that encodes a large snapshot a piece at a time.
+    @inlinable
+    public func encodeHead<S: JSONSink & ~Copyable>(into sink: inout S) {
         sink.writeMember("{\"event\":\"snapshot\",\"sub\":", subscription)
         sink.writeMember(",\"repo\":", repository)
         sink.writeMember(",\"rev\":", revision)
         sink.writeRaw(",\"values\":{")
-        for (i, entry) in entries.enumerated() {
-            if i > 0 { sink.writeByte(UInt8(ascii: ",")) }
-            sink.writeJSONString(entry.key)
-            sink.writeByte(UInt8(ascii: ":"))
-            entry.value.writeJSON(to: &sink)
-        }
+    }
+
+    /// One entry of `values` (`"key":value`, after a comma unless it is the first).
+    @inlinable
+    public static func encodeMember<S: JSONSink & ~Copyable>(_ key: Key, _ value: Value, first: Bool, into sink: inout S) {
+        if !first { sink.writeByte(UInt8(ascii: ",")) }
+        sink.writeJSONString(key)
+        sink.writeByte(UInt8(ascii: ":"))
+        value.writeJSON(to: &sink)
+    }
+
+    /// The end of the event, after its last value.
+    @inlinable
+    public static func encodeTail<S: JSONSink & ~Copyable>(into sink: inout S) {
         sink.writeRaw("}}\n")
     }
 

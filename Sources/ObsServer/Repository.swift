@@ -257,7 +257,8 @@ final class Repository: DurabilityListener, Sendable {
         start: RepositoryCore.Start, sequence: StateSequence, registered: Bool
     ) {
         try state.withLock { (s) throws(RepositoryCore.StartRefusal) in
-            let start = try s.core.start(request, sub: subscription.id, skipOrigin: subscription.skippedOrigin, now: now)
+            // No cap on the replay's size: a large one is streamed (Session+Subscribe.swift).
+            let start = try s.core.start(request, sub: subscription.id, skipOrigin: subscription.skippedOrigin, now: now, maxReplayBytes: .max)
             let live = !(request.once && start.replayed > 0) && subscription.connection.outbox.register(subscription)
             if live {
                 subscription.after = start.revision

@@ -135,7 +135,9 @@ func collect(_ subscription: Subscription, until lastRevision: UInt64) async thr
         // limit plus the whole batch. Eight subscriptions of one connection make each write
         // eight events of about 2 KB: a burst of 50 writes is a tick of 800 KB.
         let queueBytes = 4 << 20
-        let d = try await TestDaemon.start(["--queue-bytes", "\(queueBytes)", "--overflow-grace", "20"], inMemory: true)
+        // The grace period far longer than the test (the reader reads only after 2,000 writes;
+        // past the grace its connection would close without the overflow event, as designed).
+        let d = try await TestDaemon.start(["--queue-bytes", "\(queueBytes)", "--overflow-grace", "600"], inMemory: true)
         let slow = try WireConnection(path: d.socketPath)
         for _ in 1...8 { _ = try slow.call(["op": "subscribe", "repo": "b"]) }
         let padding = String(repeating: "p", count: 1000)
@@ -159,7 +161,10 @@ func collect(_ subscription: Subscription, until lastRevision: UInt64) async thr
     }
 
     @Test func clientLibrarySurfacesOverflowWithTheRevisionToResumeFrom() async throws {
-        let d = try await TestDaemon.start(["--queue-events", "100", "--queue-bytes", "65536"], inMemory: true)
+        // The grace period far longer than the test: the consumer reads only after all 20,000
+        // writes, which a loaded machine took more than the default 30 s over — the connection
+        // was then closed without its overflow event, as designed, and the client saw a close.
+        let d = try await TestDaemon.start(["--queue-events", "100", "--queue-bytes", "65536", "--overflow-grace", "600"], inMemory: true)
         let lagging = try await ObsConnection.connect(socketPath: d.socketPath)
         let sub = try await lagging.subscribe(to: "x")
         let writer = try await ObsConnection.connect(socketPath: d.socketPath)
@@ -214,7 +219,10 @@ func collect(_ subscription: Subscription, until lastRevision: UInt64) async thr
     }
 
     @Test func afterAnOverflowTheClientLetsGoOfTheConnectionAndAWatchResumesWithoutSpinning() async throws {
-        let d = try await TestDaemon.start(["--queue-events", "100", "--queue-bytes", "65536"], inMemory: true)
+        // The grace period far longer than the test: the consumer reads only after all 20,000
+        // writes, which a loaded machine took more than the default 30 s over — the connection
+        // was then closed without its overflow event, as designed, and the client saw a close.
+        let d = try await TestDaemon.start(["--queue-events", "100", "--queue-bytes", "65536", "--overflow-grace", "600"], inMemory: true)
         let session = ObsSession(socketPath: d.socketPath, backoff: Backoff(initial: .milliseconds(100), maximum: .milliseconds(200)))
         var events = session.watch("x", initial: true).makeAsyncIterator()
         guard case .snapshot = try await events.next() else { throw TestFailure("expected the snapshot") }

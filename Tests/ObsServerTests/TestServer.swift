@@ -98,6 +98,8 @@ final class TestConnection {
     private(set) var connection: Connection!
     private var fd: Int32
     private var partial: [UInt8] = []
+    /// How much of `partial` holds no newline.
+    private var scanned = 0
     private var stashed: [JSONValue] = []
     private var endOfFile = false
     private var bytesRead = 0
@@ -140,6 +142,10 @@ final class TestConnection {
         var offset = 0
         while offset < bytes.count {
             let n = bytes.withUnsafeMutableBytes { Glibc.write(fd, $0.baseAddress! + offset, $0.count - offset) }
+            if n < 0, errno == EAGAIN {
+                server.run()  // a line longer than the socket's buffers: the daemon reads on
+                continue
+            }
             guard n > 0 else { throw TestError("write to the daemon failed: \(errno)") }
             offset += n
         }
@@ -202,11 +208,14 @@ final class TestConnection {
             if n == 0 { endOfFile = true }
             break
         }
-        while let newline = partial.firstIndex(of: UInt8(ascii: "\n")) {
+        // Only bytes not looked at yet are searched (a long message arrives in many reads).
+        while let newline = partial[min(scanned, partial.count)...].firstIndex(of: UInt8(ascii: "\n")) {
             let message = try JSONParser.parse(Array(partial[..<newline]))
             partial.removeSubrange(...newline)
+            scanned = 0
             if message["id"] != .string("fill") { stashed.append(message) }
         }
+        scanned = partial.count
     }
 
     /// `false`: the client stops reading, and the socket fills — pings (answered, then

@@ -120,6 +120,8 @@ final class LoopShard: @unchecked Sendable {
         let subscription: Subscription?
         /// A reply that waits for several repositories: sent when the last is durable.
         var group: WaitGroup? = nil
+        /// A large subscription start, sent as a stream instead of `bytes`.
+        var stream: OutboxStream? = nil
     }
 
     var routes: [UInt64: RepositoryRoutes] = [:]
@@ -369,7 +371,11 @@ final class LoopShard: @unchecked Sendable {
                 group.remaining -= 1
                 guard group.remaining == 0, !group.failed else { continue }
             }
-            waiter.bytes.withUnsafeBytes { waiter.connection.outbox.fill(waiter.slot, with: $0, events: waiter.events) }
+            if let stream = waiter.stream {
+                waiter.connection.outbox.fill(waiter.slot, with: stream)
+            } else {
+                waiter.bytes.withUnsafeBytes { waiter.connection.outbox.fill(waiter.slot, with: $0, events: waiter.events) }
+            }
             markDirty(waiter.connection)
         }
         queue.removeFirst(released)

@@ -13,6 +13,9 @@
 //   period. Writers and other connections never wait for a slow reader.
 // - What the socket has not taken counts against the limit: bytes leave the queue only when
 //   the kernel accepts them.
+// - A large subscription start is a *stream* (OutboxStream.swift): it holds its place like a
+//   slot, and its pieces are produced into the ready bytes only while fewer than
+//   `streamWindow` of them wait for the socket.
 
 import ObsCore
 import ObsProtocol
@@ -47,7 +50,11 @@ final class Outbox {
     private enum Chunk {
         case bytes([UInt8], events: Int)
         case pending(Slot)
+        case stream(OutboxStream)
     }
+
+    /// A stream's next pieces are produced while fewer ready bytes than this wait.
+    static let streamWindow = 1 << 20
 
     private enum Phase { case open, overflowed, closed }
 
@@ -119,13 +126,43 @@ final class Outbox {
         releaseBlocked()
     }
 
-    /// Moves the chunks before the first pending slot into `ready`.
+    /// Fills a reserved slot with a stream: its pieces are produced as the socket takes them.
+    func fill(_ slot: Slot, with stream: OutboxStream) {
+        guard phase != .closed, let index = blocked.firstIndex(where: { if case .pending(slot) = $0 { true } else { false } }) else { return }
+        blocked[index] = .stream(stream)
+        queuedBytes -= Self.slotBytes
+        queuedEvents += stream.events
+        releaseBlocked()
+    }
+
+    /// Appends a stream (a large subscription start) at the open end.
+    func append(_ stream: OutboxStream) {
+        guard phase == .open else { return }
+        blocked.append(.stream(stream))
+        queuedEvents += stream.events
+        releaseBlocked()
+    }
+
+    /// Moves the chunks before the first pending slot into `ready`; of a stream at the head,
+    /// as many pieces as the window takes (the stream stays at the head until it is done).
     private func releaseBlocked() {
         var released = 0
-        for chunk in blocked {
-            guard case .bytes(let bytes, let events) = chunk else { break }
-            bytes.withUnsafeBytes { ready.writeBytes($0) }
-            if events > 0 { eventEnds.append((ready.appended, events)) }
+        release: for chunk in blocked {
+            switch chunk {
+            case .bytes(let bytes, let events):
+                bytes.withUnsafeBytes { ready.writeBytes($0) }
+                if events > 0 { eventEnds.append((ready.appended, events)) }
+            case .pending:
+                break release
+            case .stream(let stream):
+                while ready.count < Self.streamWindow, let piece = stream.next() {
+                    piece.withUnsafeBytes { ready.writeBytes($0) }
+                    queuedBytes += piece.count
+                }
+                guard ready.count < Self.streamWindow else { break release }
+                // Done: its events end here.
+                if stream.events > 0 { eventEnds.append((ready.appended, stream.events)) }
+            }
             released += 1
         }
         if released > 0 { blocked.removeFirst(released) }
@@ -288,13 +325,20 @@ final class Outbox {
     func flush(to fd: Int32) -> Flushed {
         guard phase != .closed else { return .drained(bytes: 0) }
         var total = 0
-        for _ in 0..<2 {
+        var lagReleased = false
+        while true {
             switch send(to: fd) {
             case .all(let n): total += n
             case .some(let n): return .partial(bytes: total + n)
             case .failed(let e): return .failed(e)
             }
-            guard !lagging.isEmpty, phase == .open, queuedBytes < limits.maxBytes / 2, queuedEvents < limits.maxEvents / 2 else { break }
+            // A stream at the head: its next pieces, until the socket is full or it is done.
+            if case .stream = blocked.first {
+                releaseBlocked()
+                if !ready.isEmpty { continue }
+            }
+            guard !lagReleased, !lagging.isEmpty, phase == .open, queuedBytes < limits.maxBytes / 2, queuedEvents < limits.maxEvents / 2 else { break }
+            lagReleased = true
             releaseLag()
         }
         return .drained(bytes: total)

@@ -49,17 +49,20 @@ extension Session {
 
     /// Queues `bytes` in a slot, sent once `sequence` of `repository` is durable (or replaced
     /// by an error if it is undone; a subscription that began there ends).
+    /// (`stream`: a large subscription start, sent as that stream instead of `bytes`.)
     func hold(
         _ bytes: [UInt8], events: Int = 0, id: JSONValue, until sequence: StateSequence, in repository: Repository,
-        subscription: Subscription? = nil
+        subscription: Subscription? = nil, stream: OutboxStream? = nil
     ) {
         let slot = outbox.reserveSlot()
         switch repository.awaitDurable(sequence, on: shard) {
         case .durable:
-            bytes.withUnsafeBytes { outbox.fill(slot, with: $0, events: events) }
+            if let stream { outbox.fill(slot, with: stream) } else { bytes.withUnsafeBytes { outbox.fill(slot, with: $0, events: events) } }
         case .pending:
             shard.wait(
-                LoopShard.Waiter(sequence: sequence, connection: connection, slot: slot, bytes: bytes, events: events, id: id, subscription: subscription),
+                LoopShard.Waiter(
+                    sequence: sequence, connection: connection, slot: slot, bytes: bytes, events: events, id: id, subscription: subscription,
+                    stream: stream),
                 on: repository)
         case .failed(let error):
             if let subscription, outbox.unregister(subscription.id) != nil { shard.unroute(subscription) }

@@ -1,5 +1,6 @@
 // ObsServer — subscribing: the reply, then the snapshot or the replay, then `synced` — one
-// run of bytes appended to the outbox, held in a slot while the state it starts from is not
+// run of bytes appended to the outbox (past `streamAbove`, a stream encoded as the socket
+// takes it: no size is refused), held in a slot while the state it starts from is not
 // durable; the subscription is live from the revision it reports.
 
 import ObsCore
@@ -8,6 +9,10 @@ import ObsStore
 import ObservableKit
 
 extension Session {
+    /// A subscription's start larger than this (its reply, snapshot or replay, in bytes) is
+    /// streamed (OutboxStream.swift) instead of appended whole.
+    static let streamAbove = 4 << 20
+
     func subscribe(_ id: JSONValue, _ request: SubscribeRequest) {
         let number = nextSub
         nextSub += 1
@@ -25,26 +30,42 @@ extension Session {
             }
         }
         let (start, sequence, registered) = started
-        if let refusal = Self.tooLargeToSend(start.snapshot ?? [], values: true, what: "this subscription's snapshot") {
-            if registered, outbox.unregister(subscription.id) != nil { shard.unroute(subscription) }
-            return fail(id: id, refusal)
-        }
-        var bytes: [UInt8] = []
-        bytes.reserveCapacity(128 + start.replay.count)
-        SubscribeReply(subscription: number, revision: start.revision, epoch: repository.epoch).encode(into: &bytes, id: id)
+        // The run: the reply, then the snapshot (`head` + its entries + `tail`) or the replay
+        // and `synced` (`tail`).
+        var head: [UInt8] = []
+        SubscribeReply(subscription: number, revision: start.revision, epoch: repository.epoch).encode(into: &head, id: id)
+        var entries: [(key: Key, value: CanonicalJSON)] = []
+        var tail: [UInt8] = []
         var events = 0
         if var snapshot = start.snapshot {
             snapshot.sort { $0.key < $1.key }
-            SnapshotEvent(subscription: number, repository: repository.name, revision: start.revision, entries: snapshot).encode(into: &bytes)
+            SnapshotEvent<CanonicalJSON>(subscription: number, repository: repository.name, revision: start.revision, entries: []).encodeHead(into: &head)
+            entries = snapshot
+            SnapshotEvent<CanonicalJSON>.encodeTail(into: &tail)
             events += 1
         }
-        bytes.append(contentsOf: start.replay)
+        tail.append(contentsOf: start.replay)
         events += start.replayed
         // A `once` subscription whose change was replayed ended there: no `synced` follows.
         if request.since != nil, !(request.once && start.replayed > 0) {
-            SyncedEvent(subscription: number, repository: repository.name, revision: start.revision).encode(into: &bytes)
+            SyncedEvent(subscription: number, repository: repository.name, revision: start.revision).encode(into: &tail)
             events += 1
         }
+        let entryBytes = entries.reduce(0) { $0 + 2 * $1.key.utf8Count + 4 + $1.value.bytes.count }
+        if head.count + entryBytes + tail.count > Self.streamAbove {
+            // Large: encoded a piece at a time as the socket takes it (OutboxStream.swift).
+            let stream = OutboxStream(head: head, entries: entries, tail: tail, events: events)
+            if repository.isDurable(sequence) {
+                outbox.append(stream)
+                shard.markDirty(connection)
+            } else {
+                hold([], events: events, id: id, until: sequence, in: repository, subscription: registered ? subscription : nil, stream: stream)
+            }
+            return
+        }
+        var bytes = head
+        for (i, entry) in entries.enumerated() { SnapshotEvent<CanonicalJSON>.encodeMember(entry.key, entry.value, first: i == 0, into: &bytes) }
+        bytes.append(contentsOf: tail)
         if repository.isDurable(sequence) {
             bytes.withUnsafeBytes { outbox.append($0, events: events) }
             shard.markDirty(connection)

@@ -1,0 +1,90 @@
+// A large subscription start in process: a snapshot past `Session.streamAbove` is encoded a
+// piece at a time as the client reads it — the connection's queue never holds much more than
+// the stream's window — arrives byte for byte as one snapshot event at the revision the reply
+// names, and what follows it (a later change, the reply to a later request) comes after it;
+// held while its state is not durable, it streams once it is.
+
+import ObsProtocol
+import ObsStore
+import ObservableKit
+import Testing
+
+@testable import ObsServer
+
+/// Writes `count` keys of `r` (`k00000`…) with values of about 1 KiB, in batches.
+private func fill(_ server: TestServer, count: Int, firstID: Int = 1) throws -> TestConnection {
+    let writer = try TestConnection(server)
+    let value = "\"" + String(repeating: "v", count: 1000) + "\""
+    var id = firstID
+    for start in stride(from: 0, to: count, by: 500) {
+        let ops = (start..<min(count, start + 500)).map { i in
+            #"{"op":"set","key":"k\#(String(i).leftPadded(to: 5))","value":\#(value)}"#
+        }
+        try writer.send(lines(#"{"id":\#(id),"op":"batch","repo":"r","ops":[\#(ops.joined(separator: ","))]}"#))
+        id += 1
+    }
+    return writer
+}
+
+extension String {
+    fileprivate func leftPadded(to width: Int) -> String { String(repeating: "0", count: max(0, width - count)) + self }
+}
+
+@Suite struct SnapshotStreamTests {
+    @Test func aLargeSnapshotStreamsInPiecesAndWhatFollowsComesAfterIt() throws {
+        let server = try TestServer()
+        let writer = try fill(server, count: 6000)
+        #expect(try writer.received().allSatisfy { $0["ok"] == .bool(true) })
+
+        let subscriber = try TestConnection(server)
+        try subscriber.send(lines(#"{"id":1,"op":"subscribe","repo":"r","initial":true}"#, #"{"id":2,"op":"ping"}"#))
+        // ~6 MB of snapshot: the queue holds a window of it, not all of it.
+        let queued = subscriber.connection.outbox.queuedBytes
+        #expect(queued <= Outbox.streamWindow + OutboxStream.pieceBytes + 4096, "the whole snapshot was queued: \(queued) bytes")
+        #expect(queued > 0)
+        // A change made now comes after the snapshot.
+        try writer.send(lines(#"{"id":99,"op":"set","repo":"r","key":"k00000","value":"new"}"#))
+
+        let messages = try subscriber.received()
+        try #require(messages.count == 4, "\(messages.count) messages")
+        #expect(messages[0]["id"] == .int(1) && messages[0]["rev"] == .int(12))
+        #expect(messages[1]["event"] == "snapshot" && messages[1]["rev"] == .int(12))
+        let values = try #require(messages[1]["values"]?.objectValue)
+        #expect(values.count == 6000)
+        #expect(values["k05999"] == .string(String(repeating: "v", count: 1000)))
+        #expect(messages[2]["id"] == .int(2), "the reply to a later request waits behind the snapshot")
+        #expect(messages[3]["event"] == "change" && messages[3]["rev"] == .int(13))
+        #expect(subscriber.connection.outbox.isEmpty)
+    }
+
+    @Test func aLargeSnapshotOfAStateNotYetDurableStreamsOnceItIs() throws {
+        let server = try TestServer(storage: ManualStorage())
+        let writer = try fill(server, count: 6000)
+        let repository = try #require(server.hub.existing("r"))
+        repository.durable(through: 11)
+        #expect(try writer.received().count == 11)
+        // Revision 12 (the last batch) is not durable when the subscription starts from it.
+        let subscriber = try TestConnection(server)
+        try subscriber.send(lines(#"{"id":1,"op":"subscribe","repo":"r","initial":true}"#))
+        #expect(try subscriber.received().isEmpty, "nothing before its state is durable")
+
+        repository.durable(through: 12)
+        let messages = try subscriber.received()
+        try #require(messages.count == 2)
+        #expect(messages[0]["rev"] == .int(12))
+        #expect(messages[1]["event"] == "snapshot" && messages[1]["values"]?.objectValue?.count == 6000)
+    }
+
+    @Test func aLargeReplayStreamsAndEndsWithSynced() throws {
+        let server = try TestServer()
+        let writer = try fill(server, count: 6000)
+        _ = try writer.received()
+        let subscriber = try TestConnection(server)
+        try subscriber.send(lines(#"{"id":1,"op":"subscribe","repo":"r","since":0}"#))
+        #expect(subscriber.connection.outbox.queuedBytes <= Outbox.streamWindow + OutboxStream.pieceBytes + 4096)
+        let messages = try subscriber.received()
+        try #require(messages.count == 1 + 12 + 1)
+        #expect(messages[1...12].map(\.["rev"]) == (1...12).map { .int(Int64($0)) })
+        #expect(messages[13]["event"] == "synced" && messages[13]["rev"] == .int(12))
+    }
+}
