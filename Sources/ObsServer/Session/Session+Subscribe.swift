@@ -30,31 +30,30 @@ extension Session {
             }
         }
         let (start, sequence, registered) = started
-        // The run: the reply, then the snapshot (`head` + its entries + `tail`) or the replay
-        // and `synced` (`tail`).
+        // The run: the reply, then the snapshot (its head, entries and end) or the replay and
+        // `synced` — one array, or past `streamAbove` a stream of head, entries and the rest.
         var head: [UInt8] = []
         SubscribeReply(subscription: number, revision: start.revision, epoch: repository.epoch).encode(into: &head, id: id)
         var entries: [(key: Key, value: CanonicalJSON)] = []
-        var tail: [UInt8] = []
-        var events = 0
         if var snapshot = start.snapshot {
             snapshot.sort { $0.key < $1.key }
             SnapshotEvent<CanonicalJSON>(subscription: number, repository: repository.name, revision: start.revision, entries: []).encodeHead(into: &head)
             entries = snapshot
-            SnapshotEvent<CanonicalJSON>.encodeTail(into: &tail)
-            events += 1
         }
-        tail.append(contentsOf: start.replay)
-        events += start.replayed
         // A `once` subscription whose change was replayed ended there: no `synced` follows.
-        if request.since != nil, !(request.once && start.replayed > 0) {
-            SyncedEvent(subscription: number, repository: repository.name, revision: start.revision).encode(into: &tail)
-            events += 1
+        let synced = request.since != nil && !(request.once && start.replayed > 0)
+        let events = (start.snapshot == nil ? 0 : 1) + start.replayed + (synced ? 1 : 0)
+        /// What follows the entries.
+        func writeRest(_ sink: inout [UInt8]) {
+            if start.snapshot != nil { SnapshotEvent<CanonicalJSON>.encodeTail(into: &sink) }
+            sink.append(contentsOf: start.replay)
+            if synced { SyncedEvent(subscription: number, repository: repository.name, revision: start.revision).encode(into: &sink) }
         }
-        let entryBytes = entries.reduce(0) { $0 + 2 * $1.key.utf8Count + 4 + $1.value.bytes.count }
-        if head.count + entryBytes + tail.count > Self.streamAbove {
+        if head.count + Self.encodedBytes(of: entries, values: true) + start.replay.count > Self.streamAbove {
             // Large: encoded a piece at a time as the socket takes it (OutboxStream.swift).
-            let stream = OutboxStream(head: head, entries: entries, tail: tail, events: events)
+            var rest: [UInt8] = []
+            writeRest(&rest)
+            let stream = OutboxStream(head: head, entries: entries, tail: rest, events: events)
             if repository.isDurable(sequence) {
                 outbox.append(stream)
                 shard.markDirty(connection)
@@ -65,7 +64,7 @@ extension Session {
         }
         var bytes = head
         for (i, entry) in entries.enumerated() { SnapshotEvent<CanonicalJSON>.encodeMember(entry.key, entry.value, first: i == 0, into: &bytes) }
-        bytes.append(contentsOf: tail)
+        writeRest(&bytes)
         if repository.isDurable(sequence) {
             bytes.withUnsafeBytes { outbox.append($0, events: events) }
             shard.markDirty(connection)

@@ -285,17 +285,16 @@ final class Session {
     static func tooLargeToSend(
         _ entries: [(key: Key, value: CanonicalJSON)], values: Bool, what: String, limit: Int = maxMessageBytes
     ) -> ProtocolError? {
-        var bytes = 0
-        for entry in entries {
-            bytes += 2 * entry.key.utf8Count + 4 + (values ? entry.value.bytes.count : 0)
-            if bytes > limit {
-                return ProtocolError(
-                    .tooLarge,
-                    "\(what) would take more than \(limit >> 20) MiB of keys\(values ? " and values" : ""), the most one message holds: select fewer keys (a prefix, or keys)"
-                )
-            }
-        }
-        return nil
+        guard encodedBytes(of: entries, values: values) > limit else { return nil }
+        return ProtocolError(
+            .tooLarge,
+            "\(what) would take more than \(limit >> 20) MiB of keys\(values ? " and values" : ""), the most one message holds: select fewer keys (a prefix, or keys)"
+        )
+    }
+
+    /// About how many bytes `entries` take encoded (keys quoted, and values if asked).
+    static func encodedBytes(of entries: [(key: Key, value: CanonicalJSON)], values: Bool) -> Int {
+        entries.reduce(0) { $0 + 2 * $1.key.utf8Count + 4 + (values ? $1.value.bytes.count : 0) }
     }
 
     /// Whether the value's encoding is within the limit; if not, replies `too_large`.
