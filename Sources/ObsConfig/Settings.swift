@@ -37,6 +37,7 @@ public struct DaemonSettings: Sendable, Equatable {
     public var maxLeasesPerUID = 1024
     public var maxSubscriptionsPerConnection = 1024
     public var maxKeysPerRequest = 4096
+    public var maxStartBytes = 1 << 30
     /// What peers no access rule matches may do: none, read or write.
     public var accessDefault = "none"
     /// `[[access.rule]]` tables, in file order.
@@ -177,6 +178,8 @@ public struct Setting: Sendable {
                 \.maxSubscriptionsPerConnection, "n", "Most live subscriptions per connection."),
         integer("limits.max-keys-per-request", "OBSD_MAX_KEYS_PER_REQUEST", "max-keys-per-request", 1...10_000_000, \.maxKeysPerRequest,
                 "n", "Most keys in one subscribe or operations in one batch."),
+        integer("limits.max-start-bytes", "OBSD_MAX_START_BYTES", "max-start-bytes", 0...(1 << 50), \.maxStartBytes, "bytes",
+                "Most bytes of large subscription starts (snapshots, since replays) being sent at once, daemon-wide; past it another is overloaded (one alone always may start)."),
         choice("access.default", "OBSD_ACCESS_DEFAULT", "access-default", ["none", "read", "write"], \.accessDefault, "policy",
                "What peers no access rule matches may do: none, read or write."),
         choice("log.level", "OBSD_LOG_LEVEL", "log-level", logLevels, \.logLevel, "level",

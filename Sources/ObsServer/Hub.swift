@@ -69,6 +69,8 @@ struct ConnectedPeer: Sendable {
 
 final class Hub: Sendable {
     let stats = ServerStats()
+    /// The bytes of large subscription starts being sent, daemon-wide (StartBudget.swift).
+    let startBudget = StartBudget()
     /// When the daemon started serving (`uptimeSeconds`).
     let startTime = ContinuousClock.now
     /// The epoch of every repository this daemon has not stored yet — at revision 0 there is

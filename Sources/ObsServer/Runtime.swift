@@ -41,13 +41,15 @@ public struct Limits: Sendable, Equatable {
     public var maxConnectionsPerUID: Int
     /// The most live leases of one uid (root's too).
     public var maxLeasesPerUID: Int
+    /// The most bytes of large subscription starts copied for streaming at once (StartBudget).
+    public var maxStartBytes: Int
 
     /// The daemon's defaults, but for the limits given.
     public init(
         maxLine: Int = 1 << 20, queueBytes: Int = 16 << 20, queueEvents: Int = 100_000, overflowGrace: Duration = .seconds(30),
         maxValueBytes: Int = 512 << 10, maxRevisionBytes: Int = 16 << 20, maxKeysPerRequest: Int = 4096,
         maxSubscriptionsPerConnection: Int = 1024, maxKeysPerRepository: Int = 1_000_000, maxRepositories: Int = 10_000,
-        maxConnections: Int = 16_384, maxConnectionsPerUID: Int = 1024, maxLeasesPerUID: Int = 1024
+        maxConnections: Int = 16_384, maxConnectionsPerUID: Int = 1024, maxLeasesPerUID: Int = 1024, maxStartBytes: Int = 1 << 30
     ) {
         self.maxLine = maxLine
         self.queueBytes = queueBytes
@@ -62,6 +64,7 @@ public struct Limits: Sendable, Equatable {
         self.maxConnections = maxConnections
         self.maxConnectionsPerUID = maxConnectionsPerUID
         self.maxLeasesPerUID = maxLeasesPerUID
+        self.maxStartBytes = maxStartBytes
     }
 }
 

@@ -86,7 +86,7 @@ enum Launch {
             maxValueBytes: s.maxValueBytes, maxRevisionBytes: s.maxRevisionBytes, maxKeysPerRequest: s.maxKeysPerRequest,
             maxSubscriptionsPerConnection: s.maxSubscriptionsPerConnection, maxKeysPerRepository: s.maxKeysPerRepository,
             maxRepositories: s.maxRepositories, maxConnections: s.maxConnections, maxConnectionsPerUID: s.maxConnectionsPerUID,
-            maxLeasesPerUID: s.maxLeasesPerUID)
+            maxLeasesPerUID: s.maxLeasesPerUID, maxStartBytes: s.maxStartBytes)
     }
 
     /// Raises the soft descriptor limit to the hard one (the soft default of 1024 would cap

@@ -14,7 +14,7 @@ import Testing
             maxValueBytes: s.maxValueBytes, maxRevisionBytes: s.maxRevisionBytes, maxKeysPerRequest: s.maxKeysPerRequest,
             maxSubscriptionsPerConnection: s.maxSubscriptionsPerConnection, maxKeysPerRepository: s.maxKeysPerRepository,
             maxRepositories: s.maxRepositories, maxConnections: s.maxConnections, maxConnectionsPerUID: s.maxConnectionsPerUID,
-            maxLeasesPerUID: s.maxLeasesPerUID)
+            maxLeasesPerUID: s.maxLeasesPerUID, maxStartBytes: s.maxStartBytes)
         #expect(Limits() == expected)
 
         let c = ServerConfiguration(listener: .path("/run/obsd/obsd.sock"))

@@ -47,7 +47,7 @@ private func subscriberAndWriter(_ limits: Limits) throws -> (TestServer, subscr
         #expect(written() == "a\n", "what follows the slot waits for it")
         #expect(!outbox.isEmpty)
 
-        Array("b\n".utf8).withUnsafeBytes { outbox.fill(slot, with: $0) }
+        outbox.fill(slot, with: Array("b\n".utf8))
         _ = outbox.flush(to: pair[1])
         #expect(written() == "b\nc\n")
         #expect(outbox.isEmpty && outbox.queuedBytes == 0)

@@ -2,7 +2,8 @@
 // piece at a time as the client reads it — the connection's queue never holds much more than
 // the stream's window — arrives byte for byte as one snapshot event at the revision the reply
 // names, and what follows it (a later change, the reply to a later request) comes after it;
-// held while its state is not durable, it streams once it is.
+// held while its state is not durable, it streams once it is. Large starts being sent at once
+// are bounded daemon-wide (`limits.max-start-bytes`), one alone always allowed.
 
 import ObsProtocol
 import ObsStore
@@ -86,5 +87,47 @@ extension String {
         try #require(messages.count == 1 + 12 + 1)
         #expect(messages[1...12].map(\.["rev"]) == (1...12).map { .int(Int64($0)) })
         #expect(messages[13]["event"] == "synced" && messages[13]["rev"] == .int(12))
+    }
+
+    @Test func largeStartsBeingSentTogetherAreBoundedDaemonWide() throws {
+        var limits = Limits.testing
+        limits.maxStartBytes = 1 << 20  // less than one ~6 MB start
+        let server = try TestServer(limits: limits)
+        let writer = try fill(server, count: 6000)
+        _ = try writer.received()
+        let budget = server.hub.startBudget
+        let subscribe = #"{"id":1,"op":"subscribe","repo":"r","initial":true}"#
+
+        // Alone, a start larger than the whole budget streams; its client does not read yet.
+        let first = try TestConnection(server)
+        try first.send(lines(subscribe))
+        #expect(budget.bytes > 6_000_000)
+
+        // Another one meanwhile is refused, and nothing of it is subscribed.
+        let second = try TestConnection(server)
+        try second.send(lines(subscribe))
+        let refused = try second.received()
+        try #require(refused.count == 1)
+        #expect(refused[0]["ok"] == .bool(false) && refused[0]["error"]?["code"] == "overloaded")
+        #expect(second.outbox.liveCount == 0)
+        try writer.send(lines(#"{"id":99,"op":"set","repo":"r","key":"k00001","value":1}"#))
+        #expect(try second.received().isEmpty, "no event for a refused subscription")
+
+        // Once the first is read, what it took is given back, and the second may start.
+        let messages = try first.received()
+        #expect(messages.count == 3 && messages[1]["values"]?.objectValue?.count == 6000)
+        #expect(budget.bytes == 0)
+        try second.send(lines(#"{"id":2,"op":"subscribe","repo":"r","initial":true}"#))
+        #expect(budget.bytes > 0)
+        let started = try second.received()
+        #expect(started.count == 2 && started[0]["ok"] == .bool(true) && started[1]["event"] == "snapshot")
+        #expect(budget.bytes == 0)
+
+        // A client that closes before reading its start gives it back too.
+        let third = try TestConnection(server)
+        try third.send(lines(subscribe))
+        #expect(budget.bytes > 0)
+        third.close()
+        #expect(budget.bytes == 0)
     }
 }

@@ -374,7 +374,7 @@ final class LoopShard: @unchecked Sendable {
             if let stream = waiter.stream {
                 waiter.connection.outbox.fill(waiter.slot, with: stream)
             } else {
-                waiter.bytes.withUnsafeBytes { waiter.connection.outbox.fill(waiter.slot, with: $0, events: waiter.events) }
+                waiter.connection.outbox.fill(waiter.slot, with: waiter.bytes, events: waiter.events)
             }
             markDirty(waiter.connection)
         }
@@ -400,7 +400,7 @@ final class LoopShard: @unchecked Sendable {
                 group.failed = true
             }
             let reply = Replies.storageFailure(id: waiter.id, error, repo: repository.name)
-            reply.withUnsafeBytes { waiter.connection.outbox.fill(waiter.slot, with: $0) }
+            waiter.connection.outbox.fill(waiter.slot, with: reply)
             markDirty(waiter.connection)
         }
         if !kept.isEmpty { waiters[repository.id] = kept }

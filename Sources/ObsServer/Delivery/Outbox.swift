@@ -118,9 +118,9 @@ final class Outbox {
     }
 
     /// Fills a reserved slot; what it held back becomes ready as far as the next pending slot.
-    func fill(_ slot: Slot, with bytes: UnsafeRawBufferPointer, events: Int = 0) {
+    func fill(_ slot: Slot, with bytes: [UInt8], events: Int = 0) {
         guard phase != .closed, let index = blocked.firstIndex(where: { if case .pending(slot) = $0 { true } else { false } }) else { return }
-        blocked[index] = .bytes(Array(bytes), events: events)
+        blocked[index] = .bytes(bytes, events: events)
         queuedBytes += bytes.count - Self.slotBytes
         queuedEvents += events
         releaseBlocked()

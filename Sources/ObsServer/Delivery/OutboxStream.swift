@@ -2,8 +2,10 @@
 // subscription's start whose snapshot (or replay) is large. The run is one consistent copy of
 // what the subscription starts with, taken under the repository's lock like any other; what
 // streams is its encoding. The outbox asks for the next piece only while it holds less than
-// `Outbox.streamWindow` ready bytes, so a snapshot of gigabytes costs its entries' copy and a
-// window of encoded bytes — not three copies of it, and never a refusal for its size — and
+// `Outbox.streamWindow` ready bytes, so a snapshot of gigabytes costs its entries' copy (each
+// value's freed once it is encoded) and a window of encoded bytes — not three copies of it,
+// and never a refusal for its size; how many such copies the daemon holds at once is bounded
+// by its `StartBudget` (StartBudget.swift) — and
 // the connection's flow control and overflow work on it as on any other bytes: what follows
 // it (live events of the connection's subscriptions) waits behind it, counted toward the
 // queue's limit.
@@ -22,13 +24,25 @@ final class OutboxStream {
     private var tail: [UInt8]
     private var tailSent = 0
 
+    /// What the run holds of the daemon's `StartBudget`, given back when it is done.
+    private var budget: (StartBudget, bytes: Int)?
+
     /// A run that is `head`, then `entries` as the members of a JSON object (`"key":value`,
-    /// comma-separated — a snapshot event's `values`), then `tail`.
-    init(head: [UInt8], entries: [(key: Key, value: CanonicalJSON)] = [], tail: [UInt8], events: Int) {
+    /// comma-separated — a snapshot event's `values`), then `tail`; `budget`: the bytes it took
+    /// of the daemon's budget (given back once it is sent, or dropped with its connection).
+    init(head: [UInt8], entries: [(key: Key, value: CanonicalJSON)] = [], tail: [UInt8], events: Int, budget: (StartBudget, bytes: Int)? = nil) {
         self.head = head
         self.entries = entries
         self.tail = tail
         self.events = events
+        self.budget = budget
+    }
+
+    deinit { giveBack() }
+
+    private func giveBack() {
+        if let (start, bytes) = budget { start.give(bytes) }
+        budget = nil
     }
 
     /// How large a piece is, about (an entry is never split; the tail is cut at this size).
@@ -43,12 +57,16 @@ final class OutboxStream {
             while nextEntry < entries.count, piece.count < Self.pieceBytes {
                 let entry = entries[nextEntry]
                 SnapshotEvent<CanonicalJSON>.encodeMember(entry.key, entry.value, first: nextEntry == 0, into: &piece)
+                entries[nextEntry].value = .null  // its copy goes as soon as it is encoded
                 nextEntry += 1
             }
-            if nextEntry == entries.count { entries = [] }  // their memory goes as soon as they are encoded
+            if nextEntry == entries.count { entries = [] }
             return piece
         }
-        guard tailSent < tail.count else { return nil }
+        guard tailSent < tail.count else {
+            giveBack()
+            return nil
+        }
         let end = min(tail.count, tailSent + Self.pieceBytes)
         defer { tailSent = end }
         return Array(tail[tailSent..<end])

@@ -24,9 +24,17 @@ extension Session {
         shard.markDirty(connection)
     }
 
-    /// Appends a typed reply (see `reply(_:after:in:_:)`).
+    /// Appends a typed reply (see `reply(_:after:in:_:)`). One held back is encoded straight
+    /// into the array its slot keeps (no queue to copy it out of).
     func reply(_ id: JSONValue, _ message: some ReplyMessage, after sequence: StateSequence = 0, in repository: Repository? = nil) {
-        reply(id, after: sequence, in: repository) { message.writeMembers(into: &$0) }
+        if let repository, !repository.isDurable(sequence) {
+            var bytes: [UInt8] = []
+            bytes.reserveCapacity(128)
+            message.encode(into: &bytes, id: id)
+            return hold(bytes, id: id, until: sequence, in: repository)
+        }
+        outbox.appendReply { message.encode(into: &$0, id: id) }
+        shard.markDirty(connection)
     }
 
     /// Appends an error reply, held back like `reply` when it reports non-durable state.
@@ -57,7 +65,7 @@ extension Session {
         let slot = outbox.reserveSlot()
         switch repository.awaitDurable(sequence, on: shard) {
         case .durable:
-            if let stream { outbox.fill(slot, with: stream) } else { bytes.withUnsafeBytes { outbox.fill(slot, with: $0, events: events) } }
+            if let stream { outbox.fill(slot, with: stream) } else { outbox.fill(slot, with: bytes, events: events) }
         case .pending:
             shard.wait(
                 LoopShard.Waiter(
@@ -66,7 +74,7 @@ extension Session {
                 on: repository)
         case .failed(let error):
             if let subscription, outbox.unregister(subscription.id) != nil { shard.unroute(subscription) }
-            Replies.storageFailure(id: id, error, repo: repository.name).withUnsafeBytes { outbox.fill(slot, with: $0) }
+            outbox.fill(slot, with: Replies.storageFailure(id: id, error, repo: repository.name))
         }
         shard.markDirty(connection)
     }
@@ -93,10 +101,10 @@ extension Session {
                     on: repository)
             case .failed(let error):
                 group.failed = true
-                Replies.storageFailure(id: id, error, repo: repository.name).withUnsafeBytes { outbox.fill(slot, with: $0) }
+                outbox.fill(slot, with: Replies.storageFailure(id: id, error, repo: repository.name))
             }
         }
-        if group.remaining == 0, !group.failed { bytes.withUnsafeBytes { outbox.fill(slot, with: $0) } }
+        if group.remaining == 0, !group.failed { outbox.fill(slot, with: bytes) }
         shard.markDirty(connection)
     }
 

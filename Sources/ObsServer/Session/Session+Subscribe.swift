@@ -49,11 +49,23 @@ extension Session {
             sink.append(contentsOf: start.replay)
             if synced { SyncedEvent(subscription: number, repository: repository.name, revision: start.revision).encode(into: &sink) }
         }
-        if head.count + Self.encodedBytes(of: entries, values: true) + start.replay.count > Self.streamAbove {
-            // Large: encoded a piece at a time as the socket takes it (OutboxStream.swift).
+        let size = head.count + Self.encodedBytes(of: entries, values: true) + start.replay.count
+        if size > Self.streamAbove {
+            // Large: encoded a piece at a time as the socket takes it (OutboxStream.swift),
+            // within the daemon's budget of such copies (StartBudget.swift).
+            let limit = limits.maxStartBytes
+            guard hub.startBudget.take(size, limit: limit) else {
+                if outbox.unregister(subscription.id) != nil { shard.unroute(subscription) }
+                return fail(
+                    id: id,
+                    ProtocolError(
+                        .overloaded,
+                        "this subscription starts with \(size >> 20) MiB of snapshot or replay, and other subscriptions' large starts hold \(hub.startBudget.bytes >> 20) MiB being sent (limits.max-start-bytes: \(limit >> 20) MiB); nothing was subscribed: retry shortly, or select fewer keys"
+                    ))
+            }
             var rest: [UInt8] = []
             writeRest(&rest)
-            let stream = OutboxStream(head: head, entries: entries, tail: rest, events: events)
+            let stream = OutboxStream(head: head, entries: entries, tail: rest, events: events, budget: (hub.startBudget, size))
             if repository.isDurable(sequence) {
                 outbox.append(stream)
                 shard.markDirty(connection)

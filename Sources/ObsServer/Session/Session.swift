@@ -257,7 +257,7 @@ final class Session {
         guard let pending = pendingWrites.removeValue(forKey: token) else { return }
         var reply: [UInt8] = []
         encodeWrite(&reply, pending.id, pending.repository.name, result, single: pending.single)
-        reply.withUnsafeBytes { outbox.fill(pending.slot, with: $0) }
+        outbox.fill(pending.slot, with: reply)
         if pending.held { hub.release(pending.repository.name) }
         shard.markDirty(connection)
         if !holdForDelivery() { resume(from: .cluster) } else { waits.remove(.cluster) }
