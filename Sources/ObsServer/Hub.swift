@@ -150,7 +150,7 @@ final class Hub: Sendable {
     private func makeRepository(_ name: String, loaded: LoadedRepository? = nil) -> Repository {
         Repository(
             name: name, epoch: freshEpoch, historyLimits: historyLimits, loaded: loaded, storage: storage, stats: stats,
-            leases: shared == nil ? leases : nil)
+            leases: shared == nil ? leases : nil, leaseEndUndone: { [leaseClock] in leaseClock.retry($0) })
     }
 
     // MARK: Event loops

@@ -50,6 +50,9 @@ final class Repository: DurabilityListener, Sendable {
         var subscriberLoops: [(shard: LoopShard, count: Int)] = []
         /// Loops that have waited for a state of this repository to be durable.
         var waitingLoops: [LoopShard] = []
+        /// Pending revisions that are a lease's end (its deletions), oldest first: one undone
+        /// is made again (`leaseEndUndone`).
+        var leaseEnds: [(revision: UInt64, ended: EndedLease)] = []
     }
 
     private let state: Mutex<State>
@@ -70,17 +73,21 @@ final class Repository: DurabilityListener, Sendable {
     /// The daemon's leases, told when an undo moves keys back between them (none: a shared
     /// store, whose attachments come decided with its revisions).
     private let leases: LeaseTable?
+    /// Called (outside the lock) with a lease's end whose deletion storage failed and this
+    /// repository undid: its keys are attached to the lease again, to be deleted again.
+    private let leaseEndUndone: @Sendable (EndedLease) -> Void
 
     private static let ids = Atomic<UInt64>(0)
 
     init(
         name: String, epoch: String, historyLimits: HistoryLimits, loaded: LoadedRepository? = nil, storage: any Storage, stats: ServerStats,
-        leases: LeaseTable? = nil
+        leases: LeaseTable? = nil, leaseEndUndone: @escaping @Sendable (EndedLease) -> Void = { _ in }
     ) {
         self.name = name
         self.storage = storage
         self.stats = stats
         self.leases = leases
+        self.leaseEndUndone = leaseEndUndone
         self.id = Self.ids.add(1, ordering: .relaxed).newValue
         self.epoch = loaded?.epoch ?? epoch
         self.state = Mutex(State(core: RepositoryCore(name: name, epoch: loaded?.epoch ?? epoch, historyLimits: historyLimits, loaded: loaded)))
@@ -173,11 +180,13 @@ final class Repository: DurabilityListener, Sendable {
 
     /// Storage kept the revisions up to `revision` and never will keep the others: undoes them.
     func failed(after revision: UInt64, error: StorageError) {
-        state.withLock { s in
+        let undoneEnds = state.withLock { s -> [EndedLease] in
             confirm(&s, through: revision)
             let (_, removedFirst, movedBack) = s.core.undo(after: revision)
             if removedFirst { stats.repositories.subtract(1, ordering: .relaxed) }
             for move in movedBack { leases?.move(move.key, of: name, from: move.from, to: move.to) }
+            let undoneEnds = s.leaseEnds.filter { $0.revision > revision }.map(\.ended)
+            if !undoneEnds.isEmpty { s.leaseEnds.removeAll { $0.revision > revision } }
             s.pendingSequences.removeAll { $0.revision > revision }
             // Under the lock: a revision written after this undo reuses those numbers, and the
             // store must not drop it as one of the undone.
@@ -185,7 +194,7 @@ final class Repository: DurabilityListener, Sendable {
             // Every state after the durable one is gone, including those reported by no-op
             // writes and reads; what remains is the durable state itself.
             let durable = durableSequence.load(ordering: .relaxed)
-            guard s.applied > durable else { return }
+            guard s.applied > durable else { return undoneEnds }
             let gone = (durable + 1)...s.applied
             if let last = s.undone.last, last.lowerBound == gone.lowerBound {
                 s.undone[s.undone.count - 1] = gone
@@ -198,13 +207,16 @@ final class Repository: DurabilityListener, Sendable {
             // Exactly these states are gone: a loop may already hold replies of later ones
             // (written after this undo, before the loop hears of it), which stand.
             for shard in s.waitingLoops { shard.post(.failed(self, undone: gone, error)) }
+            return undoneEnds
         }
+        for ended in undoneEnds { leaseEndUndone(ended) }
     }
 
     private func confirm(_ s: inout State, through revision: UInt64) {
         let loops = s.subscriberLoops
         let confirmed = s.core.confirm(through: revision) { view in Self.publish(view, to: loops, of: self) }
         guard confirmed > 0 else { return }
+        if !s.leaseEnds.isEmpty { s.leaseEnds.removeAll { $0.revision <= revision } }
         let durable = s.pendingSequences[confirmed - 1].sequence
         s.pendingSequences.removeFirst(confirmed)
         durableSequence.store(durable, ordering: .releasing)

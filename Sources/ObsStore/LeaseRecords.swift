@@ -12,7 +12,9 @@
 //
 // A deletion record says "lease L's end deletes these keys of this repository in revision
 // rev + 1": a restart that finds the repository at rev or below (the kill came before that
-// revision was durable) makes the deletion again.
+// revision was durable) makes the deletion again. It also detaches those keys from L: an
+// `attach` of one to L after it means the deletion's revision was undone (storage failed it)
+// and is owed again.
 
 import ObsValues
 import ObservableKit
@@ -185,6 +187,10 @@ enum LeaseRecord {
             }
             guard r.atEnd else { return false }
             leases.deletions.append(PersistedLeases.Deletion(lease: lease, reason: reason, owner: owner, repo: repo, before: before, keys: keys))
+            // The deletion detaches them: an `attach` to the ended lease after it means the
+            // deletion was undone (storage failed it), and is owed again.
+            for key in keys where leases.attachments[repo]?[key] == lease { leases.attachments[repo]![key] = nil }
+            if leases.attachments[repo]?.isEmpty == true { leases.attachments[repo] = nil }
         case .next:
             guard let id = r.u64(), r.atEnd else { return false }
             leases.nextID = max(leases.nextID, id)

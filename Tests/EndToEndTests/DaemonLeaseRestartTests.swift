@@ -118,6 +118,30 @@ import TestSupport
         #expect(try d.value("r", "other") == 2)
     }
 
+    /// A lease's deletion storage failed and the daemon undid (the key attached to the ended
+    /// lease again in the journal), then writes went on past it: the restart still makes it.
+    @Test func aDeletionStorageUndidIsMadeAtStartUp() async throws {
+        let d = try await TestDaemon.start()
+        let c = try d.connect()
+        let lease = try #require(try c.call(["op": "grant", "ttl": 600])["lease"]?.uint64Value)
+        #expect(try c.call(["op": "set", "repo": "r", "key": "k", "value": 1, "lease": .int(Int64(lease))])["rev"] == 1)
+        #expect(try c.call(["op": "set", "repo": "r", "key": "other", "value": 2])["rev"] == 2)
+        await d.stop()
+        // The deletion was recorded at revision 1, undone, and revision 2 written after it.
+        let journal = try LeaseJournal(directory: try #require(d.dataDirectory), sync: .always, logger: Logger(label: "test"))
+        journal.ended(lease, .expired)
+        journal.deleting(PersistedLeases.Deletion(lease: lease, reason: .expired, owner: Writer(uid: 0, gid: 0, pid: 1), repo: "r", before: 1, keys: ["k"]))
+        journal.attached("k", of: "r", to: lease)
+        journal.close()
+        try await d.launch()
+        let reader = try d.connect()
+        #expect(try reader.call(["op": "subscribe", "repo": "r", "since": 2]).ok)
+        let deletion = try reader.receive()
+        #expect(deletion["rev"] == 3 && deletion["changes"] == [["key": "k", "old": 1]])
+        #expect(deletion["lease"] == ["id": .int(Int64(lease)), "end": "expired"])
+        #expect(try d.value("r", "other") == 2)
+    }
+
     private func restart(_ d: TestDaemon, kill: Bool) async throws {
         if kill {
             d.kill9()

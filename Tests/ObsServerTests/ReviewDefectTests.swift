@@ -168,4 +168,33 @@ import TestSupport
         try owner.send(lines(#"{"id":5,"op":"get","repo":"r","key":"k"}"#))
         #expect(try owner.received().first?["value"] == .int(1))
     }
+
+    /// A lease's end whose deletion storage fails: the revision is undone, the keys are
+    /// attached to the ended lease again, and the deletion is made again a second later.
+    @Test func aLeaseEndsDeletionStorageFailedIsMadeAgain() throws {
+        let server = try TestServer(storage: ManualStorage())
+        let owner = try TestConnection(server)
+        try owner.send(lines(#"{"id":1,"op":"grant","ttl":60}"#))
+        let lease = try #require(try owner.received().first?["lease"]?.uint64Value)
+        try owner.send(lines(#"{"id":2,"op":"set","repo":"r","key":"k","value":1,"lease":\#(lease)}"#))
+        let repository = try #require(server.hub.existing("r"))
+        repository.durable(through: 1)
+        #expect(try owner.received().map(\.errorCode) == [nil])
+
+        try owner.send(lines(#"{"id":3,"op":"revoke","lease":\#(lease)}"#))
+        #expect(repository.revision == 2, "the deletion is applied, not yet durable")
+        repository.failed(after: 1, error: StorageError(.io, "injected"))
+        _ = try owner.received()
+        #expect(repository.revision == 1 && repository.lease(of: "k") == lease, "undone: the key is back, attached to the ended lease")
+
+        // Made again a second later: the key is deleted, by the lease's end.
+        server.advanceTime(by: .milliseconds(990))
+        #expect(repository.revision == 1, "not before the second")
+        server.advanceTime(by: .milliseconds(10))
+        try #require(repository.revision == 2, "the deletion was not made again")
+        repository.durable(through: 2)
+        try owner.send(lines(#"{"id":4,"op":"get","repo":"r","key":"k"}"#))
+        #expect(try owner.received().last?.errorCode == "not_found")
+        #expect(repository.lease(of: "k") == nil)
+    }
 }

@@ -1,5 +1,6 @@
 // Tests of the lease journal: what it records reads back (grants, ends, attachments, the
-// deletions lease ends made, the next id); a rewrite keeps exactly the state it is given
+// deletions lease ends made — which detach their keys, unless an undo attached them again —
+// the next id); a rewrite keeps exactly the state it is given
 // and the recent deletions; a torn last frame is cut off and reported; a damaged frame with
 // more after it, or a foreign file, refuses start-up naming the file; a revision's lease end
 // survives the log's encoding and the snapshot's; a header a crash cut short at creation is
@@ -46,8 +47,23 @@ import Testing
         #expect(found.nextID == 4)
         #expect(found.live == [1: .init(id: 1, owner: alice, ttl: nil), 2: .init(id: 2, owner: alice, ttl: 30)])
         #expect(found.ended[3]?.reason == .revoked && found.ended[3]?.owner == alice)
-        #expect(found.attachments == ["r": ["a": 1], "s": ["c": 3]])
+        #expect(found.attachments == ["r": ["a": 1]], "the deletion detached c")
         #expect(found.deletions == [deletion])
+    }
+
+    /// A key attached to an ended lease after its deletion was recorded: storage failed the
+    /// deletion's revision and it was undone — the restart sees the key attached, and owes it.
+    @Test func anAttachmentAfterItsDeletionMeansTheDeletionWasUndone() throws {
+        let dir = try directory()
+        let journal = try open(dir)
+        _ = try journal.granted(.init(id: 1, owner: alice, ttl: 30))
+        journal.attached("c", of: "s", to: 1)
+        journal.attached("d", of: "s", to: 1)
+        journal.ended(1, .expired)
+        journal.deleting(PersistedLeases.Deletion(lease: 1, reason: .expired, owner: alice, repo: "s", before: 7, keys: ["c", "d"]))
+        journal.attached("c", of: "s", to: 1)  // the undo
+        journal.close()
+        #expect(try open(dir).takeLoaded().attachments == ["s": ["c": 1]])
     }
 
     @Test func aRewriteKeepsTheStateItIsGivenAndTheRecentDeletions() throws {

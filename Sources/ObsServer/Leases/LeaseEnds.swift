@@ -1,7 +1,9 @@
 // ObsServer — what happens when a lease ends (revoked, expired, or its connection closed):
 // in each repository where it still holds keys, they are deleted in one revision through the
 // hub's sequencer — the same write path as any write (durability gating, history, `since`,
-// coalescing, `writers`, `echo`) — and the clock that expires leases with a TTL.
+// coalescing, `writers`, `echo`) — and the clock that expires leases with a TTL. A deletion
+// storage fails (and its repository undoes) is made again a second later, the keys attached
+// to the ended lease meanwhile (and in the lease journal, so a restart makes it too).
 
 import ObsCore
 import ObsProtocol
@@ -73,6 +75,18 @@ final class LeaseClock: @unchecked Sendable {
         scheduledFor = next
         let delay = next > loop.now ? next - loop.now : 0
         timer = loop.schedule(in: delay) { [self] in due() }
+    }
+
+    /// How long after a failed deletion it is made again.
+    static let retryDelay: UInt64 = 1_000_000_000
+
+    /// A lease's end whose deletion storage failed (and its repository undid): makes it again
+    /// in a second — its keys are attached to the lease again meanwhile — as often as storage
+    /// fails it. (From any thread.)
+    func retry(_ ended: EndedLease) {
+        loop.execute { [self] in
+            _ = loop.schedule(in: Self.retryDelay) { [self] in hub.end(ended, time: loop.wallSeconds) }
+        }
     }
 
     private func due() {

@@ -19,8 +19,6 @@ extension Hub {
         let found = journal.takeLoaded()
         var owed = OwedDeletions()
         var kept: [UInt64: [String: Set<Key>]] = [:]
-        var deletedIn: [String: Set<UInt64>] = [:]
-        for d in found.deletions { deletedIn[d.repo, default: []].insert(d.lease) }
         for (repo, attached) in found.attachments {
             guard let repository = existing(repo) else { continue }
             for (key, id) in attached {
@@ -31,8 +29,10 @@ extension Hub {
                     } else {
                         owed.add(key, of: repo, lease: id, owner: lease.owner, reason: .closed)
                     }
-                } else if let ended = found.ended[id], deletedIn[repo]?.contains(id) != true {
-                    // Ended, and killed before its deletion here was even recorded.
+                } else if let ended = found.ended[id] {
+                    // Ended, and killed before its deletion here was recorded — or after it was
+                    // recorded and undone (a deletion record detaches its keys; the undo
+                    // attached them again).
                     attach(key, in: repository, to: id)
                     owed.add(key, of: repo, lease: id, owner: ended.owner ?? Writer(uid: 0, gid: 0, pid: 0), reason: ended.reason)
                 }

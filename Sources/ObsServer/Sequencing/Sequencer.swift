@@ -131,8 +131,14 @@ struct LocalSequencer: Sequencer {
             // further than this makes the deletion again.
             leases.journal?.deleting(
                 PersistedLeases.Deletion(lease: lease.id, reason: end.reason, owner: lease.owner, repo: repository.name, before: s.core.revision, keys: doomed))
-            guard case .success(let outcome) = commit(plan, &s, repository, time: time, writer: lease.owner, origin: 0, leaseEnd: end) else {
-                return nil
+            // The keys' detachment goes with the revision: if storage fails it and it is undone,
+            // they are attached to the lease again, and the deletion is made again later.
+            let moves = doomed.map { (key: $0, from: UInt64?.some(lease.id), to: UInt64?.none) }
+            guard
+                case .success(let outcome) = commit(plan, &s, repository, time: time, writer: lease.owner, origin: 0, leaseEnd: end, moves: moves)
+            else { return nil }
+            if !storage.isImmediate {
+                s.leaseEnds.append((outcome.revision, EndedLease(id: lease.id, owner: lease.owner, end: lease.end, keys: [repository.name: Set(doomed)])))
             }
             return outcome
         }
