@@ -199,6 +199,7 @@ final class Committer: @unchecked Sendable {
             return false
         }
         group.removeAll(keepingCapacity: group.capacity <= 4 << 20)
+        WriteAheadLog.startGroup(into: &group)
         for item in batch { LogRecord.appendFrame(item.record, epoch: item.listener.epoch, to: &group) }
         do throws(StorageError) {
             _ = try log.append(group)

@@ -5,6 +5,18 @@
 // little-endian, starting on an 8-byte boundary. An all-zero frame header (length 0, CRC 0)
 // is the end of the log in its segment: what the preallocated, unwritten part of a segment
 // holds, and what a failed group is voided with when it cannot be cut off (WriteAheadLog).
+//
+// In a segment of format 2 (`OBSDWAL2`) every group begins with a group-start frame, whose
+// payload is the one byte 0xFD (a revision record begins with its version, 1 or 2). Replay
+// uses it to tell a torn last group from damage: a crash during a group's write (a power loss
+// under `sync = always`) may leave any of its pages unwritten, so a bad frame can be followed
+// by valid frames of the same group — never acknowledged, since the group's sync had not
+// returned — while damage to an earlier group is followed by a later group's start. What such
+// a crash leaves is zeros, not garbage — a sector the disk never got reads as the zeros the
+// log wrote ahead, or as unwritten space — so a bad frame counts as torn only if one of its
+// 512-byte sectors is all zeros (etcd's write-ahead log judges torn entries the same way); a
+// byte flipped anywhere is damage. Format 1 segments (obsd before this format) have no group
+// starts, and are read as before.
 
 #if canImport(Glibc)
 import Glibc
@@ -49,6 +61,63 @@ extension WriteAheadLog {
             guard CRC32C.checksum(UnsafeRawBufferPointer(rebasing: bytes[payload])) == crc else { return .bad }
         }
         return .frame(payload: payload, next: (payload.upperBound + 7) & ~7)
+    }
+
+    /// The payload of a group-start frame (see the header).
+    static let groupStartByte: UInt8 = 0xFD
+
+    /// Begins a group: appends its group-start frame to `group`, before its records.
+    static func startGroup(into group: inout [UInt8]) {
+        withUnsafeBytes(of: groupStartByte) { frame($0, into: &group) }
+    }
+
+    /// Whether `group` begins with a group-start frame.
+    static func startsGroup(_ group: UnsafeRawBufferPointer) -> Bool {
+        guard case .frame(let payload, _) = frame(in: group, at: 0) else { return false }
+        return isGroupStart(UnsafeRawBufferPointer(rebasing: group[payload]))
+    }
+
+    /// Whether `payload` is a group-start frame's (not a record's).
+    static func isGroupStart(_ payload: UnsafeRawBufferPointer) -> Bool {
+        payload.count == 1 && payload[0] == groupStartByte
+    }
+
+    /// Whether a valid group-start frame begins anywhere after a bad frame: a group was written
+    /// after the one the bad frame is in.
+    static func anyGroupStart(in bytes: UnsafeRawBufferPointer, after at: Int) -> Bool {
+        var candidate = (at + 8) & ~7
+        while candidate + frameHeaderSize <= bytes.count {
+            if case .frame(let payload, _) = frame(in: bytes, at: candidate), isGroupStart(UnsafeRawBufferPointer(rebasing: bytes[payload])) {
+                return true
+            }
+            candidate += 8
+        }
+        return false
+    }
+
+    /// The unit a disk writes whole or not at all, at the least.
+    static let sectorSize = 512
+
+    /// Whether the bad frame at `at` lost a sector: its length is sane (it ends before the next
+    /// valid frame) and a whole sector that begins inside it, before that frame, is all zeros —
+    /// what a write a crash cut short leaves. (The sector may reach past the frame: it held
+    /// the frames after it too.)
+    static func hasLostSector(in bytes: UnsafeRawBufferPointer, frameAt at: Int) -> Bool {
+        guard at + frameHeaderSize <= bytes.count else { return false }
+        var next = (at + 8) & ~7  // the next valid frame
+        while next + frameHeaderSize <= bytes.count {
+            if case .frame = frame(in: bytes, at: next) { break }
+            next += 8
+        }
+        let length = Int(UInt32(littleEndian: bytes.loadUnaligned(fromByteOffset: at, as: UInt32.self)))
+        let end = at + frameHeaderSize + length
+        guard length > 0, end <= next else { return false }
+        var sector = (at / sectorSize + 1) * sectorSize  // the first sector boundary inside it
+        while sector < end, sector + sectorSize <= next {
+            if bytes[sector..<(sector + sectorSize)].allSatisfy({ $0 == 0 }) { return true }
+            sector += sectorSize
+        }
+        return false
     }
 
     /// Whether a valid frame starts anywhere after a bad one (frames start on 8-byte boundaries).
@@ -134,7 +203,7 @@ extension WriteAheadLog.Directory {
         for (i, base) in bases.enumerated() where base < through && (i + 1 == bases.count || bases[i + 1] > after) {
             let path = file(base)
             let bytes = try WriteAheadLog.read(path, limit: Int(through - base))
-            guard bytes.count >= WriteAheadLog.headerSize, Array(bytes[0..<8]) == WriteAheadLog.magic else {
+            guard bytes.count >= WriteAheadLog.headerSize, WriteAheadLog.format(of: bytes) != nil else {
                 throw StorageError(.corrupt, "\(path) is not an obsd write-ahead log segment (bad header)")
             }
             try bytes.withUnsafeBytes { raw in
@@ -148,7 +217,8 @@ extension WriteAheadLog.Directory {
                             let position = base + UInt64(next)
                             if position > through { break scan }
                             if position > after {
-                                try body(UnsafeRawBufferPointer(rebasing: raw[payload]), position)
+                                let bytes = UnsafeRawBufferPointer(rebasing: raw[payload])
+                                if !WriteAheadLog.isGroupStart(bytes) { try body(bytes, position) }
                                 reached = position
                             }
                             at = next

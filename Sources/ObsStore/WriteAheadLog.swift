@@ -1,7 +1,9 @@
 // ObsStore — the write-ahead log: where a write becomes durable before it is acknowledged.
 //
 // Append-only segment files `wal/<base position, 16 hex digits>.wal`, preallocated, each a
-// 16-byte header (`OBSDWAL1` + its base position) and then frames (WriteAheadLog+Frames.swift).
+// 16-byte header (`OBSDWAL2` + its base position; `OBSDWAL1` in a segment an earlier obsd
+// wrote, read as it was written and never appended to) and then frames, each group's
+// beginning with a group-start frame (WriteAheadLog+Frames.swift).
 // A position (log sequence number) is a byte offset in the log as if its segments were one
 // file, each cut where its log ends: a segment's base is where the previous one's last frame
 // ends, and a frame's position is where it ends. A group of frames is written with one
@@ -18,9 +20,10 @@
 //
 // Replay reads every frame after a position. In each segment the log ends at an all-zero
 // frame header or at the end of the file. A frame that fails its length or checksum check
-// at the end of the last segment, with no valid frame after it, is the torn tail of a write
-// a crash interrupted: it is cut off and reported. Anywhere else it is damage, and replay
-// refuses with the file and offset. Whatever lies after the end of the last segment — the
+// in the last segment, with no group written after its own (no valid group start after it;
+// in a format 1 segment, no valid frame at all), is the torn tail of a write a crash
+// interrupted: it is cut off, with everything after it, and reported. Anywhere else it is
+// damage, and replay refuses with the file and offset. Whatever lies after the end of the last segment — the
 // remains of a voided group, or of a group whose first page a crash lost — was never
 // acknowledged, since nothing is appended behind a zeroed header; as appends go on there,
 // it is cut off and reported too. Segments wholly before the checkpoint of the compacted
@@ -34,8 +37,20 @@ import Musl
 import CLinux
 
 final class WriteAheadLog {
-    static let magic: [UInt8] = Array("OBSDWAL1".utf8)
+    /// The header of the segments this obsd writes (format 2: groups begin with a start frame).
+    static let magic: [UInt8] = Array("OBSDWAL2".utf8)
+    /// The header of segments an earlier obsd wrote (format 1: no group starts).
+    static let magicFormat1: [UInt8] = Array("OBSDWAL1".utf8)
     static let headerSize = 16
+
+    /// The format of the segment whose bytes begin with `header` (1 or 2), or nil if it is
+    /// not a segment.
+    static func format(of header: some Collection<UInt8>) -> Int? {
+        let prefix = header.prefix(8)
+        if prefix.elementsEqual(magic) { return 2 }
+        if prefix.elementsEqual(magicFormat1) { return 1 }
+        return nil
+    }
 
     /// The log's directory: its segment files, listed and deleted from any thread.
     struct Directory: Sendable {
@@ -132,7 +147,7 @@ final class WriteAheadLog {
             let path = directory.file(segment)
             let mapped = try Mapped(path)
             let bytes = mapped.bytes
-            guard bytes.count >= Self.headerSize, bytes.prefix(8).elementsEqual(Self.magic),
+            guard bytes.count >= Self.headerSize, let format = Self.format(of: bytes),
                 UInt64(littleEndian: bytes.loadUnaligned(fromByteOffset: 8, as: UInt64.self)) == segment
             else {
                 if last, bytes.allSatisfy({ $0 == 0 }) {
@@ -151,11 +166,18 @@ final class WriteAheadLog {
             }
             logEnd = max(logEnd, segment + UInt64(Self.headerSize))
             var end = Self.headerSize
+            /// Where a group-start frame with no record after it yet begins.
+            var emptyGroup: Int? = nil
             scan: while true {
                 // Frames the snapshot covers are walked by their lengths, not checksummed.
                 let covered = segment + UInt64(end) < checkpoint
                 switch Self.frame(in: bytes, at: end, verify: !covered) {
                 case .end:
+                    // A group start with nothing after it (its records' pages lost) goes too.
+                    if last, let emptyGroup, segment + UInt64(emptyGroup) >= checkpoint {
+                        end = emptyGroup
+                        logEnd = segment + UInt64(emptyGroup)
+                    }
                     break scan
                 case .frame(var payload, var next):
                     var position = segment + UInt64(next)
@@ -165,18 +187,33 @@ final class WriteAheadLog {
                         guard case .frame(let p, let n) = Self.frame(in: bytes, at: end) else { fallthrough }
                         (payload, next, position) = (p, n, segment + UInt64(n))
                     }
-                    if position > checkpoint {
-                        try body(UnsafeRawBufferPointer(rebasing: bytes[payload]), position)
+                    let frame = UnsafeRawBufferPointer(rebasing: bytes[payload])
+                    let groupStart = Self.isGroupStart(frame)
+                    if position > checkpoint, !groupStart {
+                        try body(frame, position)
                         replay.records += 1
                     }
+                    emptyGroup = groupStart ? end : nil
                     end = next
                     logEnd = position
                 case .bad:
-                    guard last, !Self.anyValidFrame(in: bytes, after: end) else {
+                    // Torn: in the last segment, with no valid frame after it — or, in a format
+                    // 2 segment, with a sector of it zeroed (lost, not garbled) and no group
+                    // written after its own (see WriteAheadLog+Frames.swift).
+                    let torn =
+                        last
+                        && (!Self.anyValidFrame(in: bytes, after: end)
+                            || (format == 2 && Self.hasLostSector(in: bytes, frameAt: end) && !Self.anyGroupStart(in: bytes, after: end)))
+                    guard torn else {
                         throw StorageError(
                             .corrupt,
                             "\(path): damaged record at offset \(end) (length or checksum wrong, with valid records after it); refusing to start rather than skip acknowledged writes"
                         )
+                    }
+                    // A torn group none of whose records survived goes whole, its start too.
+                    if let emptyGroup, segment + UInt64(emptyGroup) >= checkpoint {
+                        end = emptyGroup
+                        logEnd = segment + UInt64(emptyGroup)
                     }
                     replay.tornBytes = Self.usedBytes(in: bytes, from: end)
                     replay.tornAt = "\(path) at offset \(end)"
@@ -188,6 +225,8 @@ final class WriteAheadLog {
             guard fd >= 0 else { throw StorageError.from(errno, "cannot open \(path)") }
             base = segment
             offset = end
+            // A format 1 segment is not appended to: the next group starts a format 2 one.
+            if format == 1 { sealed = true }
             if replay.tornBytes == 0 {
                 replay.leftoverBytes = Self.usedBytes(in: bytes, from: end)
                 if replay.leftoverBytes > 0 { replay.leftoverAt = "\(path) at offset \(end)" }
@@ -220,6 +259,7 @@ final class WriteAheadLog {
     /// `group`. Nothing is durable until `sync`. A group that fails here, or whose sync
     /// fails, must be undone (`undoFailedGroup`) before the next append.
     func append(_ group: [UInt8]) throws(StorageError) -> UInt64 {
+        assert(group.withUnsafeBytes { Self.startsGroup($0) }, "a group begins with its group-start frame (startGroup)")
         lastGroup = nil
         if sealed || (offset > Self.headerSize && offset + group.count > segmentSize) { try startSegment(at: position) }
         let start = offset

@@ -211,11 +211,12 @@ func crashedAfterTenRevisions() throws -> String { try crashedAfter(10) }
         let crashed = try crashedAfterTenRevisions()
         defer { try? FileManager.default.removeItem(atPath: crashed) }
         let segment = crashed + "/wal/" + segments(crashed).last!
-        // Flip a byte of the first record's payload (after the 16-byte header and 8-byte frame header).
+        // Flip a byte of the first record's payload (after the 16-byte header, the 16-byte
+        // group-start frame and the record's 8-byte frame header).
         let file = try FileHandle(forUpdating: URL(fileURLWithPath: segment))
-        try file.seek(toOffset: 30)
+        try file.seek(toOffset: 46)
         let byte = try #require(try file.read(upToCount: 1)?.first)
-        try file.seek(toOffset: 30)
+        try file.seek(toOffset: 46)
         try file.write(contentsOf: Data([byte ^ 0x40]))
         try file.close()
 
@@ -223,7 +224,7 @@ func crashedAfterTenRevisions() throws -> String { try crashedAfter(10) }
             try open(options(crashed))
         } throws: { error in
             guard let error = error as? StorageError else { return false }
-            return error.kind == .corrupt && error.description.contains(segment) && error.description.contains("offset 16")
+            return error.kind == .corrupt && error.description.contains(segment) && error.description.contains("offset 32")
         }
     }
 

@@ -196,6 +196,7 @@ private func expectRefusal(_ dir: String, naming path: String, _ words: String..
         let log = WriteAheadLog(directory: dir + "/wal")
         _ = try log.open(after: 0) { _, _ in }
         var frame: [UInt8] = []
+        WriteAheadLog.startGroup(into: &frame)
         var payload: [UInt8] = []
         LogRecord.encode(record("old", 2, "k2", "logged"), epoch: "0123456789abcdef0123456789abcdef", into: &payload)
         payload.withUnsafeBytes { WriteAheadLog.frame($0, into: &frame) }

@@ -15,6 +15,7 @@ import Glibc
 /// A group of `count` frames whose payloads are `tag` repeated.
 private func group(_ count: Int, tag: UInt8, size: Int = 100) -> [UInt8] {
     var group: [UInt8] = []
+    WriteAheadLog.startGroup(into: &group)
     for _ in 0..<count {
         [UInt8](repeating: tag, count: size).withUnsafeBytes { WriteAheadLog.frame($0, into: &group) }
     }
