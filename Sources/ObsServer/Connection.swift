@@ -176,6 +176,40 @@ final class Connection: IOHandler {
                 session.handle(frame)
             }
             rest = UnsafeRawBufferPointer(rebasing: rest[end...])
+            handledSinceSend += 1
+            if handledSinceSend >= Self.sendEvery, !rest.isEmpty {
+                handledSinceSend = 0
+                sendEarly()
+            }
+        }
+    }
+
+    /// Requests handled since replies were last sent in the middle of a read.
+    private var handledSinceSend = 0
+    /// A read holding a long run of pipelined requests sends their replies this many at a
+    /// time, not all once the read is handled: the client sends more while the rest are
+    /// handled, instead of daemon and client taking turns. (Measured: 64 pipelined writes,
+    /// +40–50 % throughput at the same CPU per write; docs/PERFORMANCE.md.) Not while ticks
+    /// deliver `heavyTick` events or more: there a writer sending shorter runs would cost more
+    /// ticks, each writing to every subscriber (1,000 subscribers: −15 %).
+    static let sendEvery = 16
+    static let heavyTick = 1024
+
+    /// Sends what is ready in the middle of a read (the shard's tick sends the rest, and
+    /// does what follows a send: closing a drained connection, resuming held input).
+    private func sendEarly() {
+        guard outbox.hasReady, shard.recentTickEvents < Self.heavyTick else { return }
+        switch outbox.flush(to: fd) {
+        case .drained(let n):
+            shard.counters.count(bytes: n)
+        case .partial(let n):
+            shard.counters.count(bytes: n)
+            if !wantsWritable {
+                wantsWritable = true
+                updateInterest()
+            }
+        case .failed:
+            close()
         }
     }
 

@@ -1,6 +1,7 @@
 // A connection in process, over a socket pair, on a loop the test runs: framing (split,
 // pipelined and over-long lines), replies and their fields, errors that leave the connection
-// usable, events between two connections, half-close, and refused connections.
+// usable, events between two connections, half-close, refused connections, and the replies
+// of a long pipelined read sent while it is handled.
 // Outgoing-queue behaviour (slots, congestion, overflow) is in OutboxTests.
 
 import ObsProtocol
@@ -48,6 +49,19 @@ import Testing
         try client.send(lines(#"{"id":8,"op":"get","repo":"ui","key":"k"}"#))
         let get = try #require(try client.received().only)
         #expect(get["id"] == 8 && get["value"] == [1, 2] && get["rev"] == 1)
+    }
+
+    /// A read holding many pipelined requests sends their replies 16 at a time while the
+    /// rest are handled, not only once the whole read is (then the loop's tick sends the rest).
+    @Test func aLongPipelinedReadSendsRepliesWhileItIsHandled() throws {
+        let server = try TestServer()
+        let client = try TestConnection(server)
+        try client.send((1...40).map { #"{"id":\#($0),"op":"ping"}"# + "\n" }.joined(), run: false)
+        client.connection.ready(0x001)  // EPOLLIN: the read alone, no tick yet
+        let early = try client.received(running: nil)
+        #expect(early.map(\.["id"]) == (1...32).map { .int(Int64($0)) })
+        let rest = try client.received()
+        #expect(rest.map(\.["id"]) == (33...40).map { .int(Int64($0)) })
     }
 
     @Test func pipelinedRequestsInOneReadAreAnsweredInRequestOrder() throws {

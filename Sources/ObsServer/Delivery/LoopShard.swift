@@ -131,6 +131,10 @@ final class LoopShard: @unchecked Sendable {
     private var taken = RecordBatch<UInt64>()
     private var takenWeight = 0
     private var dirty: [Connection] = []
+    /// Events recent ticks delivered (the last tick's, or less than an eighth fewer than the
+    /// figure before it): a large fan-out's ticks want long runs of writes (a connection sends
+    /// replies early only while ticks are light: Connection.sendEarly).
+    private(set) var recentTickEvents = 0
     private(set) var hub: Hub?
     /// Subscriptions that asked for `progress`, and the timer that sends them (while any).
     var progressing: [ObserverID: Subscription] = [:]
@@ -280,6 +284,7 @@ final class LoopShard: @unchecked Sendable {
         }
         taken.removeFirst(n)
         if delivered > 0 { counters.count(events: delivered) }
+        recentTickEvents = max(delivered, recentTickEvents - recentTickEvents / 8)
         if taken.isEmpty, takenWeight > 0 {
             settle(takenWeight)
             takenWeight = 0

@@ -309,6 +309,8 @@ final class Outbox {
 
     /// Whether nothing is queued or reserved here.
     var isEmpty: Bool { ready.isEmpty && blocked.isEmpty }
+    /// Whether bytes are ready to be sent.
+    var hasReady: Bool { !ready.isEmpty }
 
     /// What a flush did.
     enum Flushed {
