@@ -192,7 +192,7 @@ final class Connection: IOHandler {
     /// +40–50 % throughput at the same CPU per write; docs/PERFORMANCE.md.) Not while ticks
     /// deliver `heavyTick` events or more: there a writer sending shorter runs would cost more
     /// ticks, each writing to every subscriber (1,000 subscribers: −15 %).
-    static let sendEvery = 16
+    static let sendEvery = 32
     static let heavyTick = 1024
 
     /// Sends what is ready in the middle of a read (the shard's tick sends the rest, and
