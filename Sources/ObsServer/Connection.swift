@@ -9,7 +9,9 @@
 // socket is not read until it resumes.
 //
 // Writing: the shard flushes the outbox once per tick; what the socket does not take waits
-// for it to be writable.
+// for it to be writable. A read holding a long run of pipelined requests also sends their
+// replies every `sendEvery` requests (`sendEarly`), so that the client sends more while the
+// rest are handled.
 //
 // A client that shuts down its sending side (`printf … | socat -`, `nc -N`) has sent its
 // last request: everything it sent is handled (a last line without its `\n` too), its
@@ -196,9 +198,15 @@ final class Connection: IOHandler {
     static let heavyTick = 1024
 
     /// Sends what is ready in the middle of a read (the shard's tick sends the rest, and
-    /// does what follows a send: closing a drained connection, resuming held input).
+    /// does what follows a send: closing a drained connection, resuming held input). Replies
+    /// held for durability are made durable first where that is cheap (`sync = relaxed`).
     private func sendEarly() {
-        guard outbox.hasReady, shard.recentTickEvents < Self.heavyTick else { return }
+        guard shard.recentTickEvents < Self.heavyTick else { return }
+        if outbox.holdsSlots, hub.storage.flushesCheaply {
+            hub.storage.flush()
+            shard.releaseDurable()
+        }
+        guard outbox.hasReady else { return }
         switch outbox.flush(to: fd) {
         case .drained(let n):
             shard.counters.count(bytes: n)
@@ -385,38 +393,3 @@ final class Connection: IOHandler {
 
 @available(*, unavailable)
 extension Connection: Sendable {}
-
-/// One loop's open connections (for shutdown, and `stats`).
-final class LoopConnections {
-    private(set) var all: [ConnectionID: Connection] = [:]
-
-    func add(_ connection: Connection) { all[connection.id] = connection }
-    func remove(_ connection: Connection) { all[connection.id] = nil }
-    var count: Int { all.count }
-}
-
-/// A connection named across threads: its loop, and its id in the loop's registry. Resolved
-/// only back on that loop, to the connection if it is still open. (Not a weak reference: one
-/// moves an object's reference counts to a side table, and every retain and release of it —
-/// a connection's, thousands of times a second — then takes the slow path.)
-struct ConnectionRef: @unchecked Sendable {
-    // @unchecked Sendable: `registry` is only read on `loop` (asserted in `connection`), where
-    // it lives; the id and the loop are Sendable.
-    let loop: IOLoop
-    private let registry: LoopConnections
-    private let id: ConnectionID
-
-    init(_ connection: Connection) {
-        self.loop = connection.loop
-        self.registry = connection.registry
-        self.id = connection.id
-    }
-
-    /// The connection, if it is still open (on its loop only).
-    var connection: Connection? {
-        loop.assertInLoop()
-        return registry.all[id]
-    }
-
-    var session: Session? { connection?.session }
-}

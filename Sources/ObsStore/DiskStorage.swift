@@ -244,6 +244,9 @@ public final class DiskStorage: Storage {
         queue.append(Queued(record: record, listener: listener), wake: pthread_getspecific(Self.flusher) != Unmanaged.passUnretained(self).toOpaque())
     }
 
+    /// Under `sync = relaxed` a flush writes and does not sync.
+    public var flushesCheaply: Bool { options.sync != .always }
+
     /// Commits the revisions queued — this thread's, and any others' — on this thread,
     /// unless another thread is committing (which then takes them). From then on, revisions
     /// this thread appends wait for its next `flush` instead of waking the committer thread.

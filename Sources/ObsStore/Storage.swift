@@ -69,6 +69,10 @@ public protocol Storage: AnyObject, Sendable {
     /// does that (an event loop calls it at the end of each iteration; the listeners may be
     /// called from inside). Must not be called with a repository's lock held.
     func flush()
+    /// Whether `flush` is cheap enough to call in the middle of an iteration too — it waits for
+    /// no sync (a connection that sends the replies of a long pipelined read early flushes
+    /// first, so that they are durable).
+    var flushesCheaply: Bool { get }
     /// Makes everything queued durable, then releases the storage.
     func close()
     /// Where leases persist (nil: they live only as long as the process).
@@ -77,6 +81,7 @@ public protocol Storage: AnyObject, Sendable {
 
 extension Storage {
     public func flush() {}
+    public var flushesCheaply: Bool { false }
     /// Where leases persist (nil: they live only as long as the process).
     public var leaseJournal: LeaseJournal? { nil }
 }

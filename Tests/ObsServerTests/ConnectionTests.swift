@@ -4,7 +4,9 @@
 // of a long pipelined read sent while it is handled.
 // Outgoing-queue behaviour (slots, congestion, overflow) is in OutboxTests.
 
+import Foundation
 import ObsProtocol
+import ObsStore
 import Synchronization
 import Testing
 
@@ -61,6 +63,29 @@ import Testing
         client.connection.ready(0x001)  // EPOLLIN: the read alone, no tick yet
         let early = try client.received(running: nil)
         #expect(early.map(\.["id"]) == (1...(2 * Connection.sendEvery)).map { .int(Int64($0)) })
+        let rest = try client.received()
+        #expect(rest.map(\.["id"]) == ((2 * Connection.sendEvery + 1)...count).map { .int(Int64($0)) })
+    }
+
+    /// Under `sync = relaxed` the writes handled so far are committed (written, not synced)
+    /// before their replies are sent early: a reply is never sent before its write is durable.
+    @Test func aLongPipelinedReadOfRelaxedWritesCommitsThenSendsEarly() throws {
+        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("obsd-early-\(UUID().uuidString)").path
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let storage = try DiskStorage(
+            options: DiskStorage.Options(directory: dir, sync: .relaxed(interval: .seconds(3600)), historyLimit: 100, historyMaxBytes: 1 << 20, historyMaxAge: nil),
+            logger: quietLogger)
+        defer { storage.close() }
+        storage.flush()  // this thread commits (the loop's, in these tests): the committer thread is not woken
+        let server = try TestServer(storage: storage)
+        let client = try TestConnection(server)
+        let count = 2 * Connection.sendEvery + 5
+        try client.send((1...count).map { #"{"id":\#($0),"op":"set","repo":"r","key":"k","value":\#($0)}"# + "\n" }.joined(), run: false)
+        client.connection.ready(0x001)  // EPOLLIN: the read alone, no tick yet
+        let early = try client.received(running: nil)
+        #expect(early.map(\.["rev"]) == (1...(2 * Connection.sendEvery)).map { .int(Int64($0)) })
+        let committed = storage.counters?.records.load(ordering: .relaxed) ?? 0
+        #expect(committed >= 2 * Connection.sendEvery, "committed before they were answered")
         let rest = try client.received()
         #expect(rest.map(\.["id"]) == ((2 * Connection.sendEvery + 1)...count).map { .int(Int64($0)) })
     }

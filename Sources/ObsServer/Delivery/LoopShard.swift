@@ -1,6 +1,7 @@
 // ObsServer — one event loop's share of delivery: the subscriptions of its connections, by
 // repository and key; the revisions and durability news waiting to be delivered on it; the
-// replies waiting for durability; and the connections with output to write. It is the only
+// replies waiting for durability (LoopShard+Durability.swift); and the connections with output
+// to write. It is the only
 // code that appends events to outboxes, and it never calls back into a repository.
 //
 // A repository posts each revision it may show (a durable one) to every loop with subscribers
@@ -125,7 +126,8 @@ final class LoopShard: @unchecked Sendable {
     }
 
     var routes: [UInt64: RepositoryRoutes] = [:]
-    private var waiters: [UInt64: [Waiter]] = [:]
+    /// Replies waiting for durability, by repository (LoopShard+Durability.swift).
+    var waiters: [UInt64: [Waiter]] = [:]
     /// Taken from the inbox and not yet delivered (the last tick ran out of its budget), and
     /// what they weigh in the backlog.
     private var taken = RecordBatch<UInt64>()
@@ -243,15 +245,6 @@ final class LoopShard: @unchecked Sendable {
         return lags
     }
 
-    // MARK: Durability waits (on the loop)
-
-    /// Holds a reply in its slot until its state is durable; `Repository.awaitDurable` said
-    /// it is pending, and registered this loop for the news.
-    func wait(_ waiter: Waiter, on repository: Repository) {
-        loop.assertInLoop()
-        waiters[repository.id, default: []].append(waiter)
-    }
-
     // MARK: Output (on the loop)
 
     /// Writes `connection` at the end of this tick (once, however often it is asked).
@@ -269,12 +262,7 @@ final class LoopShard: @unchecked Sendable {
     /// the rest in the next tick — then writes every connection that has output.
     func tick() {
         loop.assertInLoop()
-        for item in takeInbox() {
-            switch item {
-            case .durable(let repository, let sequence): release(repository, through: sequence)
-            case .failed(let repository, let undone, let error): fail(repository, undone: undone, error)
-            }
-        }
+        handle(takeInbox())
         var delivered = 0
         var n = 0
         taken.forEach { repositoryID, view in
@@ -299,6 +287,15 @@ final class LoopShard: @unchecked Sendable {
         if written > 0 { counters.count(bytes: written) }
         // Out of budget, or more posted meanwhile: the rest after the loop has served its sockets.
         if !taken.isEmpty || inbox.withLock({ !$0.revisions.isEmpty || !$0.news.isEmpty }) { loop.requestTick() }
+    }
+
+    /// Takes the news alone (the revisions wait for the tick).
+    func takeNews() -> [DurabilityNews] {
+        inbox.withLock { box -> [DurabilityNews] in
+            var news: [DurabilityNews] = []
+            swap(&news, &box.news)
+            return news
+        }
     }
 
     /// Takes the news and — once everything taken before is delivered — the revisions.
@@ -363,51 +360,5 @@ final class LoopShard: @unchecked Sendable {
         }
         for subscription in ended { unroute(subscription) }
         return delivered
-    }
-
-    /// Sends the waiting replies whose states are now durable, in order.
-    private func release(_ repository: Repository, through sequence: StateSequence) {
-        guard var queue = waiters.removeValue(forKey: repository.id) else { return }
-        var released = 0
-        for waiter in queue {
-            guard waiter.sequence <= sequence else { break }
-            released += 1
-            if let group = waiter.group {
-                group.remaining -= 1
-                guard group.remaining == 0, !group.failed else { continue }
-            }
-            if let stream = waiter.stream {
-                waiter.connection.outbox.fill(waiter.slot, with: stream)
-            } else {
-                waiter.connection.outbox.fill(waiter.slot, with: waiter.bytes, events: waiter.events)
-            }
-            markDirty(waiter.connection)
-        }
-        queue.removeFirst(released)
-        if !queue.isEmpty { waiters[repository.id] = queue }
-    }
-
-    /// Replaces the waiting replies whose states were undone by the error; a subscription that
-    /// began on undone state ends with it (it saw values that are gone).
-    private func fail(_ repository: Repository, undone: ClosedRange<StateSequence>, _ error: StorageError) {
-        guard let queue = waiters.removeValue(forKey: repository.id) else { return }
-        var kept: [Waiter] = []
-        for waiter in queue {
-            guard undone.contains(waiter.sequence) else {
-                kept.append(waiter)
-                continue
-            }
-            if let subscription = waiter.subscription, waiter.connection.outbox.unregister(subscription.id) != nil {
-                unroute(subscription)
-            }
-            if let group = waiter.group {
-                guard !group.failed else { continue }
-                group.failed = true
-            }
-            let reply = Replies.storageFailure(id: waiter.id, error, repo: repository.name)
-            waiter.connection.outbox.fill(waiter.slot, with: reply)
-            markDirty(waiter.connection)
-        }
-        if !kept.isEmpty { waiters[repository.id] = kept }
     }
 }

@@ -311,6 +311,8 @@ final class Outbox {
     var isEmpty: Bool { ready.isEmpty && blocked.isEmpty }
     /// Whether bytes are ready to be sent.
     var hasReady: Bool { !ready.isEmpty }
+    /// Whether replies wait in slots (for durability, or a decision made elsewhere).
+    var holdsSlots: Bool { !blocked.isEmpty }
 
     /// What a flush did.
     enum Flushed {

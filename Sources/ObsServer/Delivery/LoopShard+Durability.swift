@@ -1,0 +1,81 @@
+// ObsServer — a loop's replies waiting for durability: each held in its connection's outbox
+// slot until storage makes the state it reports durable (then released, in order), or replaced
+// by the error if storage fails and the state is undone (a subscription that began there ends).
+
+import ObsProtocol
+import ObsStore
+
+extension LoopShard {
+    // MARK: Durability waits (on the loop)
+
+    /// Holds a reply in its slot until its state is durable; `Repository.awaitDurable` said
+    /// it is pending, and registered this loop for the news.
+    func wait(_ waiter: Waiter, on repository: Repository) {
+        loop.assertInLoop()
+        waiters[repository.id, default: []].append(waiter)
+    }
+
+    /// Handles the news posted since the last tick — replies whose states are now durable
+    /// are released — leaving the revisions for the tick (for a connection that sends early:
+    /// Connection.sendEarly). The tick handles news first too.
+    func releaseDurable() {
+        loop.assertInLoop()
+        handle(takeNews())
+    }
+
+    /// Releases (or fails) the waiting replies the news is about.
+    func handle(_ news: [DurabilityNews]) {
+        for item in news {
+            switch item {
+            case .durable(let repository, let sequence): release(repository, through: sequence)
+            case .failed(let repository, let undone, let error): fail(repository, undone: undone, error)
+            }
+        }
+    }
+
+    /// Sends the waiting replies whose states are now durable, in order.
+    fileprivate func release(_ repository: Repository, through sequence: StateSequence) {
+        guard var queue = waiters.removeValue(forKey: repository.id) else { return }
+        var released = 0
+        for waiter in queue {
+            guard waiter.sequence <= sequence else { break }
+            released += 1
+            if let group = waiter.group {
+                group.remaining -= 1
+                guard group.remaining == 0, !group.failed else { continue }
+            }
+            if let stream = waiter.stream {
+                waiter.connection.outbox.fill(waiter.slot, with: stream)
+            } else {
+                waiter.connection.outbox.fill(waiter.slot, with: waiter.bytes, events: waiter.events)
+            }
+            markDirty(waiter.connection)
+        }
+        queue.removeFirst(released)
+        if !queue.isEmpty { waiters[repository.id] = queue }
+    }
+
+    /// Replaces the waiting replies whose states were undone by the error; a subscription that
+    /// began on undone state ends with it (it saw values that are gone).
+    fileprivate func fail(_ repository: Repository, undone: ClosedRange<StateSequence>, _ error: StorageError) {
+        guard let queue = waiters.removeValue(forKey: repository.id) else { return }
+        var kept: [Waiter] = []
+        for waiter in queue {
+            guard undone.contains(waiter.sequence) else {
+                kept.append(waiter)
+                continue
+            }
+            if let subscription = waiter.subscription, waiter.connection.outbox.unregister(subscription.id) != nil {
+                unroute(subscription)
+            }
+            if let group = waiter.group {
+                guard !group.failed else { continue }
+                group.failed = true
+            }
+            let reply = Replies.storageFailure(id: waiter.id, error, repo: repository.name)
+            waiter.connection.outbox.fill(waiter.slot, with: reply)
+            markDirty(waiter.connection)
+        }
+        if !kept.isEmpty { waiters[repository.id] = kept }
+    }
+}
