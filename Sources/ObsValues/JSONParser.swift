@@ -349,7 +349,7 @@ package struct Parser {
         pos += n
     }
 
-    @inline(__always)
+    @inlinable @inline(__always)  // the request scanner (ObsProtocol) calls it between every two tokens
     package mutating func skipWhitespace() {
         while pos < end {
             switch base[pos] {
@@ -359,7 +359,7 @@ package struct Parser {
         }
     }
 
-    @inline(__always)
+    @inlinable @inline(__always)
     package func isDigit(_ b: UInt8) -> Bool { b >= UInt8(ascii: "0") && b <= UInt8(ascii: "9") }
 
     package func fail(_ reason: String) -> JSONParseError { JSONParseError(reason: reason, offset: pos) }

@@ -269,6 +269,31 @@ func failure<R>(
         }
     }
 
+    /// The fast path's string scan (eight bytes at a time) against the general decoder: keys
+    /// of every length up to 20 with a quote, a backslash, a control character, a non-ASCII
+    /// character or an invalid UTF-8 byte at every position — the fast path reads the line
+    /// exactly as the decoder does, or leaves it to the decoder.
+    @Test func theFastPathsStringScanAgreesWithTheDecoderAtEveryPosition() throws {
+        let specials: [[UInt8]] = [[0x22], [0x5C, 0x22], [0x5C, 0x6E], [0x01], [0x1F], Array("é".utf8), [0xFF], [0xC3], Array("€".utf8)]
+        var taken = 0
+        for length in 0...20 {
+            for at in 0...length {
+                for special in specials {
+                    var key = [UInt8](repeating: UInt8(ascii: "k"), count: length)
+                    key.insert(contentsOf: special, at: at)
+                    let line = Array(#"{"id":1,"op":"get","repo":"r","key":""#.utf8) + key + Array(#""}"#.utf8)
+                    try line.withUnsafeBytes { raw in
+                        let general = try? Request.decodeInGeneral(line: raw)
+                        guard let fast = Request.scan(raw) else { return }
+                        taken += 1
+                        #expect(fast == general, "key bytes \(key)")
+                    }
+                }
+            }
+        }
+        #expect(taken > 100, "the fast path took \(taken) of the lines")
+    }
+
     @Test(arguments: general) func theRestGoesToTheGeneralDecoder(_ text: String) {
         Array(text.utf8).withUnsafeBytes { raw in
             #expect(Request.scan(raw) == nil, "\(text)")
