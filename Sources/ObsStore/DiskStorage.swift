@@ -79,6 +79,9 @@ public final class DiskStorage: Storage {
         public var snapshotLogBytes: Int = 64 << 20
         /// The size log segments are preallocated to.
         public var segmentSize: Int = 64 << 20
+        /// Cut the log at a damaged record (with everything after it) instead of refusing to
+        /// start; every repository then starts a new epoch (`obsd --repair-log`).
+        public var repairLog = false
 
         public init(directory: String, sync: SyncPolicy, historyLimit: Int, historyMaxBytes: Int, historyMaxAge: Duration?) {
             self.directory = directory
@@ -146,7 +149,7 @@ public final class DiskStorage: Storage {
         }
         var recovery = Recovery(repositories: stored.repositories, renewEpochs: stored.renewed != nil, options: options)
         stored.repositories = []
-        let report = try log.open(after: stored.covered) { (payload, position) throws(StorageError) in
+        let report = try log.open(after: stored.covered, repair: options.repairLog) { (payload, position) throws(StorageError) in
             try recovery.apply(payload, at: position, log: log.directory.path)
         }
         if let at = report.tornAt {
@@ -157,12 +160,21 @@ public final class DiskStorage: Storage {
                 "cut \(report.leftoverBytes) bytes after the end of the write-ahead log (\(at)): a failed write voided there, or a write whose start a crash lost; never acknowledged")
         }
         if report.records > 0 { notices.append("replayed \(report.records) revisions from the write-ahead log") }
-        let repositories = recovery.repositories
+        var repositories = recovery.repositories
+        if let at = report.repairedAt {
+            let segments = report.removedSegments == 0 ? "" : ", and \(report.removedSegments) later log segment(s)"
+            notices.append(
+                "repaired the write-ahead log: cut \(report.repairedBytes) bytes at \(at) — a damaged record and everything after it\(segments); the revisions they held are lost, and every repository starts a new epoch (clients resync instead of resuming)"
+            )
+            // Revisions after the cut may be numbered again: no client may resume across it.
+            repositories = repositories.map { LoadedRepository(name: $0.name, epoch: Epoch.random(), state: $0.state, history: $0.history) }
+        }
         var covered = stored.covered
         var snapshotSize = stored.size
-        if stored.renewed != nil || stored.source != .snapshot {
-            // The new epochs, the migrated state, or a new directory's first (empty) snapshot:
-            // durable before any write, and the file's identity recorded from the start.
+        if stored.renewed != nil || stored.source != .snapshot || report.repairedAt != nil {
+            // The new epochs (renewed, or after a repair), the migrated state, or a new
+            // directory's first (empty) snapshot: durable before any write, and the file's
+            // identity recorded from the start.
             snapshotSize = try SnapshotLoader.write(repositories, covering: log.position, directory: directory)
             covered = log.position
             if stored.source == .sqlite {

@@ -116,6 +116,11 @@ final class WriteAheadLog {
         /// page a crash lost), and where.
         var leftoverBytes = 0
         var leftoverAt: String? = nil
+        /// Under `repair`: bytes cut from the first damaged record on, where, and the later
+        /// segments removed.
+        var repairedBytes = 0
+        var repairedAt: String? = nil
+        var removedSegments = 0
         var records = 0
     }
 
@@ -132,7 +137,11 @@ final class WriteAheadLog {
 
     /// Opens the log (creating it), calls `body` with every frame's payload and end position
     /// after `checkpoint`, in order, and leaves the log ready to append after the last one.
-    func open(after checkpoint: UInt64, _ body: (UnsafeRawBufferPointer, UInt64) throws(StorageError) -> Void) throws(StorageError) -> Replay {
+    /// `repair`: a damaged record, instead of refusing, ends the log — it is cut there, with
+    /// everything after it, later segments included (an operator's decision: `obsd --repair-log`).
+    func open(
+        after checkpoint: UInt64, repair: Bool = false, _ body: (UnsafeRawBufferPointer, UInt64) throws(StorageError) -> Void
+    ) throws(StorageError) -> Replay {
         if mkdir(directory.path, 0o700) != 0 && errno != EEXIST {
             throw StorageError.from(errno, "cannot create \(directory.path)")
         }
@@ -141,7 +150,7 @@ final class WriteAheadLog {
         var logEnd: UInt64 = 0
         let segments = try directory.segments()
         for (i, segment) in segments.enumerated() {
-            let last = i == segments.count - 1
+            var last = i == segments.count - 1
             // A segment the snapshot wholly covers is not read (it is deleted once the store is open).
             if !last, segments[i + 1] <= checkpoint { continue }
             let path = directory.file(segment)
@@ -204,10 +213,20 @@ final class WriteAheadLog {
                         last
                         && (!Self.anyValidFrame(in: bytes, after: end)
                             || (format == 2 && Self.hasLostSector(in: bytes, frameAt: end) && !Self.anyGroupStart(in: bytes, after: end)))
+                    if !torn, repair {
+                        replay.repairedBytes = Self.usedBytes(in: bytes, from: end)
+                        replay.repairedAt = "\(path) at offset \(end)"
+                        // The later segments go first: a crash before this one is cut leaves
+                        // it last and damaged, which a second repair cuts.
+                        for later in segments[(i + 1)...] where unlink(directory.file(later)) == 0 { replay.removedSegments += 1 }
+                        if replay.removedSegments > 0 { try DataDirectory.sync(directory.path) }
+                        last = true  // the log now ends here
+                        break scan
+                    }
                     guard torn else {
                         throw StorageError(
                             .corrupt,
-                            "\(path): damaged record at offset \(end) (length or checksum wrong, with valid records after it); refusing to start rather than skip acknowledged writes"
+                            "\(path): damaged record at offset \(end) (length or checksum wrong, with valid records after it); refusing to start rather than skip acknowledged writes (obsd --repair-log cuts the log there, dropping what follows)"
                         )
                     }
                     // A torn group none of whose records survived goes whole, its start too.
@@ -227,11 +246,11 @@ final class WriteAheadLog {
             offset = end
             // A format 1 segment is not appended to: the next group starts a format 2 one.
             if format == 1 { sealed = true }
-            if replay.tornBytes == 0 {
+            if replay.tornBytes == 0, replay.repairedAt == nil {
                 replay.leftoverBytes = Self.usedBytes(in: bytes, from: end)
                 if replay.leftoverBytes > 0 { replay.leftoverAt = "\(path) at offset \(end)" }
             }
-            if replay.tornBytes > 0 || replay.leftoverBytes > 0 {
+            if replay.tornBytes > 0 || replay.leftoverBytes > 0 || replay.repairedAt != nil {
                 // Appends go on at the end: cut what lies there, so that no later frame
                 // sits before garbage, or before the valid-looking frames of a voided group.
                 guard files.ftruncate(fd, off_t(end)) == 0, files.fdatasync(fd) == 0 else {
@@ -239,6 +258,7 @@ final class WriteAheadLog {
                 }
                 preallocate()
             }
+            if replay.repairedAt != nil { break }  // the segments after it are gone
         }
         // Appends go after the checkpoint even where the log ends before it (its unsynced
         // tail lost with the machine under `sync = relaxed`, after the compacted state took

@@ -79,6 +79,26 @@ enum Launch {
         return (owner, group)
     }
 
+    /// `obsd --repair-log`: opens the data directory of `s` with its write-ahead log cut at the
+    /// first damaged record (everything after it dropped, every epoch renewed, a snapshot
+    /// written), closes it, and returns what the store reported.
+    static func repairLog(_ s: DaemonSettings, environment: [String: String], logger: Logger) throws -> [String] {
+        guard s.etcdEndpoints.isEmpty, !s.inMemory else {
+            throw Failure(description: "--repair-log repairs a data directory's write-ahead log: not with storage.etcd-endpoints or storage.in-memory")
+        }
+        guard let directory = s.dataDir ?? DataDirectory.defaultPath(environment: environment) else {
+            throw Failure(description: "no data directory: set storage.data-dir (or HOME)")
+        }
+        var options = DiskStorage.Options(
+            directory: directory, sync: .always, historyLimit: s.historyLimit, historyMaxBytes: s.historyMaxBytes,
+            historyMaxAge: s.historyMaxAgeSeconds > 0 ? .seconds(s.historyMaxAgeSeconds) : nil)
+        options.repairLog = true
+        let storage = try DiskStorage(options: options, logger: logger)
+        let notices = storage.notices
+        storage.close()
+        return notices
+    }
+
     /// The limits of `s`.
     static func limits(_ s: DaemonSettings) -> Limits {
         Limits(

@@ -26,6 +26,7 @@ struct Obsd: AsyncParsableCommand {
             Clients speak line-delimited JSON on the socket (docs/PROTOCOL.md); obsctl is the CLI.
             SIGTERM or SIGINT stop the daemon gracefully (exit 0); SIGHUP reloads the log level and connection limits.
             Exit status: 0 stopped, 1 failed, 64 bad flags, 78 bad configuration.
+            A data directory obsd refuses to start with for a damaged write-ahead log record can be cut back with --repair-log.
 
             SETTINGS:
             """ + Setting.helpText,
@@ -36,6 +37,12 @@ struct Obsd: AsyncParsableCommand {
 
     @Option(help: ArgumentHelp("Check a configuration file, print the settings it yields, and exit.", valueName: "file"))
     var checkConfig: String?
+
+    @Flag(
+        help: ArgumentHelp(
+            "Repair the data directory's write-ahead log and exit: cut it at the first damaged record, dropping that record and everything after it (their revisions are lost; every repository starts a new epoch). For a directory obsd refuses to start with, once you have kept a copy of it."
+        ))
+    var repairLog = false
 
     /// Every setting's flag (`--socket PATH`, `--in-memory`, …), parsed against the settings table.
     @Argument(parsing: .allUnrecognized, help: .hidden)
@@ -73,6 +80,18 @@ struct Obsd: AsyncParsableCommand {
         }
         let configPath = config ?? environment["OBSD_CONFIG"].flatMap { $0.isEmpty ? nil : $0 }
         let settings = try Self.orExit { () throws(ConfigError) in try Self.load(file: configPath, environment: environment, flags: flags) }
+        if repairLog {
+            var stderr = StandardError()
+            do {
+                let notices = try Launch.repairLog(settings, environment: environment, logger: Logger(label: "obsd"))
+                if !notices.contains(where: { $0.hasPrefix("repaired the write-ahead log") }) { print("obsd: the write-ahead log has no damaged record: nothing was cut") }
+                for notice in notices { print("obsd: \(notice)") }
+                return
+            } catch {
+                print("obsd: cannot repair: \(error)", to: &stderr)
+                throw ExitCode.failure
+            }
+        }
         if !settings.etcdEndpoints.isEmpty && settings.inMemory {
             var stderr = StandardError()
             print("obsd: use one of --etcd-endpoints and --in-memory (repositories live either in etcd or in this process)", to: &stderr)

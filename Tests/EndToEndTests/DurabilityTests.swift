@@ -203,6 +203,48 @@ import Glibc
         #expect(try d.connect().call(["op": "get", "repo": "r", "key": "k"])["value"] == 1)
     }
 
+    /// A record damaged in the middle of the log: the daemon refuses to start, naming it and
+    /// the repair; `obsd --repair-log` cuts the log there, and the daemon starts with the
+    /// state before it, in a new epoch.
+    @Test func aDamagedLogIsRefusedThenRepairedByTheOperator() async throws {
+        let d = try await TestDaemon.start()
+        let c = try d.connect()
+        for i in 1...20 { _ = try c.call(["op": "set", "repo": "t", "key": .string("k\(i)"), "value": .int(Int64(i))]) }
+        let epoch = try #require(try c.call(["op": "list", "repo": "t"])["epoch"]?.stringValue)
+        d.kill9()
+        _ = await d.waitForExit()
+        let wal = d.dataDirectory! + "/wal"
+        let segment = wal + "/" + (try FileManager.default.contentsOfDirectory(atPath: wal).filter { $0.hasSuffix(".wal") }.sorted().last!)
+        // A byte flipped in revision 10's record, with ten records after it.
+        let starts = try recordFrames(segment)
+        try #require(starts.count == 20)
+        let file = try FileHandle(forUpdating: URL(fileURLWithPath: segment))
+        try file.seek(toOffset: UInt64(starts[9] + 12))
+        let byte = try #require(try file.read(upToCount: 1)?.first)
+        try file.seek(toOffset: UInt64(starts[9] + 12))
+        try file.write(contentsOf: Data([byte ^ 0x40]))
+        try file.close()
+
+        let refused = try d.runToCompletion()
+        #expect(refused.status != 0)
+        #expect(
+            refused.stderr.contains("\(segment): damaged record at offset \(starts[9])") && refused.stderr.contains("--repair-log"), "\(refused.stderr)")
+
+        let repair = try run(BuildProducts.path("obsd"), ["--repair-log", "--data-dir", d.dataDirectory!])
+        #expect(repair.status == 0, "\(repair.stderr)")
+        #expect(repair.stdout.contains("repaired the write-ahead log") && repair.stdout.contains("offset \(starts[9])"), "\(repair.stdout)")
+        let again = try run(BuildProducts.path("obsd"), ["--repair-log", "--data-dir", d.dataDirectory!])
+        #expect(again.status == 0 && again.stdout.contains("nothing was cut"), "\(again.stdout)")
+
+        try await d.launch()
+        let r = try d.connect()
+        let listed = try r.call(["op": "list", "repo": "t"])
+        #expect(listed["rev"] == 9, "revisions 10 to 20 are gone")
+        #expect(try d.value("t", "k9") == 9)
+        #expect(listed["epoch"]?.stringValue != epoch && listed["epoch"]?.stringValue != nil, "a new epoch: no client resumes across the cut")
+        #expect(try r.call(["op": "set", "repo": "t", "key": "after", "value": 1]).ok)
+    }
+
     @Test func aTornWriteAtTheEndOfTheLogIsCutOff() async throws {
         let d = try await TestDaemon.start()
         let c = try d.connect()
@@ -371,6 +413,20 @@ func writeUntilStopped(
 
 /// Where the last frame of a log segment starts and ends (frames: u32 length, u32 CRC,
 /// payload, zero padding to 8 bytes; after a 16-byte header).
+/// Where each record's frame of a log segment starts (group starts skipped).
+func recordFrames(_ path: String) throws -> [Int] {
+    let bytes = [UInt8](try Data(contentsOf: URL(fileURLWithPath: path)))
+    var starts: [Int] = []
+    var at = 16
+    while at + 8 <= bytes.count {
+        let length = Int(bytes[at]) | Int(bytes[at + 1]) << 8 | Int(bytes[at + 2]) << 16 | Int(bytes[at + 3]) << 24
+        if length == 0 { break }
+        if !(length == 1 && bytes[at + 8] == 0xFD) { starts.append(at) }
+        at = (at + 8 + length + 7) & ~7
+    }
+    return starts
+}
+
 func lastFrame(_ path: String) throws -> (start: Int, end: Int) {
     let bytes = [UInt8](try Data(contentsOf: URL(fileURLWithPath: path)))
     var at = 16
