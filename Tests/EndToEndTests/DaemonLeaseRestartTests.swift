@@ -94,51 +94,51 @@ import TestSupport
     /// A kill right after a lease's end was journaled, before its deletion was made (or before
     /// that deletion was durable): the restart makes it, with the end's reason.
     @Test(arguments: [false, true]) func aDeletionAKillInterruptedIsMadeAtStartUp(recorded: Bool) async throws {
-        let d = try await TestDaemon.start()
-        let c = try d.connect()
-        let lease = try #require(try c.call(["op": "grant", "ttl": 600])["lease"]?.uint64Value)
-        #expect(try c.call(["op": "set", "repo": "r", "key": "k", "value": 1, "lease": .int(Int64(lease))])["rev"] == 1)
-        #expect(try c.call(["op": "set", "repo": "r", "key": "other", "value": 2])["rev"] == 2)
-        await d.stop()
+        let (d, lease, journal) = try await leasedKeyThenStopped()
         // What the journal holds when a kill came between the end and its durable deletion.
-        let journal = try LeaseJournal(directory: try #require(d.dataDirectory), sync: .always, logger: Logger(label: "test"))
         journal.ended(lease, .revoked)
         if recorded {
             journal.deleting(
                 PersistedLeases.Deletion(lease: lease, reason: .revoked, owner: Writer(uid: 0, gid: 0, pid: 1), repo: "r", before: 2, keys: ["k"]))
         }
         journal.close()
-        try await d.launch()
-        let reader = try d.connect()
-        #expect(try reader.call(["op": "subscribe", "repo": "r", "since": 2]).ok)
-        let deletion = try reader.receive()
-        #expect(deletion["rev"] == 3 && deletion["changes"] == [["key": "k", "old": 1]])
-        #expect(deletion["lease"] == ["id": .int(Int64(lease)), "end": "revoked"])
-        #expect(try reader.call(["op": "keepalive", "lease": .int(Int64(lease))]).errorCode == "not_found")
-        #expect(try d.value("r", "other") == 2)
+        try await expectDeletionAtStartUp(d, lease, end: "revoked")
+        #expect(try d.connect().call(["op": "keepalive", "lease": .int(Int64(lease))]).errorCode == "not_found")
     }
 
     /// A lease's deletion storage failed and the daemon undid (the key attached to the ended
     /// lease again in the journal), then writes went on past it: the restart still makes it.
     @Test func aDeletionStorageUndidIsMadeAtStartUp() async throws {
+        let (d, lease, journal) = try await leasedKeyThenStopped()
+        // The deletion was recorded at revision 1, undone, and revision 2 written after it.
+        journal.ended(lease, .expired)
+        journal.deleting(PersistedLeases.Deletion(lease: lease, reason: .expired, owner: Writer(uid: 0, gid: 0, pid: 1), repo: "r", before: 1, keys: ["k"]))
+        journal.attached("k", of: "r", to: lease)
+        journal.close()
+        try await expectDeletionAtStartUp(d, lease, end: "expired")
+    }
+
+    /// A stopped daemon whose repository `r` holds `k` (revision 1, attached to a lease with a
+    /// TTL) and `other` (revision 2), and its lease journal, open for the test to add to.
+    private func leasedKeyThenStopped() async throws -> (TestDaemon, lease: UInt64, LeaseJournal) {
         let d = try await TestDaemon.start()
         let c = try d.connect()
         let lease = try #require(try c.call(["op": "grant", "ttl": 600])["lease"]?.uint64Value)
         #expect(try c.call(["op": "set", "repo": "r", "key": "k", "value": 1, "lease": .int(Int64(lease))])["rev"] == 1)
         #expect(try c.call(["op": "set", "repo": "r", "key": "other", "value": 2])["rev"] == 2)
         await d.stop()
-        // The deletion was recorded at revision 1, undone, and revision 2 written after it.
         let journal = try LeaseJournal(directory: try #require(d.dataDirectory), sync: .always, logger: Logger(label: "test"))
-        journal.ended(lease, .expired)
-        journal.deleting(PersistedLeases.Deletion(lease: lease, reason: .expired, owner: Writer(uid: 0, gid: 0, pid: 1), repo: "r", before: 1, keys: ["k"]))
-        journal.attached("k", of: "r", to: lease)
-        journal.close()
+        return (d, lease, journal)
+    }
+
+    /// Starts `d` again and checks that its first revision deletes `k`, by `lease`'s `end`.
+    private func expectDeletionAtStartUp(_ d: TestDaemon, _ lease: UInt64, end: String) async throws {
         try await d.launch()
         let reader = try d.connect()
         #expect(try reader.call(["op": "subscribe", "repo": "r", "since": 2]).ok)
         let deletion = try reader.receive()
         #expect(deletion["rev"] == 3 && deletion["changes"] == [["key": "k", "old": 1]])
-        #expect(deletion["lease"] == ["id": .int(Int64(lease)), "end": "expired"])
+        #expect(deletion["lease"] == ["id": .int(Int64(lease)), "end": .string(end)])
         #expect(try d.value("r", "other") == 2)
     }
 

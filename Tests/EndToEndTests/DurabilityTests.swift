@@ -216,7 +216,7 @@ import Glibc
         let wal = d.dataDirectory! + "/wal"
         let segment = wal + "/" + (try FileManager.default.contentsOfDirectory(atPath: wal).filter { $0.hasSuffix(".wal") }.sorted().last!)
         // A byte flipped in revision 10's record, with ten records after it.
-        let starts = try recordFrames(segment)
+        let starts = try walRecordStarts(segment)
         try #require(starts.count == 20)
         let file = try FileHandle(forUpdating: URL(fileURLWithPath: segment))
         try file.seek(toOffset: UInt64(starts[9] + 12))
@@ -413,20 +413,6 @@ func writeUntilStopped(
 
 /// Where the last frame of a log segment starts and ends (frames: u32 length, u32 CRC,
 /// payload, zero padding to 8 bytes; after a 16-byte header).
-/// Where each record's frame of a log segment starts (group starts skipped).
-func recordFrames(_ path: String) throws -> [Int] {
-    let bytes = [UInt8](try Data(contentsOf: URL(fileURLWithPath: path)))
-    var starts: [Int] = []
-    var at = 16
-    while at + 8 <= bytes.count {
-        let length = Int(bytes[at]) | Int(bytes[at + 1]) << 8 | Int(bytes[at + 2]) << 16 | Int(bytes[at + 3]) << 24
-        if length == 0 { break }
-        if !(length == 1 && bytes[at + 8] == 0xFD) { starts.append(at) }
-        at = (at + 8 + length + 7) & ~7
-    }
-    return starts
-}
-
 func lastFrame(_ path: String) throws -> (start: Int, end: Int) {
     let bytes = [UInt8](try Data(contentsOf: URL(fileURLWithPath: path)))
     var at = 16

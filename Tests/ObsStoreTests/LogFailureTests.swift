@@ -32,20 +32,6 @@ private func appendUntilAFailure(_ storage: DiskStorage, _ a: ListenerStub, from
     }
 }
 
-/// Where each record's frame of a segment starts (after its 16-byte header; group starts skipped).
-private func frameStarts(_ path: String) throws -> [Int] {
-    let bytes = [UInt8](try Data(contentsOf: URL(fileURLWithPath: path)))
-    var starts: [Int] = []
-    var at = 16
-    while at + 8 <= bytes.count {
-        let length = Int(bytes[at]) | Int(bytes[at + 1]) << 8 | Int(bytes[at + 2]) << 16 | Int(bytes[at + 3]) << 24
-        if length == 0 { break }
-        if !(length == 1 && bytes[at + 8] == WriteAheadLog.groupStartByte) { starts.append(at) }  // records, not group starts
-        at = (at + 8 + length + 7) & ~7
-    }
-    return starts
-}
-
 @Suite struct LogFailureTests {
     @Test func aGroupThatFailsAtASegmentRollOverLeavesTheNewSegmentsHeader() throws {
         let dir = temporaryDirectory()
@@ -192,7 +178,7 @@ private func frameStarts(_ path: String) throws -> [Int] {
         // Revisions 8 to 10 behind a zeroed frame header: a voided group, or one whose first
         // page a crash lost. Their frames are valid, and were never acknowledged.
         let segment = crashed + "/wal/" + (try #require(segments(crashed).last))
-        let starts = try frameStarts(segment)
+        let starts = try walRecordStarts(segment)
         try #require(starts.count == 10)
         let file = try FileHandle(forUpdating: URL(fileURLWithPath: segment))
         try file.seek(toOffset: UInt64(starts[7]))

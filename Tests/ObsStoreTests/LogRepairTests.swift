@@ -7,23 +7,10 @@
 import Foundation
 import ObsValues
 import ObservableKit
+import TestSupport
 import Testing
 
 @testable import ObsStore
-
-/// Where each record's frame of a segment starts (group starts skipped).
-private func recordStarts(_ path: String) throws -> [Int] {
-    let bytes = [UInt8](try Data(contentsOf: URL(fileURLWithPath: path)))
-    var starts: [Int] = []
-    var at = 16
-    while at + 8 <= bytes.count {
-        let length = Int(bytes[at]) | Int(bytes[at + 1]) << 8 | Int(bytes[at + 2]) << 16 | Int(bytes[at + 3]) << 24
-        if length == 0 { break }
-        if !(length == 1 && bytes[at + 8] == WriteAheadLog.groupStartByte) { starts.append(at) }
-        at = (at + 8 + length + 7) & ~7
-    }
-    return starts
-}
 
 /// Flips a byte of the payload of the record whose frame starts at `at`.
 private func damage(_ path: String, recordAt at: Int) throws {
@@ -46,7 +33,7 @@ private func repairing(_ dir: String) -> DiskStorage.Options {
         let dir = try crashedAfterTenRevisions()
         defer { try? FileManager.default.removeItem(atPath: dir) }
         let segment = dir + "/wal/" + (try #require(segments(dir).last))
-        let starts = try recordStarts(segment)
+        let starts = try walRecordStarts(segment)
         try #require(starts.count == 10)
         try damage(segment, recordAt: starts[4])  // revision 5
         #expect(throws: StorageError.self) { try open(options(dir)) }
@@ -80,7 +67,7 @@ private func repairing(_ dir: String) -> DiskStorage.Options {
         let names = segments(dir)
         try #require(names.count >= 3)
         let first = dir + "/wal/" + names[0]
-        let starts = try recordStarts(first)
+        let starts = try walRecordStarts(first)
         try #require(starts.count >= 2)
         try damage(first, recordAt: starts[1])
         #expect(throws: StorageError.self) { try open(options(dir)) }
