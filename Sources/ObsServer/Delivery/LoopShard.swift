@@ -342,7 +342,7 @@ final class LoopShard: @unchecked Sendable {
                         delivered += 1
                     case .skipped:
                         return
-                    case .ended:
+                    case .ended(let subscription):  // the outbox's reference: it may be the last
                         delivered += 1
                         ended.append(subscription)
                     case .overflowed(let victims):

@@ -41,8 +41,10 @@ final class Outbox {
         /// Nothing queued: the subscription is not live here, the revision is its own
         /// connection's (`echo: false`), or it was folded into a coalescing lag.
         case skipped
-        /// Queued, and it was the only event of a `once` subscription, which has ended.
-        case ended
+        /// Queued, and it was the only event of a `once` subscription, which has ended: the
+        /// reference this outbox held, for the caller to keep until it has unrouted it (routes
+        /// hold subscriptions unretained; this may be the last reference).
+        case ended(Subscription)
         /// The queue was full: the connection overflowed and these subscriptions ended.
         case overflowed([Subscription])
     }
@@ -269,10 +271,10 @@ final class Outbox {
             }
         }
         if subscription.once {
-            live[subscription.id] = nil
+            let ended = live.removeValue(forKey: subscription.id)
             subscription.isLive = false
             count(subscriptions: -1)
-            return .ended
+            return ended.map { .ended($0) } ?? .delivered
         }
         subscription.completeThrough = revision.revision
         return .delivered
