@@ -144,8 +144,9 @@ private func lines(_ buffer: ByteBuffer, _ framer: inout LineFramer, _ run: Soak
 }
 
 /// Connects, subscribes in one of six ways, lingers up to two seconds and leaves.
-/// Styles: 0 keys with a snapshot, 1 a prefix, 2 `once`, 3 subscribe and a `get` but never
-/// read the answers, 4 half a request (no newline), 5 subscribe, `list` and `set`, then shut
+/// Styles: 0 keys with a snapshot, 1 a prefix, 2 `once`, 3 subscribe and a `get` (of `k/0`,
+/// which the soak writes before any churner starts: any other key may not exist yet) and
+/// leave without waiting for the answers, 4 half a request (no newline), 5 subscribe, `list` and `set`, then shut
 /// down its sending side and read every reply until the daemon closes.
 final class Churner: ChannelInboundHandler, @unchecked Sendable {
     // @unchecked: used only on the run's single event loop.
@@ -169,7 +170,7 @@ final class Churner: ChannelInboundHandler, @unchecked Sendable {
         case 0: request = #"{"id":1,"op":"subscribe","repo":"\#(repo)","keys":["\#(run.key())","\#(run.key())"],"initial":true}"#
         case 1: request = #"{"id":1,"op":"subscribe","repo":"\#(repo)","prefix":"k/1\#(run.random(0..<10))"}"#
         case 2: request = #"{"id":1,"op":"subscribe","repo":"\#(repo)","keys":["\#(run.key())"],"once":true}"#
-        case 3: request = #"{"id":1,"op":"subscribe","repo":"\#(repo)"}"# + "\n" + #"{"id":2,"op":"get","repo":"\#(repo)","key":"k/1"}"#
+        case 3: request = #"{"id":1,"op":"subscribe","repo":"\#(repo)"}"# + "\n" + #"{"id":2,"op":"get","repo":"\#(repo)","key":"k/0"}"#
         case 4: request = #"{"id":1,"op":"subscribe","repo":"\#(repo)","ke"#
         default:
             request = #"{"id":1,"op":"subscribe","repo":"\#(repo)"}"# + "\n" + #"{"id":2,"op":"list","repo":"\#(repo)","prefix":"h/"}"#
