@@ -91,6 +91,16 @@ public struct FlatState: Sendable {
         table.install(changeSet)
     }
 
+    /// Calls `body` with the record of the key whose bytes are `key`, read in place (nil: absent).
+    @inlinable
+    public func withRecord<R>(key: UnsafeRawBufferPointer, _ body: (FlatRecord?) -> R) -> R { table.withRecord(key: key, body) }
+
+    /// Installs one change given as bytes as the next revision (its write rules were checked).
+    public mutating func install(key: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer?, isPlain: Bool, revision: UInt64) {
+        if let value { table.set(key: key, value: value, isPlain: isPlain, revision: revision) } else { table.remove(key: key) }
+        table.revision = revision
+    }
+
     /// Undoes the newest revision: each key back to its entry before it (`nil`: absent),
     /// newest first, and the revision down by one.
     public mutating func undoLast(restoring previous: [(key: Key, entry: Entry<CanonicalJSON>?)]) {

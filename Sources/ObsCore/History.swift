@@ -64,7 +64,7 @@ public struct History: Sendable {
 
     /// Appends the next revision (`changes`, made at `info.revision`), dropping the oldest
     /// beyond the limits.
-    public mutating func append(prefix: [UInt8], info: RevisionInfo, changes: [Change<CanonicalJSON>], tail: [UInt8] = []) {
+    public mutating func append<C: RecordChanges>(prefix: [UInt8], info: RevisionInfo, changes: C, tail: [UInt8] = []) {
         guard limits.count > 0 else { return }
         let (last, place) = RevisionRecordLayout.withEncoded(prefix: prefix, revision: info.revision, changes: changes, tail: tail) { record, place in
             makeRoom(record.count)

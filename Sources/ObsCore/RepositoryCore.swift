@@ -51,20 +51,20 @@ public struct RepositoryCore: Sendable {
     public let name: String
     /// The history this repository's revisions belong to (see `Epoch`).
     public let epoch: String
-    public private(set) var data: FlatState
+    public internal(set) var data: FlatState
     public private(set) var history: History
     /// The lease each attached key is attached to: not part of the state that revisions
     /// count, nor of the history (the contract's leases).
     public private(set) var attachments: [Key: UInt64] = [:]
     /// The time of the newest revision: revisions are stamped no earlier, so their times
     /// never go back whatever the clock does.
-    private var lastTime: Int64
+    var lastTime: Int64
     /// Revisions committed and not yet durable, oldest first: their records, and what each
     /// changed key held before (to undo them).
     public private(set) var pending = RecordBatch<Void>()
     /// Per pending revision: what its keys held before, and the lease attachments its write
     /// moved (undone with it).
-    private var undo: [(previous: [(key: Key, entry: Entry<CanonicalJSON>?)], moves: [AttachmentMove])] = []
+    var undo: [(previous: [(key: Key, entry: Entry<CanonicalJSON>?)], moves: [AttachmentMove])] = []
     /// How every revision's body begins (`,"repo":<name>,"rev":`), encoded once.
     private let prefix: [UInt8]
     /// Where the record of the revision committed last is: the history's newest, or — when the
@@ -243,7 +243,7 @@ public struct RepositoryCore: Sendable {
 
     /// Encodes the revision once: into the history (or `scratch`, when it keeps none), and
     /// — not durable yet — copies it to `pending`.
-    private mutating func record(_ info: RevisionInfo, _ changes: [Change<CanonicalJSON>], durable: Bool, tail: [UInt8] = []) {
+    mutating func record<C: RecordChanges>(_ info: RevisionInfo, _ changes: C, durable: Bool, tail: [UInt8] = []) {
         if history.keepsRevisions {
             history.append(prefix: prefix, info: info, changes: changes, tail: tail)
             lastInHistory = true

@@ -104,8 +104,8 @@ public enum RevisionRecordLayout {
     /// A record is written through a pointer into a buffer sized for it (on the stack when
     /// small), then appended with one copy (an array written a byte at a time checks its
     /// capacity and uniqueness at every byte: that was most of a write's cost).
-    public static func append(
-        prefix: [UInt8], revision: UInt64, changes: [Change<CanonicalJSON>], into bytes: inout [UInt8], tail: [UInt8] = []
+    public static func append<C: RecordChanges>(
+        prefix: [UInt8], revision: UInt64, changes: C, into bytes: inout [UInt8], tail: [UInt8] = []
     ) -> RecordPlace {
         let offset = bytes.count
         return withEncoded(prefix: prefix, revision: revision, changes: changes, tail: tail) { record, place in
@@ -116,8 +116,9 @@ public enum RevisionRecordLayout {
 
     /// Calls `body` with the record (see `append`) encoded in a buffer of its own, and where
     /// its parts lie there.
-    public static func withEncoded<R>(
-        prefix: [UInt8], revision: UInt64, changes: [Change<CanonicalJSON>], tail: [UInt8] = [],
+    @inlinable
+    public static func withEncoded<C: RecordChanges, R>(
+        prefix: [UInt8], revision: UInt64, changes: C, tail: [UInt8] = [],
         _ body: (UnsafeRawBufferPointer, RecordPlace) -> R
     ) -> R {
         let bound = bound(prefix: prefix, changes: changes, tail: tail)
@@ -130,18 +131,20 @@ public enum RevisionRecordLayout {
     }
 
     /// At least the size of the record `append` writes for `changes`.
-    public static func bound(prefix: [UInt8], changes: [Change<CanonicalJSON>], tail: [UInt8] = []) -> Int {
+    @inlinable
+    public static func bound<C: RecordChanges>(prefix: [UInt8], changes: C, tail: [UInt8] = []) -> Int {
         var bound = prefix.count + tail.count + 64
-        for change in changes {
-            bound += tableEntry + 32 + 7 * change.key.utf8Count + (change.old?.bytes.count ?? 0) + (change.new?.bytes.count ?? 0)
+        for i in 0..<changes.count {
+            // A key's escapes take up to 6 bytes per byte, and it may be written twice.
+            bound += tableEntry + 32 + 6 * changes.withKeyBytes(i) { $0.count } + changes.byteCount(i)
         }
         return bound
     }
 
     /// Writes the record into `sink` (see `append`).
     @inlinable
-    static func encode<S: RecordSink>(
-        prefix: [UInt8], revision: UInt64, changes: [Change<CanonicalJSON>], into bytes: inout S, tail: [UInt8]
+    static func encode<S: RecordSink, C: RecordChanges>(
+        prefix: [UInt8], revision: UInt64, changes: C, into bytes: inout S, tail: [UInt8]
     ) -> RecordPlace {
         let start = bytes.count
         let count = changes.count
@@ -154,20 +157,24 @@ public enum RevisionRecordLayout {
         for i in 0..<count {
             if i > 0 { bytes.writeByte(UInt8(ascii: ",")) }
             let changeStart = bytes.count
-            EventEncoder.writeChange(&bytes, changes[i]) { sink, value in sink.writeCanonical(value) }
+            changes.writeChange(i, into: &bytes)
             bytes.setTable(start, i, 0, changeStart - start)
-            if !needsEscaping(changes[i].key) { bytes.setTable(start, i, 1, Int(keyInBody) | changes[i].key.utf8Count) }
+            let (escaped, length) = changes.withKeyBytes(i) { (needsEscaping($0), $0.count) }
+            if !escaped { bytes.setTable(start, i, 1, Int(keyInBody) | length) }
         }
         let suffixStart = bytes.count
         bytes.writeByte(UInt8(ascii: "]"))
         bytes.writeRaw(tail)
         bytes.writeRaw("}\n")
         let bodyEnd = bytes.count
-        for i in 0..<count where needsEscaping(changes[i].key) {
-            bytes.setTable(start, i, 1, bytes.count - start)
-            var length = UInt32(changes[i].key.utf8Count).littleEndian
-            withUnsafeBytes(of: &length) { bytes.writeBytes($0) }
-            changes[i].key.withUTF8 { bytes.writeBytes(UnsafeRawBufferPointer($0)) }
+        for i in 0..<count {
+            changes.withKeyBytes(i) { key in
+                guard needsEscaping(key) else { return }
+                bytes.setTable(start, i, 1, bytes.count - start)
+                var length = UInt32(key.count).littleEndian
+                withUnsafeBytes(of: &length) { bytes.writeBytes($0) }
+                bytes.writeBytes(key)
+            }
         }
         return RecordPlace(
             start: start, changeCount: count, bodyStart: bodyStart, prefixEnd: prefixEnd, suffixStart: suffixStart, bodyEnd: bodyEnd,
@@ -178,8 +185,8 @@ public enum RevisionRecordLayout {
 /// Whether a key's JSON string differs from its bytes (`"`, `\` and control characters are
 /// escaped, as `writeJSONString` does).
 @inlinable
-func needsEscaping(_ key: Key) -> Bool {
-    key.withUTF8 { bytes in bytes.contains { $0 < 0x20 || $0 == UInt8(ascii: "\"") || $0 == UInt8(ascii: "\\") } }
+func needsEscaping(_ key: UnsafeRawBufferPointer) -> Bool {
+    key.contains { $0 < 0x20 || $0 == UInt8(ascii: "\"") || $0 == UInt8(ascii: "\\") }
 }
 
 /// Where a record is written: a growable array, or a pointer into a buffer sized for it.

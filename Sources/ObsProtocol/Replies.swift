@@ -70,11 +70,30 @@ public struct WriteReply<Value: WireValue>: ReplyMessage, Equatable {
 
     @inlinable
     public func writeMembers<S: JSONSink & ~Copyable>(into sink: inout S) {
+        Self.writeMembers(into: &sink, revision: revision, changed: changed, hasOld: old != nil) { old?.writeJSON(to: &$0) }
+    }
+
+    /// Writes the whole reply with `old` given as its canonical encoding (nil: the key did not
+    /// exist): the bytes `encode(into:id:)` writes for the reply it makes — for the daemon's
+    /// single-key writes, whose old value is never copied into a `Value`.
+    @inlinable
+    public static func encode<S: JSONSink & ~Copyable>(
+        into sink: inout S, id: JSONValue, revision: UInt64, changed: Bool, canonicalOld old: UnsafeRawBufferPointer?
+    ) {
+        ReplyEncoder.begin(&sink, id: id)
+        writeMembers(into: &sink, revision: revision, changed: changed, hasOld: old != nil) { sink in if let old { sink.writeBytes(old) } }
+        ReplyEncoder.end(&sink)
+    }
+
+    @inlinable
+    static func writeMembers<S: JSONSink & ~Copyable>(
+        into sink: inout S, revision: UInt64, changed: Bool, hasOld: Bool, writeOld: (inout S) -> Void
+    ) {
         sink.writeMember(",\"rev\":", revision)
         sink.writeMember(",\"changed\":", changed)
-        if let old {
+        if hasOld {
             sink.writeRaw(",\"old\":")
-            old.writeJSON(to: &sink)
+            writeOld(&sink)
         }
     }
 

@@ -1,5 +1,6 @@
 // ObsProtocol — the fast path of request decoding: the requests clients send most, read
-// straight from their bytes into a `Request`, with no tree and no member table.
+// straight from their bytes, with no tree and no member table, into the fields that
+// ScannedRequest.swift makes a `Request` of (or hands over in place: a single-key write).
 //
 // It takes only what it is sure of: member names and strings without escapes, ids that are
 // integers, strings or null, revisions that are plain integer literals, booleans, a value
@@ -19,113 +20,13 @@ import Musl
 import Darwin
 #endif
 
-extension Request {
-    /// The request `line` holds, when the fast path can read it; nil otherwise.
-    public static func scan(_ line: UnsafeRawBufferPointer, maxDepth: Int = JSONParser.defaultMaxDepth) -> Request? {
-        guard let base = line.baseAddress, line.count > 0 else { return nil }
-        var parser = Parser(base: base.assumingMemoryBound(to: UInt8.self), end: line.count, maxDepth: maxDepth)
-        var fields = ScannedFields()
-        guard (try? parser.scanRequest(into: &fields)) == true else { return nil }
-        return (consume fields).request()  // no copy of the fields
-    }
-}
-
-/// The operations the fast path reads.
-enum Operation {
-    case set, get, delete, subscribe, unsubscribe, list, ping, hello, repos, stats, other
-
-    init(_ bytes: UnsafeBufferPointer<UInt8>) {
-        func `is`(_ name: StaticString) -> Bool {
-            bytes.count == name.utf8CodeUnitCount && memcmp(bytes.baseAddress!, name.utf8Start, bytes.count) == 0
-        }
-        switch bytes.count {
-        case 3: self = `is`("set") ? .set : `is`("get") ? .get : .other
-        case 6: self = `is`("delete") ? .delete : .other
-        case 9: self = `is`("subscribe") ? .subscribe : .other
-        case 11: self = `is`("unsubscribe") ? .unsubscribe : .other
-        case 4: self = `is`("list") ? .list : `is`("ping") ? .ping : .other
-        case 5: self = `is`("hello") ? .hello : `is`("repos") ? .repos : `is`("stats") ? .stats : .other
-        default: self = .other
-        }
-    }
-}
-
-/// The members the fast path knows, as it found them. `nil`: absent (or JSON `null`).
-struct ScannedFields {
-    var id: JSONValue = .null
-    var op: Operation?
-    var repo: String?
-    var key: Key?
-    var value: CanonicalJSON?
-    var ifRev: UInt64?
-    var force: Bool?
-    var lease: UInt64?
-    var since: UInt64?
-    var sub: UInt64?
-    var epoch: String?
-    var initial: Bool?
-    var once: Bool?
-    var coalesce: Bool?
-    var writers: Bool?
-    var echo: Bool?
-    var progress: Bool?
-    var values: Bool?
-    var prefix: String?
-    var keys: Set<Key>?
-    var client: String?
-    var proto: Int64?
-
-    /// The request these members make, when it is well-formed; nil leaves the judgement
-    /// (and the message) to the general decoder.
-    consuming func request() -> Request? {
-        guard let op else { return nil }
-        let command: Command
-        var leases: [Key: UInt64] = [:]
-        switch op {
-        case .set:
-            guard let repo, let key, let value else { return nil }
-            command = .set(repo: repo, key: key, value: value, ifRev: ifRev, force: force ?? false)
-            if let lease { leases[key] = lease }
-        case .get:
-            guard let repo, let key else { return nil }
-            command = .get(repo: repo, key: key)
-        case .delete:
-            guard let repo, let key else { return nil }
-            command = .delete(repo: repo, key: key, ifRev: ifRev)
-        case .subscribe:
-            guard let repo, keys == nil || prefix == nil, !(initial == true && since != nil), !(once == true && coalesce == true) else {
-                return nil
-            }
-            var selection = Selection.all
-            if let keys { selection = .keys(keys) } else if let prefix, !prefix.isEmpty { selection = .prefix(prefix) }
-            command = .subscribe(
-                SubscribeRequest(
-                    repo: repo, selection: selection, initial: initial ?? false, since: since, epoch: since == nil ? nil : epoch,
-                    once: once ?? false, coalesce: coalesce ?? false, writers: writers ?? false, echo: echo ?? true,
-                    progress: progress ?? false))
-        case .unsubscribe:
-            guard let sub else { return nil }
-            command = .unsubscribe(sub: sub)
-        case .list:
-            guard let repo else { return nil }
-            command = .list(repo: repo, prefix: prefix, values: values ?? false)
-        case .ping: command = .ping
-        case .hello: command = .hello(protocol: proto, client: client)
-        case .repos: command = .repos
-        case .stats: command = .stats
-        case .other: return nil
-        }
-        return Request(id: id, command: command, leases: leases)
-    }
-}
-
 /// The fast path's reading of a member it does not trust itself to judge.
 private struct NotFast: Error {}
 
 extension Parser {
     /// Reads a request object into `fields`; false (or a throw) when the line needs the
     /// general decoder.
-    mutating func scanRequest(into fields: inout ScannedFields) throws -> Bool {
+    mutating func scanRequest(into fields: inout ScannedFields, values: inout [UInt8]) throws -> Bool {
         skipWhitespace()
         guard pos < end, base[pos] == UInt8(ascii: "{") else { return false }
         pos += 1
@@ -140,7 +41,7 @@ extension Parser {
             pos += 1
             skipWhitespace()
             guard pos < end else { return false }
-            try scanMember(name, into: &fields)
+            try scanMember(name, into: &fields, values: &values)
             skipWhitespace()
             guard pos < end else { return false }
             if base[pos] == UInt8(ascii: ",") {
@@ -154,7 +55,7 @@ extension Parser {
         }
     }
 
-    private mutating func scanMember(_ name: UnsafeBufferPointer<UInt8>, into f: inout ScannedFields) throws {
+    private mutating func scanMember(_ name: UnsafeBufferPointer<UInt8>, into f: inout ScannedFields, values: inout [UInt8]) throws {
         switch name.count {
         case 2 where Self.equal(name, "id"):
             switch base[pos] {
@@ -172,14 +73,22 @@ extension Parser {
             guard base[pos] == UInt8(ascii: "\""), case let bytes = try plainString(), ProtocolRules.isValidRepoName(bytes: bytes) else {
                 throw NotFast()
             }
-            f.repo = String(decoding: bytes, as: UTF8.self)
+            f.repo = bytes
         case 3 where Self.equal(name, "key"):
-            guard let key = try optionalText(), ProtocolRules.keyProblem(key) == nil else { throw NotFast() }
-            f.key = Key(key)
+            if base[pos] == UInt8(ascii: "n") {
+                try expectLiteral("null")
+                f.key = nil
+                break
+            }
+            guard base[pos] == UInt8(ascii: "\""), case let key = try plainString(), !key.isEmpty, key.count <= ProtocolRules.maxKeyBytes else {
+                throw NotFast()
+            }
+            f.key = key
         case 5 where Self.equal(name, "value"):
-            var out: [UInt8] = []
-            let plain = try canonicalValue(depthBelow: 1, into: &out)
-            f.value = CanonicalJSON(canonical: out, isPlain: plain)
+            // A repeated member keeps its last value, as the general decoder does.
+            let start = values.count
+            f.valueIsPlain = try canonicalValue(depthBelow: 1, into: &values)
+            f.value = start..<values.count
         case 5 where Self.equal(name, "ifRev"): f.ifRev = try optionalUnsigned()
         case 5 where Self.equal(name, "since"): f.since = try optionalUnsigned()
         case 3 where Self.equal(name, "sub"): f.sub = try optionalUnsigned()

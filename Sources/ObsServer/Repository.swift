@@ -17,6 +17,10 @@ import ObsStore
 import ObservableKit
 import Synchronization
 
+#if canImport(Glibc)
+import Glibc
+#endif
+
 /// Identifies the state a reply was computed from (see the file header).
 typealias StateSequence = UInt64
 
@@ -31,6 +35,8 @@ enum Durability {
 
 final class Repository: DurabilityListener, Sendable {
     let name: String
+    /// The name's UTF-8 bytes (compared with a request's in place).
+    private let nameUTF8: [UInt8]
     /// Never reused in this process (loops route by it).
     let id: UInt64
     let epoch: String
@@ -84,6 +90,7 @@ final class Repository: DurabilityListener, Sendable {
         leases: LeaseTable? = nil, leaseEndUndone: @escaping @Sendable (EndedLease) -> Void = { _ in }
     ) {
         self.name = name
+        self.nameUTF8 = Array(name.utf8)
         self.storage = storage
         self.stats = stats
         self.leases = leases
@@ -106,6 +113,11 @@ final class Repository: DurabilityListener, Sendable {
     var revision: UInt64 { state.withLock { $0.core.revision } }
     var isPermanent: Bool { permanent.load(ordering: .acquiring) }
     var subscriberCount: Int { subscribers.load(ordering: .relaxed) }
+
+    /// Whether `bytes` are this repository's name.
+    func hasName(_ bytes: UnsafeRawBufferPointer) -> Bool {
+        nameUTF8.withUnsafeBytes { $0.count == bytes.count && (bytes.isEmpty || memcmp($0.baseAddress!, bytes.baseAddress!, bytes.count) == 0) }
+    }
 
     /// The hub keeps this repository for good (it has, or had, a revision).
     func makePermanent() { permanent.store(true, ordering: .releasing) }

@@ -43,12 +43,17 @@ public struct FlatRecord {
 
     /// Whether the value is equal, as JSON, to `other` (the contract's "changes nothing").
     public func valueEquals(_ other: CanonicalJSON) -> Bool {
-        let equalBytes = other.bytes.withUnsafeBytes { theirs in
-            theirs.count == valueBytes.count && (theirs.isEmpty || memcmp(theirs.baseAddress!, valueBytes.baseAddress!, theirs.count) == 0)
+        other.bytes.withUnsafeBytes { valueEquals(canonical: $0, isPlain: other.isPlain) }
+    }
+
+    /// Whether the value is equal, as JSON, to the value whose canonical encoding is `other`.
+    @inlinable
+    public func valueEquals(canonical other: UnsafeRawBufferPointer, isPlain otherIsPlain: Bool) -> Bool {
+        if other.count == valueBytes.count, other.isEmpty || memcmp(other.baseAddress!, valueBytes.baseAddress!, other.count) == 0 {
+            return true
         }
-        if equalBytes { return true }
-        if isPlain && other.isPlain { return false }
-        return value == other
+        if isPlain && otherIsPlain { return false }
+        return value == CanonicalJSON(canonical: Array(other), isPlain: otherIsPlain)
     }
 
     /// Whether the key's bytes are `key`'s.

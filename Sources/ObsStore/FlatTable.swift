@@ -75,6 +75,13 @@ public struct FlatTable: Sendable {
         }
     }
 
+    /// Calls `body` with the record of the key whose bytes are `key`, read in place (nil: absent).
+    @inlinable
+    public func withRecord<R>(key: UnsafeRawBufferPointer, _ body: (FlatRecord?) -> R) -> R {
+        let found = storage.find(key, tag: FlatTableStorage.tag(key))
+        return body(found.found ? storage.record(in: found.slot) : nil)
+    }
+
     /// Whether the key whose bytes are `key` is present.
     public func contains(key: UnsafeRawBufferPointer) -> Bool {
         storage.find(key, tag: FlatTableStorage.tag(key)).found

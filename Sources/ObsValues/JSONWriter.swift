@@ -63,19 +63,23 @@ extension JSONSink where Self: ~Copyable {
     /// Writes a JSON string literal.
     @inlinable
     public mutating func writeJSONString(_ string: String) {
-        writeByte(UInt8(ascii: "\""))
         var s = string
-        s.withUTF8 { bytes in
-            var runStart = 0
-            for i in 0..<bytes.count {
-                let b = bytes[i]
-                guard b < 0x20 || b == UInt8(ascii: "\"") || b == UInt8(ascii: "\\") else { continue }
-                if runStart < i { writeBytes(UnsafeRawBufferPointer(UnsafeBufferPointer(rebasing: bytes[runStart..<i]))) }
-                writeEscape(b)
-                runStart = i + 1
-            }
-            if runStart < bytes.count { writeBytes(UnsafeRawBufferPointer(UnsafeBufferPointer(rebasing: bytes[runStart...]))) }
+        s.withUTF8 { writeJSONString(utf8: UnsafeRawBufferPointer($0)) }
+    }
+
+    /// Writes a JSON string literal of text given as its (valid) UTF-8 bytes.
+    @inlinable
+    public mutating func writeJSONString(utf8 bytes: UnsafeRawBufferPointer) {
+        writeByte(UInt8(ascii: "\""))
+        var runStart = 0
+        for i in 0..<bytes.count {
+            let b = bytes[i]
+            guard b < 0x20 || b == UInt8(ascii: "\"") || b == UInt8(ascii: "\\") else { continue }
+            if runStart < i { writeBytes(UnsafeRawBufferPointer(rebasing: bytes[runStart..<i])) }
+            writeEscape(b)
+            runStart = i + 1
         }
+        if runStart < bytes.count { writeBytes(UnsafeRawBufferPointer(rebasing: bytes[runStart...])) }
         writeByte(UInt8(ascii: "\""))
     }
 

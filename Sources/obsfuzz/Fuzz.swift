@@ -12,7 +12,8 @@
 //   encoding is stable;
 // - the canonicalizing parser (values as the daemon keeps them, no tree) accepts exactly
 //   what the tree parser accepts, and yields the tree's encoding and plainness;
-// - the request decoder's fast path never decodes a line differently from the general one.
+// - the request decoder's fast path never decodes a line differently from the general one,
+//   nor reads a single-key write in place that the general one reads otherwise.
 
 import ObsProtocol
 import ObservableKit
@@ -42,6 +43,14 @@ func check(_ line: UnsafeRawBufferPointer) {
     if let fast = Request.scan(line, maxDepth: JSONParser.defaultMaxDepth) {
         guard case .success(let request) = general else { preconditionFailure("the fast path accepted a line the decoder refuses") }
         precondition(fast == request, "the fast path decoded a line differently")
+    }
+    var values: [UInt8] = []
+    _ = Request.scan(line, maxDepth: JSONParser.defaultMaxDepth, values: &values) { scanned in
+        guard let write = scanned.write else { return true }
+        guard case .success(let request) = general, write.reads(request) else {
+            preconditionFailure("the fast path read a single-key write the decoder does not")
+        }
+        return true
     }
     _ = try? ServerMessage.decode(line: line)
     let canonical = try? CanonicalJSON(validating: line)

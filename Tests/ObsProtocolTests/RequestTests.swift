@@ -294,6 +294,31 @@ func failure<R>(
         #expect(taken > 100, "the fast path took \(taken) of the lines")
     }
 
+    /// Single-key writes the daemon applies in place: what the fast path reads is what the
+    /// decoder reads; anything else is not offered as one.
+    @Test(arguments: lines + general + [
+        #"{"id":"w","op":"set","repo":"r","key":"k","value":{"b":[1,2.50],"a":null},"ifRev":0,"force":true}"#,
+        #"{"op":"delete","repo":"r","key":"k","ifRev":4,"force":true,"value":1}"#, #"{"op":"set","repo":"r","key":"k","value":1,"lease":3}"#,
+        #"{"op":"set","repo":"r","key":"k","value":1,"lease":null}"#, #"{"op":"set","repo":"r","key":null,"value":1}"#,
+        #"{"op":"set","repo":"r","key":"k","value":1,"value":"two"}"#, #"{"op":"get","repo":"r","key":"k"}"#,
+    ]) func aSingleKeyWriteReadInPlaceIsTheDecodersWrite(_ text: String) {
+        var values: [UInt8] = []
+        Array(text.utf8).withUnsafeBytes { raw in
+            let decoded = try? Request.decodeInGeneral(line: raw)
+            _ = Request.scan(raw, maxDepth: JSONParser.defaultMaxDepth, values: &values) { scanned in
+                if let write = scanned.write {
+                    #expect(decoded.map(write.reads) == true, "\(text)")
+                } else if let decoded, decoded.leases.isEmpty {
+                    switch decoded.command {
+                    case .set, .delete: Issue.record("a single-key write not offered in place: \(text)")
+                    default: break
+                    }
+                }
+                return true
+            }
+        }
+    }
+
     @Test(arguments: general) func theRestGoesToTheGeneralDecoder(_ text: String) {
         Array(text.utf8).withUnsafeBytes { raw in
             #expect(Request.scan(raw) == nil, "\(text)")

@@ -56,6 +56,18 @@ enum WriteFailure: Error, Sendable {
 
 typealias WriteDecision = Result<WriteOutcome, WriteFailure>
 
+/// What a single-key write decided at once did, for its reply (its `old`, if the key existed,
+/// was copied out for it).
+struct SingleOutcome {
+    /// The repository revision after the write.
+    let revision: UInt64
+    let changed: Bool
+    /// Whether the key existed before the write (its reply carries `old`).
+    let existed: Bool
+    /// The state the reply reports: it is sent once that state is durable.
+    let sequence: StateSequence
+}
+
 /// Where a write decided later is answered: a connection's loop. Sendable; the session it
 /// leads to is touched only on that loop.
 final class AnswerRoute: Sendable {
@@ -79,6 +91,14 @@ protocol Sequencer: Sendable {
     /// Decides `write` on `repository`: returns its result now, or nil — then `route` is
     /// answered with `token` exactly once, later.
     func submit(_ write: WriteRequest, to repository: Repository, route: AnswerRoute, token: UInt64) -> WriteDecision?
+
+    /// Decides a single-key write given as bytes (`RepositoryCore.planSingle`) here and now, if
+    /// it can, copying the key's value before it into `old` (emptied first); nil, with nothing
+    /// applied: `submit` takes the write (a refusal, leases, the shared store).
+    func submitSingle(
+        _ write: SingleWrite, to repository: Repository, limits: WriteLimits, writer: Writer, origin: ConnectionID, time: Int64,
+        old: inout [UInt8]
+    ) -> SingleOutcome?
 
     /// A lease ended: deletes its `keys` of `repository` that are still attached to it, in
     /// one revision whose event says which lease and why — a write like any other, written
@@ -119,6 +139,27 @@ struct LocalSequencer: Sequencer {
         }
     }
 
+    func submitSingle(
+        _ write: SingleWrite, to repository: Repository, limits: WriteLimits, writer: Writer, origin: ConnectionID, time: Int64,
+        old: inout [UInt8]
+    ) -> SingleOutcome? {
+        repository.withState { s -> SingleOutcome? in
+            guard let plan = s.core.planSingle(write, limits: limits) else { return nil }
+            old.removeAll(keepingCapacity: old.capacity <= 1 << 16)
+            if let bytes = plan.old { old.append(contentsOf: bytes) }
+            guard plan.changes else {
+                return SingleOutcome(revision: s.core.revision, changed: false, existed: plan.old != nil, sequence: s.current)
+            }
+            let immediate = storage.isImmediate
+            let (info, change) = s.core.commitSingle(write, plan, time: time, writer: writer, origin: origin.value, durable: immediate)
+            let record = change.map {
+                RevisionRecord(repo: repository.name, changeSet: ChangeSet(revision: info.revision, changes: [$0]), time: info.time, writer: info.writer)
+            }
+            guard let sequence = finish(&s, repository, info, record: record, creates: false) else { return nil }
+            return SingleOutcome(revision: info.revision, changed: true, existed: plan.old != nil, sequence: sequence)
+        }
+    }
+
     func end(_ lease: EndedLease, keys: Set<Key>, in repository: Repository, time: Int64, done: @escaping @Sendable (WriteOutcome?) -> Void) {
         let outcome = repository.withState { s -> WriteOutcome? in
             let doomed = s.core.attached(keys, to: lease.id)
@@ -154,24 +195,39 @@ struct LocalSequencer: Sequencer {
         let immediate = storage.isImmediate
         let info = s.core.commit(
             plan, time: time, writer: writer, origin: origin, durable: immediate, tail: leaseEnd.map(RepositoryCore.tail) ?? [], moves: moves)
-        if !immediate {
-            // Storage never calls back from inside `append` (this lock is held); a store that
-            // no longer takes revisions says so, and the revision is taken back.
-            let record = RevisionRecord(
+        let record =
+            immediate
+            ? nil
+            : RevisionRecord(
                 repo: repository.name, changeSet: ChangeSet(revision: info.revision, changes: plan.changes), time: info.time, writer: info.writer,
                 leaseEnd: leaseEnd)
+        guard let sequence = finish(&s, repository, info, record: record, creates: plan.creates) else { return .failure(.storageClosed) }
+        return .success(WriteOutcome(revision: info.revision, changed: true, previous: plan.previous, sequence: sequence))
+    }
+
+    /// After the core committed revision `info`: hands its `record` to storage (nil: storage
+    /// is immediate, memory) — or takes the revision back if storage no longer takes any —,
+    /// names its state, and shows it at once if storage is immediate (else once storage says
+    /// it is durable). Returns the state's sequence; nil: storage is closed and the revision
+    /// was undone.
+    private func finish(_ s: inout Repository.State, _ repository: Repository, _ info: RevisionInfo, record: RevisionRecord?, creates: Bool)
+        -> StateSequence?
+    {
+        if let record {
+            // Storage never calls back from inside `append` (this lock is held); a store that
+            // no longer takes revisions says so, and the revision is taken back.
             guard storage.append(record, listener: repository) else {
                 for move in s.core.undo(after: info.revision - 1).movedBack { leases.move(move.key, of: repository.name, from: move.from, to: move.to) }
-                if plan.creates { stats.repositories.subtract(1, ordering: .relaxed) }
-                return .failure(.storageClosed)
+                if creates { stats.repositories.subtract(1, ordering: .relaxed) }
+                return nil
             }
         }
-        if plan.creates { repository.makePermanent() }
-        let sequence = Repository.applied(&s, revision: info.revision, durable: immediate, on: repository)
-        if immediate {
+        if creates { repository.makePermanent() }
+        let sequence = Repository.applied(&s, revision: info.revision, durable: record == nil, on: repository)
+        if record == nil {
             let loops = s.subscriberLoops
             if !loops.isEmpty { s.core.withLastRecord { Repository.publish($0, to: loops, of: repository) } }
         }
-        return .success(WriteOutcome(revision: info.revision, changed: true, previous: plan.previous, sequence: sequence))
+        return sequence
     }
 }

@@ -92,6 +92,12 @@ final class SharedSequencer: Sequencer, Sendable {
         self.leaseLoop = leaseLoop
     }
 
+    /// Every write is the cluster's to decide: none is decided here and now.
+    func submitSingle(
+        _ write: SingleWrite, to repository: Repository, limits: WriteLimits, writer: Writer, origin: ConnectionID, time: Int64,
+        old: inout [UInt8]
+    ) -> SingleOutcome? { nil }
+
     func submit(_ write: WriteRequest, to repository: Repository, route: AnswerRoute, token: UInt64) -> WriteDecision? {
         let item = Item(work: .write(write), loop: route.loop, deadline: .now + Self.writeTimeout) { route.answer(token, $0) }
         // A lease granted on another daemon a moment ago may not have reached this one yet.

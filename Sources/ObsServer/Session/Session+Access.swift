@@ -37,6 +37,7 @@ extension Session {
     func revalidate() {
         runtime = hub.runtime.snapshot
         permissions.removeAll()
+        lastWritten = nil
         for subscription in outbox.liveSubscriptions where permission(subscription.repository.name) < .read {
             var notice: [UInt8] = []
             let error = ProtocolError(.forbidden, "\(peer.described(by: hub.users)) may no longer read repository \(subscription.repository.name)")

@@ -31,8 +31,14 @@ final class Session {
     var permissions: [String: Permission] = [:]
     var deniedCount = 0
     /// The repository this session wrote last, once the hub keeps it for good: a client writes
-    /// one repository many times, and this skips the hub's lock and lookup.
-    private var lastWritten: Repository?
+    /// one repository many times, and this skips the hub's lock and lookup — and, as the peer
+    /// was allowed to write it under the current policy, the access check of a single-key
+    /// write (forgotten when the policy changes).
+    var lastWritten: Repository?
+    /// Scratch space the request scanner canonicalizes values into, and where a single-key
+    /// write's old value is copied for its reply.
+    private var scanValues: [UInt8] = []
+    private var singleOld: [UInt8] = []
 
     /// Why the connection holds its further requests for now, if it does.
     enum Wait {
@@ -88,13 +94,23 @@ final class Session {
         if hub.runtime.generation != runtime.generation {
             runtime = hub.runtime.snapshot
             permissions.removeAll()
+            lastWritten = nil
         }
         switch frame {
         case .tooLarge:
             fail(id: .null, ProtocolError(.tooLarge, "line longer than \(maxLine) bytes; the rest of it is discarded"))
         case .line(let bytes):
+            // The fast path reads the common requests in place; a single-key write may not
+            // even become a `Request`. What it cannot read, the general decoder does.
+            let handled = Request.scan(bytes, maxDepth: maxDepth, values: &scanValues) { scanned in
+                if let write = scanned.write, writeSingle(scanned.id, write) { return true }
+                guard let request = scanned.request() else { return false }
+                execute(request)
+                return true
+            }
+            if handled == true { return }
             do {
-                let request = try Request.decode(line: bytes, maxDepth: maxDepth)
+                let request = try Request.decodeInGeneral(line: bytes, maxDepth: maxDepth)
                 execute(request)
             } catch {
                 fail(id: error.id, error.error)
@@ -250,6 +266,38 @@ final class Session {
         // for it, so they take effect in the order they were sent and each sees the ones before.
         pendingWrites[token] = PendingWrite(id: id, repository: repository, slot: outbox.reserveSlot(), single: single, held: held)
         wait(for: .cluster)
+    }
+
+    /// A single-key write read in place, decided here and now when the sequencer can (the
+    /// repository this session writes, a success): applied and answered with no `Request`,
+    /// `WriteOp` or value copied. False, with nothing applied: the general path takes it.
+    private func writeSingle(_ id: JSONValue, _ scanned: ScannedWrite) -> Bool {
+        guard let repository = lastWritten, repository.hasName(scanned.repo) else { return false }
+        let limits = self.limits
+        if let value = scanned.value, value.count > limits.maxValueBytes { return false }
+        let write = SingleWrite(key: scanned.key, value: scanned.value, isPlain: scanned.isPlain, ifRevision: scanned.ifRev, force: scanned.force)
+        guard
+            let outcome = hub.sequencer.submitSingle(
+                write, to: repository, limits: WriteLimits(maxKeys: limits.maxKeysPerRepository, maxRevisionBytes: limits.maxRevisionBytes),
+                writer: writer, origin: outbox.connection, time: shard.loop.wallSeconds, old: &singleOld)
+        else { return false }
+        if outcome.changed { shard.counters.countWrite() }
+        singleOld.withUnsafeBytes { old in
+            let old = outcome.existed ? old : nil
+            if repository.isDurable(outcome.sequence) {
+                outbox.appendReply {
+                    WriteReply<CanonicalJSON>.encode(into: &$0, id: id, revision: outcome.revision, changed: outcome.changed, canonicalOld: old)
+                }
+                shard.markDirty(connection)
+            } else {
+                var bytes: [UInt8] = []
+                bytes.reserveCapacity(64 + (old?.count ?? 0))
+                WriteReply<CanonicalJSON>.encode(into: &bytes, id: id, revision: outcome.revision, changed: outcome.changed, canonicalOld: old)
+                hold(bytes, id: id, until: outcome.sequence, in: repository)
+            }
+        }
+        holdForDelivery()
+        return true
     }
 
     /// A write decided later is answered (on this loop).

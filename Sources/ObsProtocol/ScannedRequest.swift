@@ -1,0 +1,198 @@
+// ObsProtocol — what the fast path of request decoding (RequestScanner.swift) found in a line:
+// its members in place — names and plain strings as ranges of the line, the value
+// canonicalized into a buffer the caller keeps — and the request they make, built only when
+// asked for. A single-key `set` or `delete` is also offered as it lies (`ScannedWrite`), so the
+// daemon can apply it without building a `Request` at all.
+
+import ObservableKit
+
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Musl)
+import Musl
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+extension Request {
+    /// The request `line` holds, when the fast path can read it; nil otherwise.
+    public static func scan(_ line: UnsafeRawBufferPointer, maxDepth: Int = JSONParser.defaultMaxDepth) -> Request? {
+        var values: [UInt8] = []
+        var request: Request?
+        _ = scan(line, maxDepth: maxDepth, values: &values) { scanned in
+            request = scanned.request()
+            return true
+        }
+        return request
+    }
+
+    /// Reads `line` with the fast path and calls `body` with what it found, then returns what
+    /// `body` returned; nil — without calling `body` — when the line needs the general decoder.
+    /// `values` is scratch space the caller keeps between calls (the value of a `set` is
+    /// canonicalized into it); what `body` is given points into it and into `line`, and is
+    /// valid only until `body` returns.
+    public static func scan(
+        _ line: UnsafeRawBufferPointer, maxDepth: Int, values: inout [UInt8], _ body: (borrowing ScannedRequest) -> Bool
+    ) -> Bool? {
+        guard let base = line.baseAddress, line.count > 0 else { return nil }
+        var parser = Parser(base: base.assumingMemoryBound(to: UInt8.self), end: line.count, maxDepth: maxDepth)
+        var fields = ScannedFields()
+        values.removeAll(keepingCapacity: values.capacity <= 1 << 16)
+        guard (try? parser.scanRequest(into: &fields, values: &values)) == true else { return nil }
+        return values.withUnsafeBytes { body(ScannedRequest(fields: fields, values: $0)) }
+    }
+}
+
+/// A `set` or `delete` of one key that names no lease, read in place (see `Request.scan`).
+public struct ScannedWrite {
+    /// The repository's name (a valid name).
+    public let repo: UnsafeRawBufferPointer
+    /// The key's UTF-8 bytes (a valid key).
+    public let key: UnsafeRawBufferPointer
+    /// The value's canonical encoding; nil: a `delete`.
+    public let value: UnsafeRawBufferPointer?
+    /// Whether the value is plain (see `CanonicalJSON`).
+    public let isPlain: Bool
+    public let ifRev: UInt64?
+    public let force: Bool
+}
+
+extension ScannedWrite {
+    /// Whether this is exactly the write `request` asks for (the fuzz harness and the tests
+    /// hold the fast path to the general decoder with it).
+    public func reads(_ request: Request) -> Bool {
+        guard request.leases.isEmpty else { return false }
+        switch request.command {
+        case .set(let repo, let key, let value, let ifRev, let force):
+            guard let bytes = self.value else { return false }
+            return self.repo.elementsEqual(repo.utf8) && self.key.elementsEqual(key.string.utf8) && bytes.elementsEqual(value.bytes)
+                && isPlain == value.isPlain && self.ifRev == ifRev && self.force == force
+        case .delete(let repo, let key, let ifRev):
+            return value == nil && self.repo.elementsEqual(repo.utf8) && self.key.elementsEqual(key.string.utf8) && self.ifRev == ifRev && !force
+        default:
+            return false
+        }
+    }
+}
+
+/// A line read by the fast path: valid only inside the `body` of `Request.scan`.
+public struct ScannedRequest: ~Copyable {
+    let fields: ScannedFields
+    let values: UnsafeRawBufferPointer
+
+    /// The request's `id` (`.null` when it had none).
+    public var id: JSONValue { fields.id }
+
+    /// The request as a single-key write, when it is a well-formed `set` or `delete` of one key
+    /// that names no lease.
+    public var write: ScannedWrite? {
+        guard let op = fields.op, op == .set || op == .delete, fields.lease == nil, let repo = fields.repo, let key = fields.key else { return nil }
+        var value: UnsafeRawBufferPointer? = nil
+        if op == .set {
+            guard let range = fields.value else { return nil }
+            value = UnsafeRawBufferPointer(rebasing: values[range])
+        }
+        return ScannedWrite(
+            repo: UnsafeRawBufferPointer(repo), key: UnsafeRawBufferPointer(key), value: value, isPlain: fields.valueIsPlain, ifRev: fields.ifRev,
+            force: op == .set && fields.force == true)
+    }
+
+    /// The request these members make, when it is well-formed; nil leaves the judgement (and
+    /// the message) to the general decoder.
+    public func request() -> Request? { fields.request(values: values) }
+}
+
+/// The operations the fast path reads.
+enum Operation {
+    case set, get, delete, subscribe, unsubscribe, list, ping, hello, repos, stats, other
+
+    init(_ bytes: UnsafeBufferPointer<UInt8>) {
+        func `is`(_ name: StaticString) -> Bool {
+            bytes.count == name.utf8CodeUnitCount && memcmp(bytes.baseAddress!, name.utf8Start, bytes.count) == 0
+        }
+        switch bytes.count {
+        case 3: self = `is`("set") ? .set : `is`("get") ? .get : .other
+        case 6: self = `is`("delete") ? .delete : .other
+        case 9: self = `is`("subscribe") ? .subscribe : .other
+        case 11: self = `is`("unsubscribe") ? .unsubscribe : .other
+        case 4: self = `is`("list") ? .list : `is`("ping") ? .ping : .other
+        case 5: self = `is`("hello") ? .hello : `is`("repos") ? .repos : `is`("stats") ? .stats : .other
+        default: self = .other
+        }
+    }
+}
+
+/// The members the fast path knows, as it found them. `nil`: absent (or JSON `null`). The
+/// repository name and key are ranges of the line (validated); the value, a range of the
+/// caller's `values` buffer.
+struct ScannedFields {
+    var id: JSONValue = .null
+    var op: Operation?
+    var repo: UnsafeBufferPointer<UInt8>?
+    var key: UnsafeBufferPointer<UInt8>?
+    var value: Range<Int>?
+    var valueIsPlain = false
+    var ifRev: UInt64?
+    var force: Bool?
+    var lease: UInt64?
+    var since: UInt64?
+    var sub: UInt64?
+    var epoch: String?
+    var initial: Bool?
+    var once: Bool?
+    var coalesce: Bool?
+    var writers: Bool?
+    var echo: Bool?
+    var progress: Bool?
+    var values: Bool?
+    var prefix: String?
+    var keys: Set<Key>?
+    var client: String?
+    var proto: Int64?
+
+    /// The request these members make (`values`: the buffer the value lies in), when it is
+    /// well-formed; nil leaves the judgement (and the message) to the general decoder.
+    func request(values buffer: UnsafeRawBufferPointer) -> Request? {
+        guard let op else { return nil }
+        let repo = self.repo.map { String(decoding: $0, as: UTF8.self) }
+        let key = self.key.map { Key(String(decoding: $0, as: UTF8.self)) }
+        let command: Command
+        var leases: [Key: UInt64] = [:]
+        switch op {
+        case .set:
+            guard let repo, let key, let range = value else { return nil }
+            let value = CanonicalJSON(canonical: Array(buffer[range]), isPlain: valueIsPlain)
+            command = .set(repo: repo, key: key, value: value, ifRev: ifRev, force: force ?? false)
+            if let lease { leases[key] = lease }
+        case .get:
+            guard let repo, let key else { return nil }
+            command = .get(repo: repo, key: key)
+        case .delete:
+            guard let repo, let key else { return nil }
+            command = .delete(repo: repo, key: key, ifRev: ifRev)
+        case .subscribe:
+            guard let repo, keys == nil || prefix == nil, !(initial == true && since != nil), !(once == true && coalesce == true) else {
+                return nil
+            }
+            var selection = Selection.all
+            if let keys { selection = .keys(keys) } else if let prefix, !prefix.isEmpty { selection = .prefix(prefix) }
+            command = .subscribe(
+                SubscribeRequest(
+                    repo: repo, selection: selection, initial: initial ?? false, since: since, epoch: since == nil ? nil : epoch,
+                    once: once ?? false, coalesce: coalesce ?? false, writers: writers ?? false, echo: echo ?? true,
+                    progress: progress ?? false))
+        case .unsubscribe:
+            guard let sub else { return nil }
+            command = .unsubscribe(sub: sub)
+        case .list:
+            guard let repo else { return nil }
+            command = .list(repo: repo, prefix: prefix, values: values ?? false)
+        case .ping: command = .ping
+        case .hello: command = .hello(protocol: proto, client: client)
+        case .repos: command = .repos
+        case .stats: command = .stats
+        case .other: return nil
+        }
+        return Request(id: id, command: command, leases: leases)
+    }
+}
