@@ -91,13 +91,17 @@ public struct FlatState: Sendable {
         table.install(changeSet)
     }
 
-    /// Calls `body` with the record of the key whose bytes are `key`, read in place (nil: absent).
+    /// Calls `body` with the record of the key whose bytes are `key`, read in place (nil:
+    /// absent), and where it lies (for `install(key:…:at:)`).
     @inlinable
-    public func withRecord<R>(key: UnsafeRawBufferPointer, _ body: (FlatRecord?) -> R) -> R { table.withRecord(key: key, body) }
+    public func withRecord<R>(key: UnsafeRawBufferPointer, _ body: (FlatRecord?, FlatTable.Position) -> R) -> R {
+        table.withRecord(key: key, body)
+    }
 
-    /// Installs one change given as bytes as the next revision (its write rules were checked).
-    public mutating func install(key: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer?, isPlain: Bool, revision: UInt64) {
-        if let value { table.set(key: key, value: value, isPlain: isPlain, revision: revision) } else { table.remove(key: key) }
+    /// Installs one change given as bytes as the next revision (its write rules were checked),
+    /// where a lookup of its key found it, the state unchanged since.
+    public mutating func install(key: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer?, isPlain: Bool, revision: UInt64, at position: FlatTable.Position) {
+        if let value { table.set(key: key, value: value, isPlain: isPlain, revision: revision, at: position) } else { table.remove(key: key, at: position) }
         table.revision = revision
     }
 

@@ -47,6 +47,8 @@ public struct SinglePlan {
     public let oldRevision: UInt64
     /// What the revision weighs (`RevisionInfo.weight`).
     public let weight: Int
+    /// Where the key lies in the table (or would): the commit needs no second lookup.
+    let position: FlatTable.Position
 }
 
 extension RepositoryCore {
@@ -57,24 +59,24 @@ extension RepositoryCore {
     public func planSingle(_ write: SingleWrite, limits: WriteLimits) -> SinglePlan? {
         guard data.revision > 0 else { return nil }
         if !attachments.isEmpty, attachments[Key(String(decoding: write.key, as: UTF8.self))] != nil { return nil }
-        return data.withRecord(key: write.key) { record -> SinglePlan? in
+        return data.withRecord(key: write.key) { record, position -> SinglePlan? in
             let oldRevision = record?.revision ?? 0
             if let ifRevision = write.ifRevision, ifRevision != oldRevision { return nil }
             let old = record?.valueBytes
             let oldIsPlain = record?.isPlain ?? true
-            let unchanged = SinglePlan(changes: false, old: old, oldIsPlain: oldIsPlain, oldRevision: oldRevision, weight: 0)
+            let unchanged = SinglePlan(changes: false, old: old, oldIsPlain: oldIsPlain, oldRevision: oldRevision, weight: 0, position: position)
             guard let value = write.value else {
                 // A delete: of an absent key it changes nothing.
                 guard let old else { return unchanged }
                 let weight = write.key.count + old.count + 32
                 guard weight <= limits.maxRevisionBytes else { return nil }
-                return SinglePlan(changes: true, old: old, oldIsPlain: oldIsPlain, oldRevision: oldRevision, weight: weight)
+                return SinglePlan(changes: true, old: old, oldIsPlain: oldIsPlain, oldRevision: oldRevision, weight: weight, position: position)
             }
             if let record, !write.force, record.valueEquals(canonical: value, isPlain: write.isPlain) { return unchanged }
             if record == nil, data.count + 1 > limits.maxKeys { return nil }
             let weight = write.key.count + (old?.count ?? 0) + value.count + 32
             guard weight <= limits.maxRevisionBytes else { return nil }
-            return SinglePlan(changes: true, old: old, oldIsPlain: oldIsPlain, oldRevision: oldRevision, weight: weight)
+            return SinglePlan(changes: true, old: old, oldIsPlain: oldIsPlain, oldRevision: oldRevision, weight: weight, position: position)
         }
     }
 
@@ -97,7 +99,7 @@ extension RepositoryCore {
         }
         // Recorded before the install, which may overwrite the old value where it lies.
         record(info, raw, durable: durable)
-        data.install(key: write.key, value: write.value, isPlain: write.isPlain, revision: revision)
+        data.install(key: write.key, value: write.value, isPlain: write.isPlain, revision: revision, at: plan.position)
         lastTime = time
         return (info, change)
     }

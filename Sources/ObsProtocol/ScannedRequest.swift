@@ -39,7 +39,11 @@ extension Request {
         var fields = ScannedFields()
         values.removeAll(keepingCapacity: values.capacity <= 1 << 16)
         guard (try? parser.scanRequest(into: &fields, values: &values)) == true else { return nil }
-        return values.withUnsafeBytes { body(ScannedRequest(fields: fields, values: $0)) }
+        var scanned = ScannedRequest(fields: consume fields)  // no copy of the fields
+        return values.withUnsafeBytes { raw in
+            scanned.values = raw
+            return body(scanned)
+        }
     }
 }
 
@@ -78,7 +82,9 @@ extension ScannedWrite {
 /// A line read by the fast path: valid only inside the `body` of `Request.scan`.
 public struct ScannedRequest: ~Copyable {
     let fields: ScannedFields
-    let values: UnsafeRawBufferPointer
+    var values = UnsafeRawBufferPointer(start: nil, count: 0)
+
+    init(fields: consuming ScannedFields) { self.fields = fields }
 
     /// The request's `id` (`.null` when it had none).
     public var id: JSONValue { fields.id }

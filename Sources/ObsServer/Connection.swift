@@ -160,6 +160,8 @@ final class Connection: IOHandler {
     private func handle(_ bytes: UnsafeRawBufferPointer) {
         guard let session else { return }
         var rest = bytes
+        var handled = 0
+        var handledSinceSend = 0
         while !rest.isEmpty {
             // After an overflow the connection only drains and closes: nothing more is read.
             guard outbox.isOpen else {
@@ -178,16 +180,18 @@ final class Connection: IOHandler {
                 session.handle(frame)
             }
             rest = UnsafeRawBufferPointer(rebasing: rest[end...])
+            handled += 1
             handledSinceSend += 1
-            if handledSinceSend >= Self.sendEvery, !rest.isEmpty {
+            // Sent early only if at least half as many requests again follow in this read
+            // (guessed from the length of those handled so far): each send wakes the client,
+            // and the replies of a short rest go out with the tick's send anyway.
+            if handledSinceSend >= Self.sendEvery, rest.count * handled >= (bytes.count - rest.count) * (Self.sendEvery / 2) {
                 handledSinceSend = 0
                 sendEarly()
             }
         }
     }
 
-    /// Requests handled since replies were last sent in the middle of a read.
-    private var handledSinceSend = 0
     /// A read holding a long run of pipelined requests sends their replies this many at a
     /// time, not all once the read is handled: the client sends more while the rest are
     /// handled, instead of daemon and client taking turns. (Measured: 64 pipelined writes,

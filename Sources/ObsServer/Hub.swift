@@ -157,8 +157,11 @@ final class Hub: Sendable {
 
     /// A loop whose delivery backlog is at its limit, if any: writers wait for it.
     var backloggedShard: LoopShard? {
-        for shard in shards where shard.isBacklogged { return shard }
-        return nil
+        // Asked after every write: the shards are read in place, none retained unless returned.
+        shards.withUnsafeBufferPointer { shards in
+            for shard in shards where shard.isBacklogged { return shard }
+            return nil
+        }
     }
 
     /// Every loop's counters.

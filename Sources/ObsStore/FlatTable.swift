@@ -75,11 +75,43 @@ public struct FlatTable: Sendable {
         }
     }
 
-    /// Calls `body` with the record of the key whose bytes are `key`, read in place (nil: absent).
+    /// Where a lookup found a key, or would put it: valid until the table changes.
+    public struct Position: Sendable {
+        @usableFromInline let slot: Int
+        @usableFromInline let tag: UInt64
+        @usableFromInline let found: Bool
+
+        @inlinable
+        init(slot: Int, tag: UInt64, found: Bool) {
+            self.slot = slot
+            self.tag = tag
+            self.found = found
+        }
+    }
+
+    /// Calls `body` with the record of the key whose bytes are `key`, read in place (nil:
+    /// absent), and where it lies: a write of the same key before any other change to the
+    /// table (`set(key:…:at:)`, `remove(key:at:)`) needs no second lookup.
     @inlinable
-    public func withRecord<R>(key: UnsafeRawBufferPointer, _ body: (FlatRecord?) -> R) -> R {
-        let found = storage.find(key, tag: FlatTableStorage.tag(key))
-        return body(found.found ? storage.record(in: found.slot) : nil)
+    public func withRecord<R>(key: UnsafeRawBufferPointer, _ body: (FlatRecord?, Position) -> R) -> R {
+        let tag = FlatTableStorage.tag(key)
+        let found = storage.find(key, tag: tag)
+        return body(found.found ? storage.record(in: found.slot) : nil, Position(slot: found.slot, tag: tag, found: found.found))
+    }
+
+    /// Sets the key whose bytes are `key`, where a lookup of it found it (or its place), the
+    /// table unchanged since.
+    public mutating func set(key: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer, isPlain: Bool, revision: UInt64, at position: Position) {
+        makeUnique()  // a copy keeps every record where it was
+        storage.set(key, value, isPlain: isPlain, revision: revision, slot: position.slot, tag: position.tag, found: position.found)
+    }
+
+    /// Removes the key whose bytes are `key`, where a lookup of it found it, the table
+    /// unchanged since; whether it was there.
+    @discardableResult
+    public mutating func remove(key: UnsafeRawBufferPointer, at position: Position) -> Bool {
+        makeUnique()
+        return storage.remove(slot: position.slot, found: position.found)
     }
 
     /// Whether the key whose bytes are `key` is present.

@@ -131,7 +131,14 @@ final class FlatTableStorage: @unchecked Sendable {
 
     func set(_ key: UnsafeRawBufferPointer, _ value: UnsafeRawBufferPointer, isPlain: Bool, revision: UInt64) {
         let tag = Self.tag(key)
-        var (slot, found) = find(key, tag: tag)
+        let (slot, found) = find(key, tag: tag)
+        set(key, value, isPlain: isPlain, revision: revision, slot: slot, tag: tag, found: found)
+    }
+
+    /// `set`, where `find(key, tag:)` (`tag`: the key's) answered `slot` and `found` and nothing
+    /// was changed since.
+    func set(_ key: UnsafeRawBufferPointer, _ value: UnsafeRawBufferPointer, isPlain: Bool, revision: UInt64, slot: Int, tag: UInt64, found: Bool) {
+        var slot = slot
         let size = FlatRecordCodec.size(keyCount: key.count, valueCount: value.count, revision: revision)
         if found {
             let old = slots.unsafelyUnwrapped[slot]
@@ -165,6 +172,11 @@ final class FlatTableStorage: @unchecked Sendable {
 
     func remove(_ key: UnsafeRawBufferPointer) -> Bool {
         let (slot, found) = find(key, tag: Self.tag(key))
+        return remove(slot: slot, found: found)
+    }
+
+    /// `remove`, where `find` answered `slot` and `found` and nothing was changed since.
+    func remove(slot: Int, found: Bool) -> Bool {
         guard found, let slots else { return false }
         let address = Int(truncatingIfNeeded: slots[slot] & Self.addressMask) - 1
         let size = record(at: slots[slot]).encoded.count

@@ -141,7 +141,9 @@ public struct KeyedRoutes<Element> {
 
     @inlinable
     func forEachMatch(of key: Key, _ body: (borrowing SlotList<Element>.Slot) -> Void) {
-        if let list = exact[key] { Self.visit(list, body) }
+        // Read in place through the dictionary's values (a subscript by key copies the list:
+        // a retain and a release per routed revision).
+        if let i = exact.index(forKey: key) { Self.visit(exact.values[i], body) }
         if !prefixLengths.isEmpty {
             key.withUTF8 { bytes in
                 for length in prefixLengths.keys where length <= bytes.count {

@@ -54,11 +54,13 @@ import Testing
     }
 
     /// A read holding many pipelined requests sends their replies `sendEvery` at a time while
-    /// the rest are handled, not only once the whole read is (then the loop's tick sends the rest).
+    /// the rest are handled, not only once the whole read is (then the loop's tick sends the
+    /// rest) — as long as at least `sendEvery / 2` requests follow: the replies of a short rest
+    /// wait for the tick's send (3 × 32 + 5 requests: sent early after 32 and 64, not after 96).
     @Test func aLongPipelinedReadSendsRepliesWhileItIsHandled() throws {
         let server = try TestServer()
         let client = try TestConnection(server)
-        let count = 2 * Connection.sendEvery + 5
+        let count = 3 * Connection.sendEvery + 5
         try client.send((1...count).map { #"{"id":\#($0),"op":"ping"}"# + "\n" }.joined(), run: false)
         client.connection.ready(0x001)  // EPOLLIN: the read alone, no tick yet
         let early = try client.received(running: nil)
@@ -79,7 +81,7 @@ import Testing
         storage.flush()  // this thread commits (the loop's, in these tests): the committer thread is not woken
         let server = try TestServer(storage: storage)
         let client = try TestConnection(server)
-        let count = 2 * Connection.sendEvery + 5
+        let count = 3 * Connection.sendEvery + 5
         try client.send((1...count).map { #"{"id":\#($0),"op":"set","repo":"r","key":"k","value":\#($0)}"# + "\n" }.joined(), run: false)
         client.connection.ready(0x001)  // EPOLLIN: the read alone, no tick yet
         let early = try client.received(running: nil)

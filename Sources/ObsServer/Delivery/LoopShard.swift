@@ -333,7 +333,9 @@ final class LoopShard: @unchecked Sendable {
         entry.revision = revision.revision
         var delivered = 0
         var ended: [Subscription] = []
-        let visit: (ObserverID, borrowing Unmanaged<Subscription>, SelectedChanges) -> Void = { _, routed, selected in
+        // A local function, passed on non-escaping: its captures stay on the stack (a closure
+        // stored in a variable boxed `delivered` and `ended` on the heap, per revision).
+        func visit(_: ObserverID, _ routed: borrowing Unmanaged<Subscription>, _ selected: SelectedChanges) {
             routed._withUnsafeGuaranteedRef { subscription in
                 guard revision.revision > subscription.after else { return }
                 subscription.withConnection { connection, outbox in

@@ -86,8 +86,9 @@ final class AnswerRoute: Sendable {
     }
 }
 
-/// Decides writes.
-protocol Sequencer: Sendable {
+/// Decides writes. (A class: the hub's sequencer is used on every write, and an existential
+/// of a struct is copied — its references retained — at each use.)
+protocol Sequencer: AnyObject, Sendable {
     /// Decides `write` on `repository`: returns its result now, or nil — then `route` is
     /// answered with `token` exactly once, later.
     func submit(_ write: WriteRequest, to repository: Repository, route: AnswerRoute, token: UInt64) -> WriteDecision?
@@ -108,10 +109,16 @@ protocol Sequencer: Sendable {
 }
 
 /// Decisions made here and now: the local store (memory, or the write-ahead log).
-struct LocalSequencer: Sequencer {
+final class LocalSequencer: Sequencer {
     let storage: any Storage
     let stats: ServerStats
     let leases: LeaseTable
+
+    init(storage: any Storage, stats: ServerStats, leases: LeaseTable) {
+        self.storage = storage
+        self.stats = stats
+        self.leases = leases
+    }
 
     func submit(_ write: WriteRequest, to repository: Repository, route: AnswerRoute, token: UInt64) -> WriteDecision? {
         repository.withState { s -> WriteDecision in

@@ -24,8 +24,9 @@ final class Session {
     let maxDepth: Int
     let logger: Logger
     var nextSub: UInt64 = 1
-    var outbox: Outbox { connection.outbox }
-    var shard: LoopShard { connection.shard }
+    // unowned(unsafe): the connection's own, which outlive the session like the connection.
+    unowned(unsafe) let outbox: Outbox
+    unowned(unsafe) let shard: LoopShard
     /// The limits and policy this session last read, and what the policy grants per repository.
     var runtime: Runtime.Snapshot
     var permissions: [String: Permission] = [:]
@@ -65,6 +66,8 @@ final class Session {
 
     init(connection: Connection, hub: Hub, peer: Peer, limits: Limits, logger: Logger) {
         self.connection = connection
+        self.outbox = connection.outbox
+        self.shard = connection.shard
         self.hub = hub
         self.peer = peer
         self.writer = Writer(uid: peer.uid, gid: peer.gid, pid: peer.pid)
