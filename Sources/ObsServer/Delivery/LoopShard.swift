@@ -133,7 +133,6 @@ final class LoopShard: @unchecked Sendable {
     private var taken = RecordBatch<UInt64>()
     private var takenWeight = 0
     private var dirty: [Connection] = []
-    private var flushing: [Connection] = []
     /// Events recent ticks delivered (the last tick's, or less than an eighth fewer than the
     /// figure before it): a large fan-out's ticks want long runs of writes (a connection sends
     /// replies early only while ticks are light: Connection.sendEarly).
@@ -278,14 +277,13 @@ final class LoopShard: @unchecked Sendable {
             settle(takenWeight)
             takenWeight = 0
         }
-        // The two lists trade places each tick: no array is allocated for it.
-        swap(&flushing, &dirty)
+        let connections = dirty
+        dirty.removeAll(keepingCapacity: true)
         var written = 0
-        for connection in flushing {
+        for connection in connections {
             connection.isDirty = false
             written += connection.flush()
         }
-        flushing.removeAll(keepingCapacity: true)
         if written > 0 { counters.count(bytes: written) }
         // Out of budget, or more posted meanwhile: the rest after the loop has served its sockets.
         if !taken.isEmpty || inbox.withLock({ !$0.revisions.isEmpty || !$0.news.isEmpty }) { loop.requestTick() }
