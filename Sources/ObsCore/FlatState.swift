@@ -105,6 +105,17 @@ public struct FlatState: Sendable {
         table.revision = revision
     }
 
+    /// Sets (or, `value` nil, removes) the key whose bytes are `key` as it was at `revision`,
+    /// undoing a change (`UndoLog`).
+    mutating func restore(key: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer?, isPlain: Bool, revision: UInt64) {
+        if let value { table.set(key: key, value: value, isPlain: isPlain, revision: revision) } else { table.remove(key: key) }
+    }
+
+    /// Takes the revision down by one, its changes undone (`UndoLog`).
+    mutating func dropRevision() {
+        if table.revision > 0 { table.revision -= 1 }
+    }
+
     /// Undoes the newest revision: each key back to its entry before it (`nil`: absent),
     /// newest first, and the revision down by one.
     public mutating func undoLast(restoring previous: [(key: Key, entry: Entry<CanonicalJSON>?)]) {

@@ -37,22 +37,18 @@ extension Array: RecordChanges where Element == Change<CanonicalJSON> {
 }
 
 /// One change given as bytes: the key's UTF-8, and the canonical encodings of the value before
-/// (nil: the key did not exist) and after (nil: deleted), each with whether it is plain (see
-/// `CanonicalJSON`). Valid while the memory they point into is.
+/// (nil: the key did not exist) and after (nil: deleted). Valid while the memory they point
+/// into is.
 public struct RawChange: RecordChanges {
     public let key: UnsafeRawBufferPointer
     public let old: UnsafeRawBufferPointer?
-    public let oldIsPlain: Bool
     public let new: UnsafeRawBufferPointer?
-    public let newIsPlain: Bool
 
     @inlinable
-    public init(key: UnsafeRawBufferPointer, old: UnsafeRawBufferPointer?, oldIsPlain: Bool, new: UnsafeRawBufferPointer?, newIsPlain: Bool) {
+    public init(key: UnsafeRawBufferPointer, old: UnsafeRawBufferPointer?, new: UnsafeRawBufferPointer?) {
         self.key = key
         self.old = old
-        self.oldIsPlain = oldIsPlain
         self.new = new
-        self.newIsPlain = newIsPlain
     }
 
     @inlinable public var count: Int { 1 }
@@ -79,14 +75,4 @@ public struct RawChange: RecordChanges {
         sink.writeByte(UInt8(ascii: "}"))
     }
 
-    /// What the change weighs (`RevisionInfo.weight(of:)` of the `Change` this is).
-    @inlinable
-    public var weight: Int { byteCount(0) + 32 }
-
-    /// The change with its values copied out.
-    public var change: Change<CanonicalJSON> {
-        Change(
-            key: Key(String(decoding: key, as: UTF8.self)), old: old.map { CanonicalJSON(canonical: Array($0), isPlain: oldIsPlain) },
-            new: new.map { CanonicalJSON(canonical: Array($0), isPlain: newIsPlain) })
-    }
 }

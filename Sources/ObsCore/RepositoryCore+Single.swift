@@ -1,7 +1,7 @@
 // ObsCore — the single-key write, from the bytes of its request: a `set` or `delete` of one
 // key — what clients send most — planned and committed with no `WriteOp`, no `Change` and no
-// value copied out of the request or the table (in memory; a revision not yet durable keeps
-// copies to undo it). The key is looked up once to plan; the record is encoded from the
+// value copied out of the request or the table (a revision not yet durable copies what the
+// key held into the undo log's buffer). The key is looked up once to plan; the record is encoded from the
 // request's bytes and the table's, then installed.
 //
 // It takes only writes whose answer is a success it is sure of. A failed condition, a limit,
@@ -82,25 +82,23 @@ extension RepositoryCore {
 
     /// Commits a plan that changes the key as the next revision, as `commit` does: recorded in
     /// the history (from the request's and the table's bytes), then installed; `durable: false`
-    /// keeps it pending with what it replaced until `confirm` or `undo`. Returns its info, and
-    /// — not durable — the change copied out (for storage).
+    /// keeps it pending with what it replaced until `confirm` or `undo`. Returns its info.
+    /// (The plan's `old` may be overwritten by the install: read it before, if needed after.)
     public mutating func commitSingle(
         _ write: SingleWrite, _ plan: SinglePlan, time now: Int64, writer: Writer?, origin: UInt64, durable: Bool
-    ) -> (info: RevisionInfo, change: Change<CanonicalJSON>?) {
+    ) -> RevisionInfo {
         let revision = data.revision + 1
         let time = max(now, lastTime)
         let info = RevisionInfo(revision: revision, time: time, writer: writer, origin: origin, weight: plan.weight)
-        let raw = RawChange(key: write.key, old: plan.old, oldIsPlain: plan.oldIsPlain, new: write.value, newIsPlain: write.isPlain)
-        var change: Change<CanonicalJSON>? = nil
+        let raw = RawChange(key: write.key, old: plan.old, new: write.value)
         if !durable {
-            let copied = raw.change
-            undo.append(([(copied.key, copied.old.map { Entry(value: $0, revision: plan.oldRevision) })], []))
-            change = copied
+            undo.begin(moves: [])
+            undo.add(key: write.key, old: plan.old, isPlain: plan.oldIsPlain, revision: plan.oldRevision)
         }
         // Recorded before the install, which may overwrite the old value where it lies.
         record(info, raw, durable: durable)
         data.install(key: write.key, value: write.value, isPlain: write.isPlain, revision: revision, at: plan.position)
         lastTime = time
-        return (info, change)
+        return info
     }
 }

@@ -64,7 +64,7 @@ public struct RepositoryCore: Sendable {
     public private(set) var pending = RecordBatch<Void>()
     /// Per pending revision: what its keys held before, and the lease attachments its write
     /// moved (undone with it).
-    var undo: [(previous: [(key: Key, entry: Entry<CanonicalJSON>?)], moves: [AttachmentMove])] = []
+    var undo = UndoLog()
     /// How every revision's body begins (`,"repo":<name>,"rev":`), encoded once.
     private let prefix: [UInt8]
     /// Where the record of the revision committed last is: the history's newest, or — when the
@@ -154,7 +154,10 @@ public struct RepositoryCore: Sendable {
         let revision = data.revision + 1
         let time = max(now, lastTime)
         let info = RevisionInfo(revision: revision, time: time, writer: writer, origin: origin, weight: plan.weight)
-        if !durable { undo.append((data.entries(replacedBy: plan.changes), moves)) }
+        if !durable {
+            undo.begin(moves: moves)
+            for (key, entry) in data.entries(replacedBy: plan.changes) { undo.add(key, entry) }
+        }
         data.install(ChangeSet(revision: revision, changes: plan.changes))
         lastTime = time
         record(info, plan.changes, durable: durable, tail: tail)
@@ -297,8 +300,7 @@ public struct RepositoryCore: Sendable {
         var removedFirst = false
         var movedBack: [AttachmentMove] = []
         while let last = pending.count > 0 ? pending.entry(pending.count - 1).info : nil, last.revision > revision {
-            let (previous, moves) = undo.removeLast()
-            data.undoLast(restoring: previous)
+            let moves = undo.undoLast(in: &data)
             for move in moves.reversed() where attachments[move.key] == move.to {
                 attachments[move.key] = move.from
                 movedBack.append((move.key, move.to, move.from))

@@ -33,6 +33,8 @@ import Glibc
 final class CommitQueue: Sendable {
     private struct State: Sendable {
         var items: [DiskStorage.Queued] = []
+        /// The frames of the revisions queued as frames (`Queued.Payload.frame`).
+        var frames: [UInt8] = []
         var poisoned: Set<ObjectIdentifier> = []
         var closed = false
     }
@@ -54,14 +56,35 @@ final class CommitQueue: Sendable {
         return accepted
     }
 
+    /// Queues a revision of one change, its frame encoded into the queue's buffer.
+    func append(_ revision: SingleRevision, listener: any DurabilityListener, wake: Bool) -> Bool {
+        let epoch = listener.epoch
+        let accepted = state.withLock { s -> Bool in
+            guard !s.closed else { return false }
+            let start = s.frames.count
+            LogRecord.appendFrame(
+                repo: revision.repo, epoch: epoch, revision: revision.revision, time: revision.time, writer: revision.writer, leaseEnd: nil,
+                changes: revision, to: &s.frames)
+            s.items.append(DiskStorage.Queued(payload: .frame(start..<s.frames.count), revision: revision.revision, listener: listener))
+            queued.wrappingAdd(1, ordering: .releasing)
+            return true
+        }
+        if accepted && wake { signal.append(true) }
+        return accepted
+    }
+
     /// Whether revisions are queued.
     var hasItems: Bool { queued.load(ordering: .acquiring) > 0 }
 
-    /// Takes everything queued, dropping the revisions of poisoned repositories.
-    func take() -> [DiskStorage.Queued] {
+    /// Takes everything queued, dropping the revisions of poisoned repositories; the frames
+    /// of those queued as frames are in `frames` afterwards (whose old contents, and buffer,
+    /// the queue takes for its next ones).
+    func take(frames: inout [UInt8]) -> [DiskStorage.Queued] {
         state.withLock { s in
             defer {
                 s.items = []
+                swap(&frames, &s.frames)
+                s.frames.removeAll(keepingCapacity: s.frames.capacity <= 4 << 20)
                 queued.store(0, ordering: .releasing)
             }
             return s.poisoned.isEmpty ? s.items : s.items.filter { !s.poisoned.contains(ObjectIdentifier($0.listener)) }
@@ -84,7 +107,7 @@ final class CommitQueue: Sendable {
     /// go, and its later revisions are taken again.
     func discard(_ listener: any DurabilityListener, after revision: UInt64) {
         state.withLock { s in
-            s.items.removeAll { $0.listener === listener && $0.record.revision > revision }
+            s.items.removeAll { $0.listener === listener && $0.revision > revision }
             queued.store(s.items.count, ordering: .releasing)
             s.poisoned.remove(ObjectIdentifier(listener))
         }
@@ -116,6 +139,8 @@ final class Committer: @unchecked Sendable {
     private var lastSync = ContinuousClock.now
     /// The group being written (reused: a steady stream of groups allocates nothing here).
     private var group: [UInt8] = []
+    /// The frames of the batch being written that were queued as frames.
+    private var frames: [UInt8] = []
 
     /// The lease journal, synced before the log (a revision durable has its key's attachment durable).
     private let leases: LeaseJournal?
@@ -149,13 +174,7 @@ final class Committer: @unchecked Sendable {
     /// revision queued just as it was given back is not left behind.
     func drain() {
         while queue.hasItems {
-            let ran = withLead {
-                while true {
-                    let batch = queue.take()
-                    if batch.isEmpty { break }
-                    if commit(batch) { unsynced = sync != .always }
-                }
-            }
+            let ran = withLead { commitQueued() }
             if !ran { return }
         }
     }
@@ -180,16 +199,21 @@ final class Committer: @unchecked Sendable {
         }
         // Closed: no loop flushes any more; wait for one still committing, then the rest.
         while !withLead({
-            while true {
-                let batch = queue.take()
-                if batch.isEmpty { break }
-                if commit(batch) { unsynced = sync != .always }
-            }
+            commitQueued()
             if unsynced { _ = syncRelaxed() }
         }) {
             usleep(100)
         }
         progress.close()
+    }
+
+    /// Commits what is queued, a group at a time, until nothing is (the lead held).
+    private func commitQueued() {
+        while true {
+            let batch = queue.take(frames: &frames)
+            if batch.isEmpty { break }
+            if commit(batch) { unsynced = sync != .always }
+        }
     }
 
     /// Writes one group; whether it reached the log.
@@ -200,7 +224,14 @@ final class Committer: @unchecked Sendable {
         }
         group.removeAll(keepingCapacity: group.capacity <= 4 << 20)
         WriteAheadLog.startGroup(into: &group)
-        for item in batch { LogRecord.appendFrame(item.record, epoch: item.listener.epoch, to: &group) }
+        frames.withUnsafeBytes { frames in
+            for item in batch {
+                switch item.payload {
+                case .record(let record): LogRecord.appendFrame(record, epoch: item.listener.epoch, to: &group)
+                case .frame(let range): group.append(contentsOf: frames[range])
+                }
+            }
+        }
         do throws(StorageError) {
             _ = try log.append(group)
             if sync == .always {
@@ -254,7 +285,7 @@ final class Committer: @unchecked Sendable {
         var told = Set<ObjectIdentifier>()
         for item in batch where told.insert(ObjectIdentifier(item.listener)).inserted {
             queue.poison(item.listener)
-            item.listener.failed(after: item.record.revision - 1, error: error)
+            item.listener.failed(after: item.revision - 1, error: error)
         }
     }
 
@@ -285,10 +316,10 @@ final class Committer: @unchecked Sendable {
             let found: Int? =
                 if latest.count <= 8 { latest.firstIndex { $0.listener === item.listener } } else { index[ObjectIdentifier(item.listener)] }
             if let i = found {
-                latest[i].revision = max(latest[i].revision, item.record.revision)
+                latest[i].revision = max(latest[i].revision, item.revision)
                 continue
             }
-            latest.append((item.listener, item.record.revision))
+            latest.append((item.listener, item.revision))
             if latest.count == 9 {
                 for (i, entry) in latest.enumerated() { index[ObjectIdentifier(entry.listener)] = i }
             } else if latest.count > 9 {

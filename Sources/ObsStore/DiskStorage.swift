@@ -114,9 +114,15 @@ public final class DiskStorage: Storage {
     private let committerThread: DedicatedThread
     private let checkpointer: DedicatedThread
 
-    /// A revision on its way to the log.
+    /// A revision on its way to the log: a record, or its frame already encoded into the
+    /// queue's buffer (`CommitQueue.append(_:frame:wake:)`).
     struct Queued: Sendable {
-        let record: RevisionRecord
+        enum Payload: Sendable {
+            case record(RevisionRecord)
+            case frame(Range<Int>)
+        }
+        let payload: Payload
+        let revision: UInt64
         let listener: any DurabilityListener
     }
 
@@ -252,9 +258,17 @@ public final class DiskStorage: Storage {
     }
 
     public func append(_ record: RevisionRecord, listener: any DurabilityListener) -> Bool {
-        // A thread that flushes commits this itself, soon; any other wakes the committer.
-        queue.append(Queued(record: record, listener: listener), wake: pthread_getspecific(Self.flusher) != Unmanaged.passUnretained(self).toOpaque())
+        queue.append(Queued(payload: .record(record), revision: record.revision, listener: listener), wake: wakesCommitter)
     }
+
+    /// Encodes the revision's frame as it is queued: no record, nor any value copied, for it.
+    public func append(_ revision: SingleRevision, listener: any DurabilityListener) -> Bool {
+        queue.append(revision, listener: listener, wake: wakesCommitter)
+    }
+
+    /// Whether a revision queued now wakes the committer thread: a thread that flushes commits
+    /// it itself, soon.
+    private var wakesCommitter: Bool { pthread_getspecific(Self.flusher) != Unmanaged.passUnretained(self).toOpaque() }
 
     /// Under `sync = relaxed` a flush writes and does not sync.
     public var flushesCheaply: Bool { options.sync != .always }

@@ -63,6 +63,9 @@ public protocol Storage: AnyObject, Sendable {
     /// repository), while the repository's lock is held: it must never call the listener.
     /// Returns `false`, queuing nothing, once the storage is closed.
     func append(_ record: RevisionRecord, listener: any DurabilityListener) -> Bool
+    /// Queues a committed revision of one change given as bytes, as `append(_:listener:)`
+    /// does a record (the bytes are read during the call only).
+    func append(_ revision: SingleRevision, listener: any DurabilityListener) -> Bool
     /// Forgets queued revisions of `listener` above `revision`, after a failure undid them.
     func discard(_ listener: any DurabilityListener, after revision: UInt64)
     /// Makes the revisions queued so far durable now, on the calling thread, if the store
@@ -80,6 +83,8 @@ public protocol Storage: AnyObject, Sendable {
 }
 
 extension Storage {
+    /// As a record.
+    public func append(_ revision: SingleRevision, listener: any DurabilityListener) -> Bool { append(revision.record, listener: listener) }
     public func flush() {}
     public var flushesCheaply: Bool { false }
     /// Where leases persist (nil: they live only as long as the process).
@@ -97,4 +102,43 @@ public final class InMemoryStorage: Storage {
     public func append(_ record: RevisionRecord, listener: any DurabilityListener) -> Bool { true }
     public func discard(_ listener: any DurabilityListener, after revision: UInt64) {}
     public func close() {}
+}
+
+/// A committed revision of one change, given as the bytes where they lie (the daemon's
+/// single-key writes): valid during the call it is passed to.
+public struct SingleRevision {
+    public let repo: String
+    public let revision: UInt64
+    /// When it was committed, in seconds since 1970.
+    public let time: Int64
+    public let writer: Writer?
+    /// The key's UTF-8, and the canonical values before (nil: absent) and after (nil: deleted).
+    public let key: UnsafeRawBufferPointer
+    public let old: UnsafeRawBufferPointer?
+    public let oldIsPlain: Bool
+    public let new: UnsafeRawBufferPointer?
+    public let newIsPlain: Bool
+
+    public init(
+        repo: String, revision: UInt64, time: Int64, writer: Writer?, key: UnsafeRawBufferPointer, old: UnsafeRawBufferPointer?, oldIsPlain: Bool,
+        new: UnsafeRawBufferPointer?, newIsPlain: Bool
+    ) {
+        self.repo = repo
+        self.revision = revision
+        self.time = time
+        self.writer = writer
+        self.key = key
+        self.old = old
+        self.oldIsPlain = oldIsPlain
+        self.new = new
+        self.newIsPlain = newIsPlain
+    }
+
+    /// The revision as a record, its values copied out.
+    public var record: RevisionRecord {
+        let change = Change(
+            key: Key(String(decoding: key, as: UTF8.self)), old: old.map { CanonicalJSON(canonical: Array($0), isPlain: oldIsPlain) },
+            new: new.map { CanonicalJSON(canonical: Array($0), isPlain: newIsPlain) })
+        return RevisionRecord(repo: repo, changeSet: ChangeSet(revision: revision, changes: [change]), time: time, writer: writer)
+    }
 }

@@ -219,6 +219,7 @@ private func expectRefusal(_ dir: String, naming path: String, _ words: String..
     @Test func theCommittersFramesAreTheLogsEncodingFramed() {
         var rng = SeededGenerator(seed: 9)
         var model = Model()
+        var singles = 0
         for i in 0..<200 {
             let base = model.next(["a", "repository-\(i % 3)"], &rng)
             let record = RevisionRecord(
@@ -232,7 +233,26 @@ private func expectRefusal(_ dir: String, naming path: String, _ words: String..
             var actual: [UInt8] = [1, 2, 3]
             LogRecord.appendFrame(record, epoch: epoch, to: &actual)
             #expect(actual.count == expected.count && actual == expected, "record \(i) differs from byte \(zip(actual, expected).prefix { $0 == $1 }.count)")
+            // A single change, given as bytes as the daemon's single-key writes queue it: the same frame.
+            guard record.changes.count == 1, let change = record.changes.first else { continue }
+            var single: [UInt8] = [1, 2, 3]
+            change.key.withUTF8 { key in
+                (change.old?.bytes ?? []).withUnsafeBytes { old in
+                    (change.new?.bytes ?? []).withUnsafeBytes { new in
+                        let revision = SingleRevision(
+                            repo: record.repo, revision: record.revision, time: record.time, writer: record.writer, key: UnsafeRawBufferPointer(key),
+                            old: change.old == nil ? nil : old, oldIsPlain: change.old?.isPlain ?? true, new: change.new == nil ? nil : new,
+                            newIsPlain: change.new?.isPlain ?? true)
+                        LogRecord.appendFrame(
+                            repo: revision.repo, epoch: epoch, revision: revision.revision, time: revision.time, writer: revision.writer, leaseEnd: nil,
+                            changes: revision, to: &single)
+                    }
+                }
+            }
+            #expect(single == expected, "record \(i), as a single change given as bytes")
+            singles += 1
         }
+        #expect(singles > 20, "\(singles) records of a single change")
     }
 
     @Test func aGroupTellsEachRepositoryItsLastRevisionInTheOrderTheyCame() {
@@ -240,7 +260,8 @@ private func expectRefusal(_ dir: String, naming path: String, _ words: String..
         var batch: [DiskStorage.Queued] = []
         for round in 1...3 as ClosedRange<UInt64> {
             for (i, listener) in listeners.enumerated() where i % 2 == 0 || round > 1 {
-                batch.append(DiskStorage.Queued(record: record("r\(i)", round * 10 + UInt64(i)), listener: listener))
+                let r = record("r\(i)", round * 10 + UInt64(i))
+                batch.append(DiskStorage.Queued(payload: .record(r), revision: r.revision, listener: listener))
             }
         }
         let last = Committer.lastRevisions(batch)

@@ -158,11 +158,18 @@ final class LocalSequencer: Sequencer {
                 return SingleOutcome(revision: s.core.revision, changed: false, existed: plan.old != nil, sequence: s.current)
             }
             let immediate = storage.isImmediate
-            let (info, change) = s.core.commitSingle(write, plan, time: time, writer: writer, origin: origin.value, durable: immediate)
-            let record = change.map {
-                RevisionRecord(repo: repository.name, changeSet: ChangeSet(revision: info.revision, changes: [$0]), time: info.time, writer: info.writer)
+            let info = s.core.commitSingle(write, plan, time: time, writer: writer, origin: origin.value, durable: immediate)
+            // Not immediate: storage encodes the revision as it queues it, from the request's
+            // bytes and the old value's copy (the table may have overwritten it in place).
+            let stored = old.withUnsafeBytes { old in
+                immediate
+                    || storage.append(
+                        SingleRevision(
+                            repo: repository.name, revision: info.revision, time: info.time, writer: info.writer, key: write.key,
+                            old: plan.old == nil ? nil : old, oldIsPlain: plan.oldIsPlain, new: write.value, newIsPlain: write.isPlain),
+                        listener: repository)
             }
-            guard let sequence = finish(&s, repository, info, record: record, creates: false) else { return nil }
+            guard let sequence = finish(&s, repository, info, stored: stored, immediate: immediate, creates: false) else { return nil }
             return SingleOutcome(revision: info.revision, changed: true, existed: plan.old != nil, sequence: sequence)
         }
     }
@@ -202,36 +209,37 @@ final class LocalSequencer: Sequencer {
         let immediate = storage.isImmediate
         let info = s.core.commit(
             plan, time: time, writer: writer, origin: origin, durable: immediate, tail: leaseEnd.map(RepositoryCore.tail) ?? [], moves: moves)
-        let record =
+        // Storage never calls back from inside `append` (this lock is held); a store that no
+        // longer takes revisions says so, and the revision is taken back (`finish`).
+        let stored =
             immediate
-            ? nil
-            : RevisionRecord(
-                repo: repository.name, changeSet: ChangeSet(revision: info.revision, changes: plan.changes), time: info.time, writer: info.writer,
-                leaseEnd: leaseEnd)
-        guard let sequence = finish(&s, repository, info, record: record, creates: plan.creates) else { return .failure(.storageClosed) }
+            || storage.append(
+                RevisionRecord(
+                    repo: repository.name, changeSet: ChangeSet(revision: info.revision, changes: plan.changes), time: info.time,
+                    writer: info.writer, leaseEnd: leaseEnd),
+                listener: repository)
+        guard let sequence = finish(&s, repository, info, stored: stored, immediate: immediate, creates: plan.creates) else {
+            return .failure(.storageClosed)
+        }
         return .success(WriteOutcome(revision: info.revision, changed: true, previous: plan.previous, sequence: sequence))
     }
 
-    /// After the core committed revision `info`: hands its `record` to storage (nil: storage
-    /// is immediate, memory) — or takes the revision back if storage no longer takes any —,
-    /// names its state, and shows it at once if storage is immediate (else once storage says
-    /// it is durable). Returns the state's sequence; nil: storage is closed and the revision
-    /// was undone.
-    private func finish(_ s: inout Repository.State, _ repository: Repository, _ info: RevisionInfo, record: RevisionRecord?, creates: Bool)
+    /// After the core committed revision `info` and handed it to storage (`stored`; always, if
+    /// storage is `immediate`, memory): takes the revision back if storage no longer takes
+    /// any, else names its state and shows it at once if storage is immediate (else once
+    /// storage says it is durable). Returns the state's sequence; nil: storage is closed and
+    /// the revision was undone.
+    private func finish(_ s: inout Repository.State, _ repository: Repository, _ info: RevisionInfo, stored: Bool, immediate: Bool, creates: Bool)
         -> StateSequence?
     {
-        if let record {
-            // Storage never calls back from inside `append` (this lock is held); a store that
-            // no longer takes revisions says so, and the revision is taken back.
-            guard storage.append(record, listener: repository) else {
-                for move in s.core.undo(after: info.revision - 1).movedBack { leases.move(move.key, of: repository.name, from: move.from, to: move.to) }
-                if creates { stats.repositories.subtract(1, ordering: .relaxed) }
-                return nil
-            }
+        guard stored else {
+            for move in s.core.undo(after: info.revision - 1).movedBack { leases.move(move.key, of: repository.name, from: move.from, to: move.to) }
+            if creates { stats.repositories.subtract(1, ordering: .relaxed) }
+            return nil
         }
         if creates { repository.makePermanent() }
-        let sequence = Repository.applied(&s, revision: info.revision, durable: record == nil, on: repository)
-        if record == nil {
+        let sequence = Repository.applied(&s, revision: info.revision, durable: immediate, on: repository)
+        if immediate {
             let loops = s.subscriberLoops
             if !loops.isEmpty { s.core.withLastRecord { Repository.publish($0, to: loops, of: repository) } }
         }
