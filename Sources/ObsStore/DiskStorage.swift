@@ -115,7 +115,7 @@ public final class DiskStorage: Storage {
     private let checkpointer: DedicatedThread
 
     /// A revision on its way to the log: a record, or its frame already encoded into the
-    /// queue's buffer (`CommitQueue.append(_:frame:wake:)`).
+    /// queue's buffer (`CommitQueue.append(_:listener:wake:)`).
     struct Queued: Sendable {
         enum Payload: Sendable {
             case record(RevisionRecord)
