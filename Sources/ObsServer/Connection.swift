@@ -182,7 +182,7 @@ final class Connection: IOHandler {
             rest = UnsafeRawBufferPointer(rebasing: rest[end...])
             handled += 1
             handledSinceSend += 1
-            // Sent early only if at least half as many requests again follow in this read
+            // Sent early only while at least `sendEvery / 2` more requests follow in this read
             // (guessed from the length of those handled so far): each send wakes the client,
             // and the replies of a short rest go out with the tick's send anyway.
             if handledSinceSend >= Self.sendEvery, rest.count * handled >= (bytes.count - rest.count) * (Self.sendEvery / 2) {
