@@ -59,20 +59,9 @@ public struct RawChange: RecordChanges {
     @inlinable
     public func byteCount(_ i: Int) -> Int { key.count + (old?.count ?? 0) + (new?.count ?? 0) }
 
-    /// The same bytes as `EventEncoder.writeChange` writes for the `Change` this is.
     @inlinable
     public func writeChange<S: JSONSink>(_ i: Int, into sink: inout S) {
-        sink.writeRaw("{\"key\":")
-        sink.writeJSONString(utf8: key)
-        if let old {
-            sink.writeRaw(",\"old\":")
-            sink.writeBytes(old)
-        }
-        if let new {
-            sink.writeRaw(",\"new\":")
-            sink.writeBytes(new)
-        }
-        sink.writeByte(UInt8(ascii: "}"))
+        EventEncoder.writeChange(&sink, keyUTF8: key, old: old, new: new) { sink, bytes in sink.writeBytes(bytes) }
     }
 
 }

@@ -61,13 +61,22 @@ public enum EventEncoder {
     public static func writeChange<S: JSONSink & ~Copyable, V>(
         _ sink: inout S, _ change: Change<V>, writeValue: (inout S, V) -> Void
     ) {
+        change.key.withUTF8 { writeChange(&sink, keyUTF8: UnsafeRawBufferPointer($0), old: change.old, new: change.new, writeValue: writeValue) }
+    }
+
+    /// Writes one change object from its key's UTF-8 and its values (nil: absent), each value
+    /// written by `writeValue` (the daemon's single-key writes give the canonical bytes).
+    @inlinable
+    public static func writeChange<S: JSONSink & ~Copyable, V>(
+        _ sink: inout S, keyUTF8 key: UnsafeRawBufferPointer, old: V?, new: V?, writeValue: (inout S, V) -> Void
+    ) {
         sink.writeRaw("{\"key\":")
-        sink.writeJSONString(change.key)
-        if let old = change.old {
+        sink.writeJSONString(utf8: key)
+        if let old {
             sink.writeRaw(",\"old\":")
             writeValue(&sink, old)
         }
-        if let new = change.new {
+        if let new {
             sink.writeRaw(",\"new\":")
             writeValue(&sink, new)
         }
