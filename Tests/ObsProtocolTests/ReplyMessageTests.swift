@@ -67,6 +67,23 @@ func expectDaemonLine<R: ReplyMessage & Equatable>(
         try expectRoundTrip(RevokeReply(revisions: ["svc": 13, "ui": 4]))
     }
 
+    /// A single-key write's reply, written from the old value's canonical bytes, is byte for
+    /// byte the typed reply's.
+    @Test func aWriteReplyFromCanonicalBytesIsTheTypedReply() {
+        let olds: [CanonicalJSON?] = [nil, CanonicalJSON(.null), CanonicalJSON(["b": [1, 2.5], "a": "x\"y"]), CanonicalJSON(.int(-7))]
+        for old in olds {
+            for id: JSONValue in [.null, .int(9), .string("w")] {
+                var typed: [UInt8] = []
+                WriteReply<CanonicalJSON>(revision: 42, changed: old != nil, old: old).encode(into: &typed, id: id)
+                var raw: [UInt8] = []
+                (old?.bytes ?? []).withUnsafeBytes { bytes in
+                    WriteReply<CanonicalJSON>.encode(into: &raw, id: id, revision: 42, changed: old != nil, canonicalOld: old == nil ? nil : bytes)
+                }
+                #expect(raw == typed, "\(String(decoding: raw, as: UTF8.self))")
+            }
+        }
+    }
+
     @Test func theStatsReplyRoundTripsWithEveryFieldAndUnknownCounters() throws {
         var stats = Stats(
             connections: 2, subscriptions: 3, repositories: 1, peer: .init(uid: 1000, gid: 100, pid: -1, privileged: true),
