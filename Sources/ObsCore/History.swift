@@ -33,20 +33,24 @@ public struct History: Sendable {
     /// Records are written into a chunk until it holds this many bytes.
     static let chunkSize = 256 << 10
 
+    // Usable from inline code (with `withNewest`): delivery reads the newest record once per
+    // revision, and a generic function compiled here reaches `Array.withUnsafeBytes`
+    // unspecialized.
+    @usableFromInline
     struct Entry: Sendable {
-        var info: RevisionInfo
+        @usableFromInline var info: RevisionInfo
         /// The chunk's number (counted from the first chunk ever) and the record's place in it.
-        var chunk: Int
-        var place: RecordPlace
+        @usableFromInline var chunk: Int
+        @usableFromInline var place: RecordPlace
     }
 
-    private var chunks: [[UInt8]] = []
+    @usableFromInline private(set) var chunks: [[UInt8]] = []
     /// The number of the first chunk in `chunks`.
-    private var firstChunk = 0
+    @usableFromInline private(set) var firstChunk = 0
     /// The records, oldest first, from `head` on (the slots before it are dropped ones,
     /// compacted away now and then).
-    private var entries: [Entry] = []
-    private var head = 0
+    @usableFromInline private(set) var entries: [Entry] = []
+    @usableFromInline private(set) var head = 0
     private var weight = 0
 
     public init(limits: HistoryLimits) {
@@ -169,6 +173,7 @@ public struct History: Sendable {
     }
 
     /// Calls `body` with the newest record.
+    @inlinable
     public func withNewest<R>(_ body: (RevisionView) -> R) -> R? {
         guard let entry = entries.last, count > 0 else { return nil }
         return chunks[entry.chunk - firstChunk].withUnsafeBytes { body(RevisionView(info: entry.info, place: entry.place, bytes: $0)) }

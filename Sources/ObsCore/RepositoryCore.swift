@@ -69,10 +69,11 @@ public struct RepositoryCore: Sendable {
     private let prefix: [UInt8]
     /// Where the record of the revision committed last is: the history's newest, or — when the
     /// history keeps none — `scratch` (reused: a write allocates no buffer for it).
-    private var lastInHistory = false
-    private var scratch: [UInt8] = []
-    private var scratchPlace: RecordPlace?
-    private var scratchInfo: RevisionInfo?
+    // Usable from inline code, with `withLastRecord`.
+    @usableFromInline private(set) var lastInHistory = false
+    @usableFromInline private(set) var scratch: [UInt8] = []
+    @usableFromInline private(set) var scratchPlace: RecordPlace?
+    @usableFromInline private(set) var scratchInfo: RevisionInfo?
 
     /// A repository with what storage loaded (or empty, at revision 0).
     public init(name: String, epoch: String, historyLimits: HistoryLimits, loaded: LoadedRepository? = nil) {
@@ -265,6 +266,7 @@ public struct RepositoryCore: Sendable {
     }
 
     /// Reads the record of the revision committed or installed last.
+    @inlinable
     public func withLastRecord<R>(_ body: (RevisionView) -> R) -> R? {
         if lastInHistory { return history.withNewest(body) }
         guard let place = scratchPlace, let info = scratchInfo else { return nil }

@@ -105,6 +105,7 @@ final class Hub: Sendable {
     private let repositories = Mutex<[String: Slot]>([:])
     /// Every event loop's share, by index.
     let shards: [LoopShard]
+    private let shardRefs: [Unmanaged<LoopShard>]
     private let peers = Mutex<[ConnectionID: ConnectedPeer]>([:])
     private let perUID = Mutex<[UInt32: Int]>([:])
 
@@ -117,6 +118,7 @@ final class Hub: Sendable {
         self.historyLimits = historyLimits
         self.storage = storage
         self.shards = shards
+        self.shardRefs = shards.map { Unmanaged.passUnretained($0) }
         self.runtime = runtime
         self.onHistoryLost = onHistoryLost
         self.leaseClock = LeaseClock(loop: shards[0].loop)
@@ -157,11 +159,11 @@ final class Hub: Sendable {
 
     /// A loop whose delivery backlog is at its limit, if any: writers wait for it.
     var backloggedShard: LoopShard? {
-        // Asked after every write: the shards are read in place, none retained unless returned.
-        shards.withUnsafeBufferPointer { shards in
-            for shard in shards where shard.isBacklogged { return shard }
-            return nil
-        }
+        // Asked after every write: the shards are read through unretained references (a
+        // retain and release of each shard per write, before the check, was 1 % of the
+        // daemon's time at fan-out 1); the hub holds them all for its life.
+        for shard in shardRefs where shard._withUnsafeGuaranteedRef({ $0.isBacklogged }) { return shard.takeUnretainedValue() }
+        return nil
     }
 
     /// Every loop's counters.

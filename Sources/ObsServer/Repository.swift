@@ -102,6 +102,9 @@ final class Repository: DurabilityListener, Sendable {
     }
 
     /// Runs `body` with the state under the lock (the sequencers plan and commit there).
+    /// Inlined: as a call, its closure's captures (the sequencer, the repository) were
+    /// retained and released around it on every write.
+    @inline(__always)
     func withState<R, E: Error>(_ body: (inout State) throws(E) -> R) throws(E) -> R {
         try state.withLock { (s) throws(E) -> R in try body(&s) }
     }

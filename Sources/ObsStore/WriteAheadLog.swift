@@ -1,9 +1,10 @@
 // ObsStore — the write-ahead log: where a write becomes durable before it is acknowledged.
 //
-// Append-only segment files `wal/<base position, 16 hex digits>.wal`, preallocated, each a
-// 16-byte header (`OBSDWAL2` + its base position; `OBSDWAL1` in a segment an earlier obsd
-// wrote, read as it was written and never appended to) and then frames, each group's
-// beginning with a group-start frame (WriteAheadLog+Frames.swift).
+// Append-only segment files `wal/<base position, 16 hex digits>.wal`
+// (WriteAheadLog+Directory.swift), preallocated, each a 16-byte header (`OBSDWAL2` + its base
+// position; `OBSDWAL1` in a segment an earlier obsd wrote, read as it was written and never
+// appended to) and then frames, each group's beginning with a group-start frame
+// (WriteAheadLog+Frames.swift).
 // A position (log sequence number) is a byte offset in the log as if its segments were one
 // file, each cut where its log ends: a segment's base is where the previous one's last frame
 // ends, and a frame's position is where it ends. A group of frames is written with one
@@ -50,42 +51,6 @@ final class WriteAheadLog {
         if prefix.elementsEqual(magic) { return 2 }
         if prefix.elementsEqual(magicFormat1) { return 1 }
         return nil
-    }
-
-    /// The log's directory: its segment files, listed and deleted from any thread.
-    struct Directory: Sendable {
-        let path: String
-
-        /// The file of the segment that starts at `base`.
-        func file(_ base: UInt64) -> String {
-            let hex = String(base, radix: 16)
-            return path + "/" + String(repeating: "0", count: max(0, 16 - hex.count)) + hex + ".wal"
-        }
-
-        /// The segments' base positions, ascending.
-        func segments() throws(StorageError) -> [UInt64] {
-            guard let dir = opendir(path) else { throw StorageError.from(errno, "cannot read \(path)") }
-            defer { closedir(dir) }
-            var bases: [UInt64] = []
-            while let entry = readdir(dir) {
-                let name = withUnsafeBytes(of: entry.pointee.d_name) { raw in
-                    String(decoding: raw.prefix(while: { $0 != 0 }), as: UTF8.self)
-                }
-                guard name.hasSuffix(".wal"), name.utf8.count == 20, let base = UInt64(name.prefix(16), radix: 16) else { continue }
-                bases.append(base)
-            }
-            return bases.sorted()
-        }
-
-        /// Deletes the segments that lie wholly at or before `checkpoint` (applied to the
-        /// compacted state, which is durable): those followed by a segment that starts at
-        /// or before it. Never the last one, which the committer appends to.
-        func removeSegments(through checkpoint: UInt64) {
-            guard let segments = try? segments() else { return }
-            for (i, segment) in segments.enumerated() where i + 1 < segments.count && segments[i + 1] <= checkpoint {
-                unlink(file(segment))
-            }
-        }
     }
 
     let directory: Directory
@@ -295,7 +260,7 @@ final class WriteAheadLog {
     func sync() throws(StorageError) {
         if files.fdatasync(fd) != 0 { throw StorageError.from(errno, "cannot sync the write-ahead log \(directory.file(base))") }
         if newSegment {
-            try syncDirectory()
+            try directory.sync()
             newSegment = false
         }
     }
@@ -406,27 +371,5 @@ final class WriteAheadLog {
         }
         zeroedTo = from + count
         _ = obs_start_writeback(fd, Int64(from), Int64(count))
-    }
-
-    private func syncDirectory() throws(StorageError) {
-        let dir = Glibc.open(directory.path, O_RDONLY | O_CLOEXEC | O_DIRECTORY)
-        guard dir >= 0 else { throw StorageError.from(errno, "cannot open \(directory.path)") }
-        defer { close(dir) }
-        if fsync(dir) != 0 { throw StorageError.from(errno, "cannot sync \(directory.path)") }
-    }
-}
-
-extension StorageError {
-    /// An error for `errno`, of the kind it means.
-    static func from(_ code: Int32, _ what: String) -> StorageError {
-        let kind: Kind
-        switch code {
-        case ENOSPC, EDQUOT: kind = .full
-        case EROFS, EACCES, EPERM: kind = .readOnly
-        case EIO: kind = .io
-        default: kind = .other
-        }
-        let hint = kind == .full ? " (the file system is full)" : ""
-        return StorageError(kind, "\(what): \(String(cString: strerror(code)))\(hint)")
     }
 }

@@ -108,8 +108,12 @@ public struct KeyedRoutes<Element> {
 
     /// Calls `body` for each observer that selects any of `keys` (one revision's keys, in
     /// application order) — once per observer, with the positions it selects.
+    ///
+    /// Mutating only so that it reads the routes in place: it changes nothing, and `body`
+    /// must not change them. (Called on a value its owner keeps in memory, non-mutating, it
+    /// copies the index — its dictionaries retained and released — once per revision.)
     @inlinable
-    public func route(_ keys: some RandomAccessCollection<Key>, _ body: (ObserverID, borrowing Element, SelectedChanges) -> Void) {
+    public mutating func route(_ keys: some RandomAccessCollection<Key>, _ body: (ObserverID, borrowing Element, SelectedChanges) -> Void) {
         if keys.count == 1, let key = keys.first {
             forEachMatch(of: key) { (slot: borrowing SlotList<Element>.Slot) in body(slot.id, slot.element, .all) }
             return
@@ -140,10 +144,8 @@ public struct KeyedRoutes<Element> {
     }
 
     @inlinable
-    func forEachMatch(of key: Key, _ body: (borrowing SlotList<Element>.Slot) -> Void) {
-        // Read in place through the dictionary's values (a subscript by key copies the list:
-        // a retain and a release per routed revision).
-        if let i = exact.index(forKey: key) { Self.visit(exact.values[i], body) }
+    mutating func forEachMatch(of key: Key, _ body: (borrowing SlotList<Element>.Slot) -> Void) {
+        if let list = exact[key] { Self.visit(list, body) }
         if !prefixLengths.isEmpty {
             key.withUTF8 { bytes in
                 for length in prefixLengths.keys where length <= bytes.count {
@@ -160,7 +162,7 @@ public struct KeyedRoutes<Element> {
     /// Calls `body` with each slot, borrowed from the list's storage (no copy of its element:
     /// at fan-out, a retain and release of each observer per revision would be most of the cost).
     @inlinable
-    static func visit(_ list: SlotList<Element>, _ body: (borrowing SlotList<Element>.Slot) -> Void) {
+    static func visit(_ list: borrowing SlotList<Element>, _ body: (borrowing SlotList<Element>.Slot) -> Void) {
         list.slots.withUnsafeBufferPointer { slots in
             for i in slots.indices { body(slots[i]) }
         }
