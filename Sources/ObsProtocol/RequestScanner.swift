@@ -24,25 +24,32 @@ import Darwin
 private struct NotFast: Error {}
 
 extension Parser {
+    /// `skipWhitespace`, with the usual case — no whitespace at all — decided here: called
+    /// around every token, the calls themselves were 3 % of the daemon's time at fan-out 1.
+    @inline(__always)
+    private mutating func skipSpace() {
+        if pos < end, base[pos] <= 0x20 { skipWhitespace() }
+    }
+
     /// Reads a request object into `fields`; false (or a throw) when the line needs the
     /// general decoder.
     mutating func scanRequest(into fields: inout ScannedFields, values: inout [UInt8]) throws -> Bool {
-        skipWhitespace()
+        skipSpace()
         guard pos < end, base[pos] == UInt8(ascii: "{") else { return false }
         pos += 1
-        skipWhitespace()
+        skipSpace()
         if pos < end, base[pos] == UInt8(ascii: "}") { return false }  // no op: the general decoder says so
         while true {
-            skipWhitespace()
+            skipSpace()
             guard pos < end, base[pos] == UInt8(ascii: "\"") else { return false }
             let name = try plainString()
-            skipWhitespace()
+            skipSpace()
             guard pos < end, base[pos] == UInt8(ascii: ":") else { return false }
             pos += 1
-            skipWhitespace()
+            skipSpace()
             guard pos < end else { return false }
             try scanMember(name, into: &fields, values: &values)
-            skipWhitespace()
+            skipSpace()
             guard pos < end else { return false }
             if base[pos] == UInt8(ascii: ",") {
                 pos += 1
@@ -50,7 +57,7 @@ extension Parser {
             }
             guard base[pos] == UInt8(ascii: "}") else { return false }
             pos += 1
-            skipWhitespace()
+            skipSpace()
             return pos == end
         }
     }
@@ -227,18 +234,18 @@ extension Parser {
         guard base[pos] == UInt8(ascii: "[") else { throw NotFast() }
         pos += 1
         var keys = Set<Key>()
-        skipWhitespace()
+        skipSpace()
         if pos < end, base[pos] == UInt8(ascii: "]") {
             pos += 1
             return keys
         }
         while true {
-            skipWhitespace()
+            skipSpace()
             guard pos < end, base[pos] == UInt8(ascii: "\"") else { throw NotFast() }
             let key = try text()
             guard ProtocolRules.keyProblem(key) == nil else { throw NotFast() }
             keys.insert(Key(key))
-            skipWhitespace()
+            skipSpace()
             guard pos < end else { throw NotFast() }
             if base[pos] == UInt8(ascii: ",") {
                 pos += 1

@@ -152,6 +152,9 @@ final class LoopShard: @unchecked Sendable {
     private var taken = RecordBatch<UInt64>()
     private var takenWeight = 0
     private var dirty: [Connection] = []
+    /// `deliver`'s scratch: the events one revision queued, and the subscriptions it ended.
+    private var routedCount = 0
+    private var routedEnded: [Subscription] = []
     /// Events recent ticks delivered (the last tick's, or less than an eighth fewer than the
     /// figure before it): a large fan-out's ticks want long runs of writes (a connection sends
     /// replies early only while ticks are light: Connection.sendEarly).
@@ -350,24 +353,25 @@ final class LoopShard: @unchecked Sendable {
     private func deliver(_ revision: RevisionView, of repositoryID: UInt64) -> Int {
         guard let entry = routes[repositoryID] else { return 0 }
         entry.revision = revision.revision
-        var delivered = 0
-        var ended: [Subscription] = []
-        // A local function, passed on non-escaping: its captures stay on the stack (a closure
-        // stored in a variable boxed `delivered` and `ended` on the heap, per revision).
+        // What `visit` counts and collects goes into the shard's fields: a local function
+        // capturing local variables had them boxed on the heap — two allocations per
+        // revision — once it was passed on through the routes' thunks.
+        routedCount = 0
+        defer { routedEnded.removeAll(keepingCapacity: true) }
         func visit(_: ObserverID, _ routed: borrowing Unmanaged<Subscription>, _ selected: SelectedChanges) {
             routed._withUnsafeGuaranteedRef { subscription in
                 guard revision.revision > subscription.after else { return }
                 subscription.withConnection { connection, outbox in
                     switch outbox.deliver(revision, selected: selected, to: subscription) {
                     case .delivered:
-                        delivered += 1
+                        routedCount += 1
                     case .skipped:
                         return
                     case .ended(let subscription):  // the outbox's reference: it may be the last
-                        delivered += 1
-                        ended.append(subscription)
+                        routedCount += 1
+                        routedEnded.append(subscription)
                     case .overflowed(let victims):
-                        ended.append(contentsOf: victims)
+                        routedEnded.append(contentsOf: victims)
                         connection.overflowed()
                     }
                     if !connection.isDirty { self.markDirty(connection) }
@@ -379,7 +383,7 @@ final class LoopShard: @unchecked Sendable {
         } else {
             entry.routes.route((0..<revision.changeCount).map { revision.key($0) }, visit)
         }
-        for subscription in ended { unroute(subscription) }
-        return delivered
+        for subscription in routedEnded { unroute(subscription) }
+        return routedCount
     }
 }
