@@ -46,6 +46,8 @@ public struct DaemonSettings: Sendable, Equatable {
     public var logTarget = "auto"
     /// 0: one per CPU.
     public var threads = 0
+    /// `server.busy-poll-us`: the longest an event loop polls for work before it sleeps; 0: never.
+    public var busyPollMicroseconds = 50
 
     public init() {}
 }
@@ -188,6 +190,8 @@ public struct Setting: Sendable {
                "auto (the journal under systemd, else stderr), journal or stderr."),
         integer("server.threads", "OBSD_THREADS", "threads", 0...1024, \.threads, "n",
                 "Event-loop threads; 0: one per CPU the daemon may use."),
+        integer("server.busy-poll-us", "OBSD_BUSY_POLL_US", "busy-poll", 0...1_000_000, \.busyPollMicroseconds, "µs",
+                "The longest an event loop polls for work before it sleeps, adapting below it to how soon work comes; 0: never."),
     ]
 
     /// The setting with this file key.

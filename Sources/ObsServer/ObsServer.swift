@@ -113,7 +113,7 @@ public final class ObsServer: Service, Sendable {
         let loops: [EventLoop]
         let hub: Hub
         do {
-            loops = try (0..<max(1, threads)).map { i throws(SocketError) in try EventLoop(index: i, delivery: delivery) }
+            loops = try (0..<max(1, threads)).map { i throws(SocketError) in try EventLoop(index: i, delivery: delivery, busyPoll: config.busyPollNanoseconds) }
             let limits = HistoryLimits(count: config.historyLimit, maxBytes: config.historyMaxBytes, maxAge: config.historyMaxAge?.components.seconds)
             hub = try Hub(
                 shards: loops.map(\.shard), historyLimits: limits, storage: storage, runtime: runtime,
@@ -255,8 +255,10 @@ final class EventLoop: Sendable {
     /// Loop-confined (touched only in tasks run on `io`).
     nonisolated(unsafe) let connections = LoopConnections()
 
-    init(index: Int, delivery: DeliveryBudget, clock: @escaping @Sendable () -> UInt64 = IOLoop.monotonicNow) throws(SocketError) {
-        io = try IOLoop(index: index, clock: clock)
+    init(index: Int, delivery: DeliveryBudget, busyPoll: UInt64 = 0, clock: @escaping @Sendable () -> UInt64 = IOLoop.monotonicNow)
+        throws(SocketError)
+    {
+        io = try IOLoop(index: index, clock: clock, busyPoll: busyPoll)
         shard = LoopShard(loop: io, budget: delivery)
     }
 

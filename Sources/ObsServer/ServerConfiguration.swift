@@ -85,6 +85,9 @@ public struct ServerConfiguration: Sendable {
     public var historyMaxAge: Duration?
     /// Event-loop threads; nil: one per CPU the process may run on.
     public var threads: Int?
+    /// The longest an event loop polls for work before it sleeps, adapting below it to how
+    /// soon work comes (IO/BusyPoll.swift); zero: it never polls.
+    public var busyPoll: Duration
     /// How often to prove the event loops alive (for a watchdog); nil: never.
     public var heartbeatInterval: Duration?
 
@@ -95,7 +98,7 @@ public struct ServerConfiguration: Sendable {
         listener: Listener, socketMode: UInt32 = 0o660, socketOwner: UInt32? = nil, socketGroup: UInt32? = nil,
         limits: Limits = Limits(), policy: AccessPolicy = .ownerOnly, storage: StorageConfiguration = .inMemory,
         historyLimit: Int = 10_000, historyMaxBytes: Int = 64 << 20, historyMaxAge: Duration? = nil, threads: Int? = nil,
-        heartbeatInterval: Duration? = nil
+        busyPoll: Duration = .microseconds(50), heartbeatInterval: Duration? = nil
     ) {
         self.listener = listener
         self.socketMode = socketMode
@@ -108,7 +111,14 @@ public struct ServerConfiguration: Sendable {
         self.historyMaxBytes = historyMaxBytes
         self.historyMaxAge = historyMaxAge
         self.threads = threads
+        self.busyPoll = busyPoll
         self.heartbeatInterval = heartbeatInterval
+    }
+
+    /// `busyPoll` in nanoseconds.
+    var busyPollNanoseconds: UInt64 {
+        let (seconds, attoseconds) = busyPoll.components
+        return seconds < 0 ? 0 : UInt64(seconds) * 1_000_000_000 + UInt64(attoseconds / 1_000_000_000)
     }
 }
 

@@ -60,7 +60,8 @@ enum Launch {
             listener: listener, socketMode: s.socketMode, socketOwner: owner, socketGroup: group, limits: limits(s),
             policy: try policy(s), storage: storage, historyLimit: s.historyLimit, historyMaxBytes: s.historyMaxBytes,
             historyMaxAge: s.historyMaxAgeSeconds > 0 ? .seconds(s.historyMaxAgeSeconds) : nil,
-            threads: s.threads > 0 ? s.threads : nil, heartbeatInterval: heartbeat)
+            threads: s.threads > 0 ? s.threads : nil, busyPoll: .microseconds(s.busyPollMicroseconds),
+            heartbeatInterval: heartbeat)
     }
 
     /// The socket file's owner and group as ids, from names or numbers; unknown names are

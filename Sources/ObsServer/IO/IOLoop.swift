@@ -75,6 +75,8 @@ final class IOLoop: @unchecked Sendable {
     private let clock: @Sendable () -> UInt64
     /// The time of the current iteration.
     private(set) var now: UInt64
+    /// How long a wait polls before it blocks (BusyPoll.swift); off unless the daemon's loop.
+    private var busyPoll: BusyPoll
     /// The time now, from any thread (`now` is the iteration's).
     var currentTime: UInt64 { clock() }
     /// The wall clock at the current iteration, in seconds since 1970 (revisions' times): read
@@ -90,10 +92,13 @@ final class IOLoop: @unchecked Sendable {
     /// iteration made: what it reports durable is delivered by the same tick).
     var beforeTick: (() -> Void)?
 
-    init(index: Int, clock: @escaping @Sendable () -> UInt64 = IOLoop.monotonicNow) throws(SocketError) {
+    /// A loop; `busyPoll` nanoseconds the most its waits poll before they block (0: never;
+    /// only with the monotonic clock: polling waits for `clock` to move).
+    init(index: Int, clock: @escaping @Sendable () -> UInt64 = IOLoop.monotonicNow, busyPoll: UInt64 = 0) throws(SocketError) {
         self.index = index
         self.clock = clock
         self.now = clock()
+        self.busyPoll = BusyPoll(limit: busyPoll)
         epoll = epoll_create1(Int32(EPOLL_CLOEXEC))
         guard epoll >= 0 else { throw SocketError.from(errno, "cannot create an epoll set") }
         wake = eventfd(0, Int32(EFD_NONBLOCK | EFD_CLOEXEC))
@@ -170,7 +175,7 @@ final class IOLoop: @unchecked Sendable {
             let wait = next > now ? Int32(clamping: (next - now + 999_999) / 1_000_000) : 0
             timeout = timeout < 0 ? wait : min(timeout, wait)
         }
-        let n = epoll_wait(epoll, events, Int32(eventCapacity), timeout)
+        let n = timeout == 0 ? epoll_wait(epoll, events, Int32(eventCapacity), 0) : wait(timeout)
         now = clock()
         var wall = timespec()
         clock_gettime(CLOCK_REALTIME_COARSE, &wall)
@@ -200,6 +205,23 @@ final class IOLoop: @unchecked Sendable {
             worked = true
         }
         return worked
+    }
+
+    /// Waits for readiness for at most `timeout` milliseconds (-1: no limit), polling first
+    /// for as long as `busyPoll` says (BusyPoll.swift).
+    private func wait(_ timeout: Int32) -> Int32 {
+        guard busyPoll.limit > 0 else { return epoll_wait(epoll, events, Int32(eventCapacity), timeout) }
+        let start = clock()
+        var n: Int32 = 0
+        if busyPoll.window > 0 {
+            let window = timeout < 0 ? busyPoll.window : min(busyPoll.window, UInt64(timeout) * 1_000_000)
+            repeat {
+                n = epoll_wait(epoll, events, Int32(eventCapacity), 0)
+            } while n == 0 && clock() &- start < window
+        }
+        if n == 0 { n = epoll_wait(epoll, events, Int32(eventCapacity), timeout) }
+        busyPoll.waited(clock() &- start, woken: n > 0)
+        return n
     }
 
     @discardableResult
