@@ -94,7 +94,6 @@ import Testing
 
     @Test func pipelinedRequestsInOneReadAreAnsweredInRequestOrder() throws {
         let server = try TestServer()
-        let hub = server.hub
         let client = try TestConnection(server)
 
         try client.send(
@@ -163,7 +162,6 @@ import Testing
 
     @Test func aSetIsAnsweredAndItsEventReachesASubscriberOnAnotherChannel() throws {
         let server = try TestServer()
-        let hub = server.hub
         let subscriber = try TestConnection(server)
         let writer = try TestConnection(server)
 
