@@ -10,7 +10,7 @@
 //
 // Writing: the shard flushes the outbox once per tick; what the socket does not take waits
 // for it to be writable. A read holding a long run of pipelined requests also sends their
-// replies every `sendEvery` requests (`sendEarly`), so that the client sends more while the
+// replies in runs (`sendEarly`, EarlySend.swift), so that the client sends more while the
 // rest are handled.
 //
 // A client that shuts down its sending side (`printf … | socat -`, `nc -N`) has sent its
@@ -182,30 +182,19 @@ final class Connection: IOHandler {
             rest = UnsafeRawBufferPointer(rebasing: rest[end...])
             handled += 1
             handledSinceSend += 1
-            // Sent early only while at least `sendEvery / 2` more requests follow in this read
-            // (guessed from the length of those handled so far): each send wakes the client,
-            // and the replies of a short rest go out with the tick's send anyway.
-            if handledSinceSend >= Self.sendEvery, rest.count * handled >= (bytes.count - rest.count) * (Self.sendEvery / 2) {
+            let consumed = bytes.count - rest.count
+            if EarlySend.due(sinceSend: handledSinceSend, handled: handled, consumed: consumed, of: bytes.count, tickWrites: shard.recentTickWrites) {
                 handledSinceSend = 0
                 sendEarly()
             }
         }
     }
 
-    /// A read holding a long run of pipelined requests sends their replies this many at a
-    /// time, not all once the read is handled: the client sends more while the rest are
-    /// handled, instead of daemon and client taking turns. (Measured: 64 pipelined writes,
-    /// +40–50 % throughput at the same CPU per write; docs/PERFORMANCE.md.) Not while ticks
-    /// deliver `heavyTick` events or more: there a writer sending shorter runs would cost more
-    /// ticks, each writing to every subscriber (1,000 subscribers: −15 %).
-    static let sendEvery = 32
-    static let heavyTick = 1024
-
     /// Sends what is ready in the middle of a read (the shard's tick sends the rest, and
     /// does what follows a send: closing a drained connection, resuming held input). Replies
     /// held for durability are made durable first where that is cheap (`sync = relaxed`).
     private func sendEarly() {
-        guard shard.recentTickEvents < Self.heavyTick else { return }
+        guard shard.recentTickEvents < EarlySend.heavyTick else { return }
         if outbox.holdsSlots, hub.storage.flushesCheaply {
             hub.storage.flush()
             shard.releaseDurable()

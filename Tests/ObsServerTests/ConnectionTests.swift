@@ -53,20 +53,60 @@ import Testing
         #expect(get["id"] == 8 && get["value"] == [1, 2] && get["rev"] == 1)
     }
 
-    /// A read holding many pipelined requests sends their replies `sendEvery` at a time while
-    /// the rest are handled, not only once the whole read is (then the loop's tick sends the
-    /// rest) — as long as at least `sendEvery / 2` requests follow: the replies of a short rest
-    /// wait for the tick's send (3 × 32 + 5 requests: sent early after 32 and 64, not after 96).
+    /// A read holding many pipelined requests sends their replies a quarter of them at a
+    /// time (at least `EarlySend.runs.lowerBound`, at most its upper bound) while the rest are
+    /// handled, not only once the whole read is (then the loop's tick sends the rest) — as
+    /// long as at least half a run of requests follows: the replies of a short rest wait for
+    /// the tick's send (3 × 16 + 5 requests: sent early after 16 and 32, not after 48).
     @Test func aLongPipelinedReadSendsRepliesWhileItIsHandled() throws {
         let server = try TestServer()
         let client = try TestConnection(server)
-        let count = 3 * Connection.sendEvery + 5
+        let run = EarlySend.runs.lowerBound
+        let count = 3 * run + 5
         try client.send((1...count).map { #"{"id":\#($0),"op":"ping"}"# + "\n" }.joined(), run: false)
         client.connection.ready(0x001)  // EPOLLIN: the read alone, no tick yet
         let early = try client.received(running: nil)
-        #expect(early.map(\.["id"]) == (1...(2 * Connection.sendEvery)).map { .int(Int64($0)) })
+        #expect(early.map(\.["id"]) == (1...(2 * run)).map { .int(Int64($0)) })
         let rest = try client.received()
-        #expect(rest.map(\.["id"]) == ((2 * Connection.sendEvery + 1)...count).map { .int(Int64($0)) })
+        #expect(rest.map(\.["id"]) == ((2 * run + 1)...count).map { .int(Int64($0)) })
+    }
+
+    /// A deeper pipeline is answered in longer runs, a quarter of the read's requests: 150
+    /// requests of one length in one read go out 37 at a time — after 37, 74 and 111, not
+    /// after 148 with 2 left. (Ids of one length: the run is guessed from the lengths.)
+    @Test func aDeeperPipelineIsAnsweredInLongerRuns() throws {
+        let server = try TestServer()
+        let client = try TestConnection(server)
+        let count = 150
+        let id = { (i: Int) in "r" + String(repeating: "0", count: 3 - String(i).count) + String(i) }
+        try client.send((1...count).map { #"{"id":"\#(id($0))","op":"ping"}"# + "\n" }.joined(), run: false)
+        client.connection.ready(0x001)
+        let early = try client.received(running: nil)
+        #expect(early.map(\.["id"]) == (1...111).map { .string(id($0)) })
+        let rest = try client.received()
+        #expect(rest.map(\.["id"]) == (112...count).map { .string(id($0)) })
+    }
+
+    /// While the loop's ticks write to many connections (here a tick wrote an event to each of
+    /// nine subscribers), replies go out in runs of at least `EarlySend.busyRun`: 2 × 16 + 5
+    /// requests, which a quiet loop answers early after 16, are answered by the tick alone.
+    @Test func aLoopBusyWritingEventsSendsRepliesInLongerRuns() throws {
+        let server = try TestServer()
+        let subscribers = try (0..<(EarlySend.busyTickWrites + 1)).map { _ in try TestConnection(server) }
+        for subscriber in subscribers {
+            try subscriber.send(lines(#"{"id":1,"op":"subscribe","repo":"ui","keys":["k"]}"#))
+            _ = try subscriber.received()
+        }
+        let writer = try TestConnection(server)
+        try writer.send(lines(#"{"id":1,"op":"set","repo":"ui","key":"k","value":1}"#))
+        #expect(try writer.received().map { $0["rev"] } == [1])
+        for subscriber in subscribers { #expect(try subscriber.received().count == 1) }
+
+        let count = 2 * EarlySend.runs.lowerBound + 5
+        try writer.send((1...count).map { #"{"id":\#($0),"op":"ping"}"# + "\n" }.joined(), run: false)
+        writer.connection.ready(0x001)
+        #expect(try writer.received(running: nil).isEmpty, "no run of \(EarlySend.busyRun) with half a run after it")
+        #expect(try writer.received().map(\.["id"]) == (1...count).map { .int(Int64($0)) })
     }
 
     /// Under `sync = relaxed` the writes handled so far are committed (written, not synced)
@@ -81,15 +121,16 @@ import Testing
         storage.flush()  // this thread commits (the loop's, in these tests): the committer thread is not woken
         let server = try TestServer(storage: storage)
         let client = try TestConnection(server)
-        let count = 3 * Connection.sendEvery + 5
+        let run = EarlySend.runs.lowerBound
+        let count = 3 * run + 5
         try client.send((1...count).map { #"{"id":\#($0),"op":"set","repo":"r","key":"k","value":\#($0)}"# + "\n" }.joined(), run: false)
         client.connection.ready(0x001)  // EPOLLIN: the read alone, no tick yet
         let early = try client.received(running: nil)
-        #expect(early.map(\.["rev"]) == (1...(2 * Connection.sendEvery)).map { .int(Int64($0)) })
+        #expect(early.map(\.["rev"]) == (1...(2 * run)).map { .int(Int64($0)) })
         let committed = storage.counters?.records.load(ordering: .relaxed) ?? 0
-        #expect(committed >= 2 * Connection.sendEvery, "committed before they were answered")
+        #expect(committed >= 2 * run, "committed before they were answered")
         let rest = try client.received()
-        #expect(rest.map(\.["id"]) == ((2 * Connection.sendEvery + 1)...count).map { .int(Int64($0)) })
+        #expect(rest.map(\.["id"]) == ((2 * run + 1)...count).map { .int(Int64($0)) })
     }
 
     @Test func pipelinedRequestsInOneReadAreAnsweredInRequestOrder() throws {
@@ -264,3 +305,21 @@ import Testing
     }
 }
 
+
+/// The rule alone: runs of a quarter of the read, within bounds, and half a run to follow.
+@Suite struct EarlySendTests {
+    /// `due` for a read of `count` requests of 20 bytes, `handled` of them handled.
+    func due(_ sinceSend: Int, of handled: Int, in count: Int, tickWrites: Int = 1) -> Bool {
+        EarlySend.due(sinceSend: sinceSend, handled: handled, consumed: 20 * handled, of: 20 * count, tickWrites: tickWrites)
+    }
+
+    @Test func aRunIsAQuarterOfTheReadWithinBoundsWithHalfARunToFollow() {
+        #expect(!due(15, of: 15, in: 100), "never fewer than 16")
+        #expect(!due(24, of: 24, in: 100) && due(25, of: 25, in: 100), "100 requests: runs of 25")
+        #expect(due(25, of: 88, in: 100) && !due(25, of: 89, in: 100), "12 left is half a run of 25; 11 is less")
+        #expect(due(16, of: 16, in: 40) && !due(16, of: 36, in: 40), "40 requests: runs of 16; 4 left is too few")
+        #expect(!due(63, of: 63, in: 1000) && due(64, of: 64, in: 1000), "1000 requests: runs of 64, the most")
+        #expect(!due(16, of: 16, in: 40, tickWrites: EarlySend.busyTickWrites + 1), "a loop writing to many connections: at least 32")
+        #expect(due(32, of: 32, in: 100, tickWrites: EarlySend.busyTickWrites + 1))
+    }
+}

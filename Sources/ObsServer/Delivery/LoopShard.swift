@@ -159,6 +159,8 @@ final class LoopShard: @unchecked Sendable {
     /// figure before it): a large fan-out's ticks want long runs of writes (a connection sends
     /// replies early only while ticks are light: Connection.sendEarly).
     private(set) var recentTickEvents = 0
+    /// How many connections recent ticks wrote to (the most, decaying like `recentTickEvents`).
+    private(set) var recentTickWrites = 0
     private(set) var hub: Hub?
     /// Subscriptions that asked for `progress`, and the timer that sends them (while any).
     var progressing: [ObserverID: Subscription] = [:]
@@ -301,6 +303,7 @@ final class LoopShard: @unchecked Sendable {
         }
         let connections = dirty
         dirty.removeAll(keepingCapacity: true)
+        recentTickWrites = max(connections.count, recentTickWrites - recentTickWrites / 8)
         var written = 0
         for connection in connections {
             connection.isDirty = false
