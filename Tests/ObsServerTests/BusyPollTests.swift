@@ -13,26 +13,23 @@ import Testing
     @Test func waitsWithinTheLimitGrowTheWindowAndLongerOnesShrinkItToNothing() {
         var poll = BusyPoll(limit: 50_000)
         #expect(poll.window == 0, "a loop starts by sleeping")
-        poll.waited(5_000, woken: true)
-        #expect(poll.window == BusyPoll.initialWindow, "work came within the limit: poll from now on")
-        poll.waited(3_000, woken: true)
-        #expect(poll.window == 10_000, "work came within the window: it stays")
-        poll.waited(15_000, woken: true)
-        #expect(poll.window == 20_000)
-        poll.waited(35_000, woken: true)
-        #expect(poll.window == 40_000)
-        poll.waited(45_000, woken: true)
-        #expect(poll.window == 50_000, "never past the limit")
-        poll.waited(49_000, woken: false)
-        #expect(poll.window == 50_000, "a timer within the limit changes nothing")
-        poll.waited(2_000_000, woken: true)
-        #expect(poll.window == 25_000, "a wait past the limit halves it")
-        poll.waited(2_000_000, woken: false)
-        #expect(poll.window == 12_500)
-        poll.waited(2_000_000, woken: true)
-        #expect(poll.window == 0, "below the first window: no polling")
-        poll.waited(60_000, woken: true)
-        #expect(poll.window == 0, "work after more than the limit does not start polling")
+        // Each wait (ns from the start of polling, whether work ended it) and the window after it.
+        let steps: [(idle: UInt64, woken: Bool, window: UInt64, why: Comment)] = [
+            (5_000, true, BusyPoll.initialWindow, "work came within the limit: poll from now on"),
+            (3_000, true, 10_000, "work came within the window: it stays"),
+            (15_000, true, 20_000, "doubles"),
+            (35_000, true, 40_000, "doubles"),
+            (45_000, true, 50_000, "never past the limit"),
+            (49_000, false, 50_000, "a timer within the limit changes nothing"),
+            (2_000_000, true, 25_000, "a wait past the limit halves it"),
+            (2_000_000, false, 12_500, "a timer past it too"),
+            (2_000_000, true, 0, "below the first window: no polling"),
+            (60_000, true, 0, "work after more than the limit does not start polling"),
+        ]
+        for step in steps {
+            poll.waited(step.idle, woken: step.woken)
+            #expect(poll.window == step.window, step.why)
+        }
     }
 
     @Test func aZeroLimitNeverPolls() {
