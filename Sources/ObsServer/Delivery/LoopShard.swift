@@ -95,19 +95,14 @@ final class LoopShard: @unchecked Sendable {
 
     // Loop-confined from here on.
 
-    /// A repository's subscriptions on this loop. A class, so delivering a revision reads it
-    /// in place.
+    /// A repository's subscriptions on this loop, read in place by delivery.
     final class RepositoryRoutes {
         let repository: Repository
         /// Unmanaged: a routed subscription is always held strongly elsewhere — by its outbox
         /// while it is live, and by whoever ends it until it is unrouted — so routing a
         /// revision to a thousand subscribers retains and releases none of them.
-        ///
-        /// Read and changed in place through addressors: as a stored property of a class,
-        /// every routed revision copied the index out of it (its dictionaries retained and
-        /// released, 4 % of the daemon's time at fan-out 1). Only this loop touches it, and
-        /// nothing changes it while a revision is routed (`deliver` unroutes ended
-        /// subscriptions after routing).
+        /// In place, through addressors (a stored property was copied out per revision: 4 % of
+        /// the time at fan-out 1); so nothing may change it while a revision is routed.
         var routes: KeyedRoutes<Unmanaged<Subscription>> {
             unsafeAddress { UnsafePointer(storage) }
             unsafeMutableAddress { storage }
@@ -115,6 +110,7 @@ final class LoopShard: @unchecked Sendable {
         private let storage: UnsafeMutablePointer<KeyedRoutes<Unmanaged<Subscription>>>
         /// The newest revision delivered to this loop.
         var revision: UInt64 = 0
+        var isRouting = false  // asserted in route/unroute (`deliver` unroutes after routing)
 
         init(repository: Repository) {
             self.repository = repository
@@ -152,7 +148,7 @@ final class LoopShard: @unchecked Sendable {
     private var taken = RecordBatch<UInt64>()
     private var takenWeight = 0
     private var dirty: [Connection] = []
-    /// `deliver`'s scratch: the events one revision queued, and the subscriptions it ended.
+    /// `deliver`'s scratch: the events one revision queued, the subscriptions it ended.
     private var routedCount = 0
     private var routedEnded: [Subscription] = []
     /// Events recent ticks delivered (the last tick's, or less than an eighth fewer than the
@@ -235,6 +231,7 @@ final class LoopShard: @unchecked Sendable {
         loop.assertInLoop()
         let id = subscription.repository.id
         let entry = routes[id] ?? RepositoryRoutes(repository: subscription.repository)
+        assert(!entry.isRouting, "a subscription routed while a revision is routed")
         routes[id] = entry
         entry.routes.insert(.passUnretained(subscription), for: subscription.selection, id: subscription.routeID)
         if subscription.progress {
@@ -248,7 +245,9 @@ final class LoopShard: @unchecked Sendable {
     func unroute(_ subscription: Subscription) {
         loop.assertInLoop()
         let id = subscription.repository.id
-        guard let entry = routes[id], entry.routes.remove(subscription.routeID) != nil else { return }
+        guard let entry = routes[id] else { return }
+        assert(!entry.isRouting, "a subscription unrouted while a revision is routed")
+        guard entry.routes.remove(subscription.routeID) != nil else { return }
         if entry.routes.count == 0 { routes[id] = nil }
         if subscription.progress { progressing[subscription.routeID] = nil }
         subscription.repository.subscriberLeft(self)
@@ -388,11 +387,13 @@ final class LoopShard: @unchecked Sendable {
                 }
             }
         }
+        entry.isRouting = true
         if revision.changeCount == 1 {
             entry.routes.route(CollectionOfOne(revision.key(0)), visit)
         } else {
             entry.routes.route((0..<revision.changeCount).map { revision.key($0) }, visit)
         }
+        entry.isRouting = false
         for subscription in routedEnded { unroute(subscription) }
         return routedCount
     }

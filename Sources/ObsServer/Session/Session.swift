@@ -46,8 +46,8 @@ final class Session {
     private let connectionRef: Unmanaged<Connection>
     private let outboxRef: Unmanaged<Outbox>
     private let shardRef: Unmanaged<LoopShard>
-    /// The hub's, which outlives every session.
-    private let sequencerRef: any Sequencer
+    /// The hub's sequencer (kept here: read through the hub, it was retained per write).
+    private let sequencer: any Sequencer
     /// Scratch space the request scanner canonicalizes values into, and where a single-key
     /// write's old value is copied for its reply.
     private var scanValues: [UInt8] = []
@@ -83,7 +83,7 @@ final class Session {
         self.connectionRef = Unmanaged.passUnretained(connection)
         self.outboxRef = Unmanaged.passUnretained(connection.outbox)
         self.shardRef = Unmanaged.passUnretained(connection.shard)
-        self.sequencerRef = hub.sequencer
+        self.sequencer = hub.sequencer
         self.hub = hub
         self.peer = peer
         self.writer = Writer(uid: peer.uid, gid: peer.gid, pid: peer.pid)
@@ -274,7 +274,7 @@ final class Session {
         }
         nextToken += 1
         let token = nextToken
-        if let result = hub.sequencer.submit(request, to: repository, route: connection.answers, token: token) {
+        if let result = sequencer.submit(request, to: repository, route: connection.answers, token: token) {
             if held { hub.release(repo) }
             if repository.isPermanent { lastWritten = repository }
             answerWrite(id, repository, result, single: single)
@@ -303,7 +303,7 @@ final class Session {
             return shardRef._withUnsafeGuaranteedRef { shard in
                 outboxRef._withUnsafeGuaranteedRef { outbox in
                     guard
-                        let outcome = sequencerRef.submitSingle(
+                        let outcome = sequencer.submitSingle(
                             write, to: repository,
                             limits: WriteLimits(maxKeys: limits.maxKeysPerRepository, maxRevisionBytes: limits.maxRevisionBytes),
                             writer: writer, origin: outbox.connection, time: shard.loop.wallSeconds, old: &singleOld)
