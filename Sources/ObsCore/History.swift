@@ -3,9 +3,9 @@
 // The newest revisions, contiguous (every revision is recorded), bounded three ways: by
 // count (`history.limit`), by weight (`history.max-bytes`, counted as `RevisionInfo.weight`;
 // the newest revision stays whatever its size) and optionally by age. Records live in chunks
-// of about `chunkSize` bytes, one allocation per chunk, not per revision: appending writes at
-// the end of the last chunk, dropping the oldest revisions frees a chunk once none of its
-// records is left. A subscriber resuming after revision N is served from here if the
+// of about `chunkSize` bytes, one allocation per chunk, not per revision: a revision is
+// encoded straight into the end of the last chunk (no buffer of its own, no copy), dropping
+// the oldest revisions frees a chunk once none of its records is left. A subscriber resuming after revision N is served from here if the
 // history still reaches back to N + 1; otherwise the answer is `compacted`.
 
 import ObsValues
@@ -44,7 +44,39 @@ public struct History: Sendable {
         @usableFromInline var place: RecordPlace
     }
 
-    @usableFromInline private(set) var chunks: [[UInt8]] = []
+    /// A chunk's bytes, allocated once at their full capacity: records already written never
+    /// move, and the next is encoded in place after them.
+    ///
+    /// `@unchecked Sendable`: a chunk is mutated (`count`, the bytes past it) only through a
+    /// `History` that holds the one reference to it (`makeRoom` starts a new chunk rather
+    /// than write into a shared one, `removeLast` copies a shared one first), so a chunk two
+    /// values share — which may be on two threads — is never written, as with `Array`'s
+    /// copy on write.
+    @usableFromInline
+    final class Chunk: @unchecked Sendable {
+        @usableFromInline let base: UnsafeMutableRawPointer
+        @usableFromInline let capacity: Int
+        @usableFromInline var count = 0
+
+        init(capacity: Int) {
+            base = .allocate(byteCount: capacity, alignment: 8)
+            self.capacity = capacity
+        }
+
+        deinit { base.deallocate() }
+
+        @inlinable
+        var bytes: UnsafeRawBufferPointer { UnsafeRawBufferPointer(start: base, count: count) }
+
+        func copy() -> Chunk {
+            let copy = Chunk(capacity: capacity)
+            copy.base.copyMemory(from: base, byteCount: count)
+            copy.count = count
+            return copy
+        }
+    }
+
+    @usableFromInline private(set) var chunks: [Chunk] = []
     /// The number of the first chunk in `chunks`.
     @usableFromInline private(set) var firstChunk = 0
     /// The records, oldest first, from `head` on (the slots before it are dropped ones,
@@ -70,14 +102,13 @@ public struct History: Sendable {
     /// beyond the limits.
     public mutating func append<C: RecordChanges>(prefix: [UInt8], info: RevisionInfo, changes: C, tail: [UInt8] = []) {
         guard limits.count > 0 else { return }
-        let (last, place) = RevisionRecordLayout.withEncoded(prefix: prefix, revision: info.revision, changes: changes, tail: tail) { record, place in
-            makeRoom(record.count)
-            let last = chunks.count - 1
-            let offset = chunks[last].count
-            chunks[last].append(contentsOf: record)
-            return (last, place.moved(to: offset))
-        }
-        entries.append(Entry(info: info, chunk: firstChunk + last, place: place))
+        let chunk = makeRoom(RevisionRecordLayout.bound(prefix: prefix, changes: changes, tail: tail))
+        var sink = PointerSink(chunk.base)
+        sink.count = chunk.count
+        let place = RevisionRecordLayout.encode(prefix: prefix, revision: info.revision, changes: changes, into: &sink, tail: tail)
+        assert(sink.count <= chunk.capacity, "a record's bound was too small")
+        chunk.count = sink.count
+        entries.append(Entry(info: info, chunk: firstChunk + chunks.count - 1, place: place))
         weight += info.weight
         while count > limits.count || (weight > limits.maxBytes && count > 1) { dropOldest() }
     }
@@ -85,22 +116,24 @@ public struct History: Sendable {
     /// Appends a record read elsewhere (a revision loaded from storage, already encoded).
     public mutating func append(_ view: RevisionView) {
         guard limits.count > 0 else { return }
-        makeRoom(view.place.length)
-        let last = chunks.count - 1
-        let offset = chunks[last].count
-        chunks[last].append(contentsOf: view.record)
-        entries.append(Entry(info: view.info, chunk: firstChunk + last, place: view.place.moved(to: offset)))
+        let chunk = makeRoom(view.place.length)
+        let offset = chunk.count
+        let record = view.record
+        if let source = record.baseAddress { (chunk.base + offset).copyMemory(from: source, byteCount: record.count) }
+        chunk.count += record.count
+        entries.append(Entry(info: view.info, chunk: firstChunk + chunks.count - 1, place: view.place.moved(to: offset)))
         weight += view.info.weight
         while count > limits.count || (weight > limits.maxBytes && count > 1) { dropOldest() }
     }
 
-    /// Starts a chunk unless the last one has room for `bytes` more: a chunk never grows
-    /// past the capacity it was given (an array that did would double it, half of it unused).
-    private mutating func makeRoom(_ bytes: Int) {
-        if let last = chunks.last, last.count < Self.chunkSize, last.capacity - last.count >= bytes { return }
-        var chunk: [UInt8] = []
-        chunk.reserveCapacity(max(Self.chunkSize, bytes))
+    /// The last chunk, if it has room for `bytes` more and is this history's alone; else a new
+    /// one, appended. A chunk never grows past the capacity it was given.
+    private mutating func makeRoom(_ bytes: Int) -> Chunk {
+        let last = chunks.count - 1
+        if last >= 0, chunks[last].capacity - chunks[last].count >= bytes, isKnownUniquelyReferenced(&chunks[last]) { return chunks[last] }
+        let chunk = Chunk(capacity: max(Self.chunkSize, bytes))
         chunks.append(chunk)
+        return chunk
     }
 
     private mutating func dropOldest() {
@@ -125,9 +158,10 @@ public struct History: Sendable {
             let last = entries.removeLast()
             weight -= last.info.weight
             let index = last.chunk - firstChunk
-            chunks[index].removeSubrange(last.place.start...)
+            if !isKnownUniquelyReferenced(&chunks[index]) { chunks[index] = chunks[index].copy() }
+            chunks[index].count = last.place.start
         }
-        while let last = chunks.last, last.isEmpty { chunks.removeLast() }
+        while let last = chunks.last, last.count == 0 { chunks.removeLast() }
         if count == 0 {
             entries.removeAll()
             head = 0
@@ -168,7 +202,7 @@ public struct History: Sendable {
     public func forEach(in range: Range<Int>, _ body: (RevisionView) -> Void) {
         for i in range {
             let entry = entries[i]
-            chunks[entry.chunk - firstChunk].withUnsafeBytes { body(RevisionView(info: entry.info, place: entry.place, bytes: $0)) }
+            body(RevisionView(info: entry.info, place: entry.place, bytes: chunks[entry.chunk - firstChunk].bytes))
         }
     }
 
@@ -176,6 +210,7 @@ public struct History: Sendable {
     @inlinable
     public func withNewest<R>(_ body: (RevisionView) -> R) -> R? {
         guard let entry = entries.last, count > 0 else { return nil }
-        return chunks[entry.chunk - firstChunk].withUnsafeBytes { body(RevisionView(info: entry.info, place: entry.place, bytes: $0)) }
+        // The chunk lives as long as `chunks`, which `self` (borrowed for this call) holds.
+        return body(RevisionView(info: entry.info, place: entry.place, bytes: chunks[entry.chunk - firstChunk].bytes))
     }
 }

@@ -55,8 +55,10 @@ extension RepositoryCore {
     /// Plans `write` on the current state, as `plan` would for the same write (the write
     /// rules, then the limits) — or nil when the answer is not a success this path gives: a
     /// failed `ifRevision`, a limit passed, the key attached to a lease (a write detaches
-    /// it), the repository's first revision. Nothing is applied.
-    public func planSingle(_ write: SingleWrite, limits: WriteLimits) -> SinglePlan? {
+    /// it), the repository's first revision. Nothing is applied. (`mutating` only so that
+    /// `self` is passed in place: called on a repository's locked state, a non-mutating call
+    /// copied the whole core, 321 bytes, to the stack on every write.)
+    public mutating func planSingle(_ write: SingleWrite, limits: WriteLimits) -> SinglePlan? {
         guard data.revision > 0 else { return nil }
         if !attachments.isEmpty, attachments[Key(String(decoding: write.key, as: UTF8.self))] != nil { return nil }
         return data.withRecord(key: write.key) { record, position -> SinglePlan? in

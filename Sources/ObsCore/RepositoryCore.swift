@@ -265,9 +265,10 @@ public struct RepositoryCore: Sendable {
         }
     }
 
-    /// Reads the record of the revision committed or installed last.
+    /// Reads the record of the revision committed or installed last. (`mutating` only so
+    /// that `self` is passed in place, as `planSingle` is.)
     @inlinable
-    public func withLastRecord<R>(_ body: (RevisionView) -> R) -> R? {
+    public mutating func withLastRecord<R>(_ body: (RevisionView) -> R) -> R? {
         if lastInHistory { return history.withNewest(body) }
         guard let place = scratchPlace, let info = scratchInfo else { return nil }
         return scratch.withUnsafeBytes { body(RevisionView(info: info, place: place, bytes: $0)) }

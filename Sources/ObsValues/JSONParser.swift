@@ -286,13 +286,24 @@ package struct Parser {
     package mutating func parseNumber() throws(JSONParseError) -> JSONValue {
         let start = pos
         var isInteger = true
-        if base[pos] == UInt8(ascii: "-") { pos += 1 }
+        let negative = base[pos] == UInt8(ascii: "-")
+        if negative { pos += 1 }
         guard pos < end, isDigit(base[pos]) else { throw fail("expected a digit in a number") }
+        // The integer part's value, accumulated as it is read: with at most 18 digits it
+        // cannot overflow, and the usual integer needs no second pass (`int64`).
+        let digitsStart = pos
+        var magnitude: Int64 = 0
         if base[pos] == UInt8(ascii: "0") {
             pos += 1
             if pos < end, isDigit(base[pos]) { throw fail("leading zeros are not allowed in numbers") }
         } else {
-            while pos < end, isDigit(base[pos]) { pos += 1 }
+            while pos < end, isDigit(base[pos]) {
+                magnitude = magnitude &* 10 &+ Int64(base[pos] &- UInt8(ascii: "0"))
+                pos += 1
+            }
+        }
+        if pos - digitsStart <= 18, pos == end || (base[pos] != UInt8(ascii: ".") && base[pos] | 0x20 != UInt8(ascii: "e")) {
+            return .int(negative ? -magnitude : magnitude)
         }
         if pos < end, base[pos] == UInt8(ascii: ".") {
             isInteger = false

@@ -18,6 +18,13 @@ import Testing
         if case .int = try JSONParser.parse("9007199254740993") {} else { Issue.record("2^53+1 must stay an integer") }
         #expect(try JSONParser.parse("9007199254740993").jsonText == "9007199254740993")
         #expect(try JSONParser.parse("-0") == .int(0))
+        // Up to 18 digits are read as they are scanned; from 19 on, with overflow checks.
+        #expect(try JSONParser.parse("999999999999999999") == .int(999_999_999_999_999_999))
+        #expect(try JSONParser.parse("-999999999999999999") == .int(-999_999_999_999_999_999))
+        #expect(try JSONParser.parse("1000000000000000000") == .int(1_000_000_000_000_000_000))
+        #expect(try JSONParser.parse("[12,-3]") == [12, -3])
+        #expect(try JSONParser.parse("12E1") == .double(120), "an exponent makes a double, whatever its case")
+        #expect(try JSONParser.parse("12.0") == .double(12))
     }
 
     @Test func otherNumbersBecomeDoubles() throws {

@@ -152,8 +152,8 @@ final class LocalSequencer: Sequencer {
     ) -> SingleOutcome? {
         repository.withState { s -> SingleOutcome? in
             guard let plan = s.core.planSingle(write, limits: limits) else { return nil }
-            old.removeAll(keepingCapacity: old.capacity <= 1 << 16)
-            if let bytes = plan.old { old.append(contentsOf: bytes) }
+            if old.capacity > 1 << 16 { old = [] }
+            old.replaceSubrange(old.indices, with: plan.old ?? UnsafeRawBufferPointer(start: nil, count: 0))
             guard plan.changes else {
                 return SingleOutcome(revision: s.core.revision, changed: false, existed: plan.old != nil, sequence: s.current)
             }
