@@ -42,13 +42,18 @@ extension Parser {
         while true {
             skipSpace()
             guard pos < end, base[pos] == UInt8(ascii: "\"") else { return false }
-            let name = try plainString()
+            let known = knownName()
+            let name = known == nil ? try plainString() : UnsafeBufferPointer(start: nil, count: 0)
             skipSpace()
             guard pos < end, base[pos] == UInt8(ascii: ":") else { return false }
             pos += 1
             skipSpace()
             guard pos < end else { return false }
-            try scanMember(name, into: &fields, values: &values)
+            if let known {
+                try scanKnown(known, into: &fields, values: &values)
+            } else {
+                try scanMember(name, into: &fields, values: &values)
+            }
             skipSpace()
             guard pos < end else { return false }
             if base[pos] == UInt8(ascii: ",") {
@@ -62,9 +67,40 @@ extension Parser {
         }
     }
 
-    private mutating func scanMember(_ name: UnsafeBufferPointer<UInt8>, into f: inout ScannedFields, values: inout [UInt8]) throws {
-        switch name.count {
-        case 2 where Self.equal(name, "id"):
+    /// The members every write names, read without a lookup of their name.
+    private enum KnownName { case id, op, repo, key, value }
+
+    /// At a member name's opening quote: the name, if it is one of `KnownName` (then `pos` is
+    /// past its closing quote), matched with its closing quote by one 8-byte load. Else nil,
+    /// `pos` unmoved, and `plainString` reads the name.
+    @inline(__always)
+    private mutating func knownName() -> KnownName? {
+        guard pos + 9 <= end else { return nil }
+        // Little-endian: the name's first byte is the word's lowest.
+        let w = UnsafeRawPointer(base).loadUnaligned(fromByteOffset: pos + 1, as: UInt64.self)
+        let known: KnownName
+        let length: Int
+        switch w & 0xFF_FFFF {
+        case 0x22_6469: (known, length) = (.id, 3)  // id"
+        case 0x22_706F: (known, length) = (.op, 3)  // op"
+        default:
+            if w & 0xFFFF_FFFF == 0x2279_656B {  // key"
+                (known, length) = (.key, 4)
+            } else if w & 0xFF_FFFF_FFFF == 0x22_6F70_6572 {  // repo"
+                (known, length) = (.repo, 5)
+            } else if w & 0xFFFF_FFFF_FFFF == 0x2265_756C_6176 {  // value"
+                (known, length) = (.value, 6)
+            } else {
+                return nil
+            }
+        }
+        pos += 1 + length
+        return known
+    }
+
+    private mutating func scanKnown(_ name: KnownName, into f: inout ScannedFields, values: inout [UInt8]) throws {
+        switch name {
+        case .id:
             switch base[pos] {
             case UInt8(ascii: "\""): f.id = .string(try text())
             case UInt8(ascii: "n"): try expectLiteral("null"); f.id = .null
@@ -73,15 +109,21 @@ extension Parser {
                 f.id = .int(i)
             default: throw NotFast()
             }
-        case 2 where Self.equal(name, "op"):
+        case .op:
             guard base[pos] == UInt8(ascii: "\"") else { throw NotFast() }
-            f.op = Operation(try plainString())
-        case 4 where Self.equal(name, "repo"):
+            // "set" (with both quotes) in one load, the usual operation; else read as a name.
+            if pos + 8 <= end, UnsafeRawPointer(base).loadUnaligned(fromByteOffset: pos, as: UInt64.self) & 0xFF_FFFF_FFFF == 0x22_7465_7322 {
+                pos += 5
+                f.op = .set
+            } else {
+                f.op = Operation(try plainString())
+            }
+        case .repo:
             guard base[pos] == UInt8(ascii: "\""), case let bytes = try plainString(), ProtocolRules.isValidRepoName(bytes: bytes) else {
                 throw NotFast()
             }
             f.repo = bytes
-        case 3 where Self.equal(name, "key"):
+        case .key:
             if base[pos] == UInt8(ascii: "n") {
                 try expectLiteral("null")
                 f.key = nil
@@ -91,11 +133,22 @@ extension Parser {
                 throw NotFast()
             }
             f.key = key
-        case 5 where Self.equal(name, "value"):
+        case .value:
             // A repeated member keeps its last value, as the general decoder does.
             let start = values.count
             f.valueIsPlain = try canonicalValue(depthBelow: 1, into: &values)
             f.value = start..<values.count
+        }
+    }
+
+    private mutating func scanMember(_ name: UnsafeBufferPointer<UInt8>, into f: inout ScannedFields, values: inout [UInt8]) throws {
+        switch name.count {
+        // Read here when `knownName` could not look ahead 8 bytes (the end of the line).
+        case 2 where Self.equal(name, "id"): try scanKnown(.id, into: &f, values: &values)
+        case 2 where Self.equal(name, "op"): try scanKnown(.op, into: &f, values: &values)
+        case 4 where Self.equal(name, "repo"): try scanKnown(.repo, into: &f, values: &values)
+        case 3 where Self.equal(name, "key"): try scanKnown(.key, into: &f, values: &values)
+        case 5 where Self.equal(name, "value"): try scanKnown(.value, into: &f, values: &values)
         case 5 where Self.equal(name, "ifRev"): f.ifRev = try optionalUnsigned()
         case 5 where Self.equal(name, "since"): f.since = try optionalUnsigned()
         case 3 where Self.equal(name, "sub"): f.sub = try optionalUnsigned()

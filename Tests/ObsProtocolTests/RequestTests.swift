@@ -250,6 +250,11 @@ func failure<R>(
         #"{"op":"hello","protocol":1,"client":"c"}"#,
         #"{ "op" : "ping" , "op" : "stats" }"#,
         #"{"op":"repos"}"#,
+        // Member names read by one 8-byte load, in any order; near the line's end (fewer than
+        // 8 bytes to look ahead) and as prefixes of other names, read as any name is.
+        #"{"value":[1],"key":"k","repo":"r","op":"set","keys":null,"values":null,"id":7}"#,
+        #"{"repo":"r","key":"k","op":"delete","id":"x"}"#,
+        #"{"key":"k","op":"get","repo":"r"}"#,
     ]
     /// Lines the fast path leaves to the general decoder (which accepts or refuses them).
     static let general = [
@@ -260,6 +265,7 @@ func failure<R>(
         #"{"op":"nope"}"#, #"{}"#, #"[1]"#, #"{"op":"set","repo":"r","key":"k"}"#, #"{"op":"get","repo":"r","key":"k"} x"#,
         #"{"op":"get","repo":"r","key":"k","id":true}"#, #"{"op":"get","repo":"r","key":"k","junk":[1,]}"#,
         #"{"op":"subscribe","repo":"r","prefix":"p/","epoch":7}"#,
+        #"{"op":"sets","repo":"r","key":"k","value":1}"#, #"{"op":"se","repo":"r","key":"k","value":1}"#,
     ]
 
     @Test(arguments: lines) func theFastPathReadsTheCommonRequestsAsTheDecoderDoes(_ text: String) throws {
