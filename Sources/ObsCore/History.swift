@@ -102,12 +102,14 @@ public struct History: Sendable {
     /// beyond the limits.
     public mutating func append<C: RecordChanges>(prefix: [UInt8], info: RevisionInfo, changes: C, tail: [UInt8] = []) {
         guard limits.count > 0 else { return }
-        let chunk = makeRoom(RevisionRecordLayout.bound(prefix: prefix, changes: changes, tail: tail))
-        var sink = PointerSink(chunk.base)
-        sink.count = chunk.count
-        let place = RevisionRecordLayout.encode(prefix: prefix, revision: info.revision, changes: changes, into: &sink, tail: tail)
-        assert(sink.count <= chunk.capacity, "a record's bound was too small")
-        chunk.count = sink.count
+        let place = makeRoom(RevisionRecordLayout.bound(prefix: prefix, changes: changes, tail: tail))._withUnsafeGuaranteedRef { chunk in
+            var sink = PointerSink(chunk.base)
+            sink.count = chunk.count
+            let place = RevisionRecordLayout.encode(prefix: prefix, revision: info.revision, changes: changes, into: &sink, tail: tail)
+            assert(sink.count <= chunk.capacity, "a record's bound was too small")
+            chunk.count = sink.count
+            return place
+        }
         entries.append(Entry(info: info, chunk: firstChunk + chunks.count - 1, place: place))
         weight += info.weight
         while count > limits.count || (weight > limits.maxBytes && count > 1) { dropOldest() }
@@ -116,24 +118,28 @@ public struct History: Sendable {
     /// Appends a record read elsewhere (a revision loaded from storage, already encoded).
     public mutating func append(_ view: RevisionView) {
         guard limits.count > 0 else { return }
-        let chunk = makeRoom(view.place.length)
-        let offset = chunk.count
-        let record = view.record
-        if let source = record.baseAddress { (chunk.base + offset).copyMemory(from: source, byteCount: record.count) }
-        chunk.count += record.count
+        let offset = makeRoom(view.place.length)._withUnsafeGuaranteedRef { chunk in
+            let offset = chunk.count
+            let record = view.record
+            if let source = record.baseAddress { (chunk.base + offset).copyMemory(from: source, byteCount: record.count) }
+            chunk.count += record.count
+            return offset
+        }
         entries.append(Entry(info: view.info, chunk: firstChunk + chunks.count - 1, place: view.place.moved(to: offset)))
         weight += view.info.weight
         while count > limits.count || (weight > limits.maxBytes && count > 1) { dropOldest() }
     }
 
     /// The last chunk, if it has room for `bytes` more and is this history's alone; else a new
-    /// one, appended. A chunk never grows past the capacity it was given.
-    private mutating func makeRoom(_ bytes: Int) -> Chunk {
+    /// one, appended. A chunk never grows past the capacity it was given. (Unretained: the
+    /// chunk is the last of `chunks`, which holds it until the next mutation.)
+    private mutating func makeRoom(_ bytes: Int) -> Unmanaged<Chunk> {
         let last = chunks.count - 1
-        if last >= 0, chunks[last].capacity - chunks[last].count >= bytes, isKnownUniquelyReferenced(&chunks[last]) { return chunks[last] }
-        let chunk = Chunk(capacity: max(Self.chunkSize, bytes))
-        chunks.append(chunk)
-        return chunk
+        if last >= 0, chunks[last].capacity - chunks[last].count >= bytes, isKnownUniquelyReferenced(&chunks[last]) {
+            return .passUnretained(chunks[last])
+        }
+        chunks.append(Chunk(capacity: max(Self.chunkSize, bytes)))
+        return .passUnretained(chunks[last + 1])
     }
 
     private mutating func dropOldest() {

@@ -36,10 +36,13 @@ extension Request {
     ) -> Bool? {
         guard let base = line.baseAddress, line.count > 0 else { return nil }
         var parser = Parser(base: base.assumingMemoryBound(to: UInt8.self), end: line.count, maxDepth: maxDepth)
-        var fields = ScannedFields()
-        values.removeAll(keepingCapacity: values.capacity <= 1 << 16)
-        guard (try? parser.scanRequest(into: &fields, values: &values)) == true else { return nil }
-        var scanned = ScannedRequest(fields: consume fields)  // no copy of the fields
+        // Scanned in place: the fields (about 230 bytes) were copied twice on their way to
+        // `body`, 1.6 % of the daemon's time at 64 writes in flight.
+        var scanned = ScannedRequest()
+        // Values are appended after those of earlier lines (what `body` is given are ranges of
+        // the buffer), and the buffer is emptied only once it holds 4 KiB: not a call per line.
+        if values.count >= 1 << 12 { values.removeAll(keepingCapacity: values.capacity <= 1 << 16) }
+        guard (try? parser.scanRequest(into: &scanned.fields, values: &values)) == true else { return nil }
         return values.withUnsafeBytes { raw in
             scanned.values = raw
             return body(scanned)
@@ -81,10 +84,8 @@ extension ScannedWrite {
 
 /// A line read by the fast path: valid only inside the `body` of `Request.scan`.
 public struct ScannedRequest: ~Copyable {
-    let fields: ScannedFields
+    var fields = ScannedFields()
     var values = UnsafeRawBufferPointer(start: nil, count: 0)
-
-    init(fields: consuming ScannedFields) { self.fields = fields }
 
     /// The request's `id` (`.null` when it had none).
     public var id: JSONValue { fields.id }

@@ -325,6 +325,25 @@ func failure<R>(
         }
     }
 
+    /// One `values` buffer kept across lines, as a connection keeps it (values are appended
+    /// after earlier lines' until it holds 4 KiB): every line still reads as the decoder reads it.
+    @Test func aValuesBufferKeptAcrossLinesReadsEveryLineAsTheDecoderDoes() throws {
+        var values: [UInt8] = []
+        let big = #"{"op":"set","repo":"r","key":"big","value":""# + String(repeating: "x", count: 5000) + #""}"#
+        for text in Array(repeating: Self.lines + [big], count: 3).joined() {
+            try Array(text.utf8).withUnsafeBytes { raw in
+                let decoded = try Request.decodeInGeneral(line: raw)
+                let handled = Request.scan(raw, maxDepth: JSONParser.defaultMaxDepth, values: &values) { scanned in
+                    #expect(scanned.request() == decoded, "\(text.prefix(80))")
+                    if let write = scanned.write { #expect(write.reads(decoded), "\(text.prefix(80))") }
+                    return true
+                }
+                #expect(handled == true, "the fast path takes \(text.prefix(80))")
+            }
+        }
+        #expect(values.count < 1 << 13, "the buffer is emptied once it holds 4 KiB")
+    }
+
     @Test(arguments: general) func theRestGoesToTheGeneralDecoder(_ text: String) {
         Array(text.utf8).withUnsafeBytes { raw in
             #expect(Request.scan(raw) == nil, "\(text)")

@@ -366,7 +366,7 @@ final class LoopShard: @unchecked Sendable {
         // capturing local variables had them boxed on the heap — two allocations per
         // revision — once it was passed on through the routes' thunks.
         routedCount = 0
-        defer { routedEnded.removeAll(keepingCapacity: true) }
+        defer { if !routedEnded.isEmpty { routedEnded.removeAll(keepingCapacity: true) } }
         func visit(_: ObserverID, _ routed: borrowing Unmanaged<Subscription>, _ selected: SelectedChanges) {
             routed._withUnsafeGuaranteedRef { subscription in
                 guard revision.revision > subscription.after else { return }

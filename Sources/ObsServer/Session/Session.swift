@@ -300,6 +300,11 @@ final class Session {
             let limits = self.limits
             if let value = scanned.value, value.count > limits.maxValueBytes { return false }
             let write = SingleWrite(key: scanned.key, value: scanned.value, isPlain: scanned.isPlain, ifRevision: scanned.ifRev, force: scanned.force)
+            // The old value's buffer, moved out for the write: read as this class's stored
+            // property, it was retained and released around every reply.
+            var singleOld: [UInt8] = []
+            swap(&singleOld, &self.singleOld)
+            defer { swap(&singleOld, &self.singleOld) }
             return shardRef._withUnsafeGuaranteedRef { shard in
                 outboxRef._withUnsafeGuaranteedRef { outbox in
                     guard
