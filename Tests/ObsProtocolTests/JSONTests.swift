@@ -130,6 +130,23 @@ import Testing
 }
 
 @Suite struct JSONWriterTests {
+    @Test func writesIntegersOfEveryLength() {
+        var samples: [UInt64] = [0, 9, 10, 99, 100, 101, 1000, 1009, UInt64.max, UInt64.max - 1]
+        var power: UInt64 = 1
+        for _ in 0..<19 {
+            power *= 10
+            samples += [power - 1, power, power + 1, power / 2 + 7]
+        }
+        for value in samples {
+            var out: [UInt8] = []
+            out.writeDecimal(value)
+            #expect(String(decoding: out, as: UTF8.self) == String(value))
+        }
+        var out: [UInt8] = []
+        out.writeDecimal(Int64.min)
+        #expect(String(decoding: out, as: UTF8.self) == String(Int64.min))
+    }
+
     @Test(arguments: [
         #"null"#, #"true"#, #"-12"#, #"1.5"#, #"1e+100"#, #""a\"b\\c\n\u0001é😀""#, #"[1,[2,{}]]"#,
         #"{"z":1,"a":{"b":null}}"#, #"9223372036854775807"#, #"-9223372036854775808"#,
