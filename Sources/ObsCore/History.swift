@@ -5,8 +5,9 @@
 // the newest revision stays whatever its size) and optionally by age. Records live in chunks
 // of about `chunkSize` bytes, one allocation per chunk, not per revision: a revision is
 // encoded straight into the end of the last chunk (no buffer of its own, no copy), dropping
-// the oldest revisions frees a chunk once none of its records is left. A subscriber resuming after revision N is served from here if the
-// history still reaches back to N + 1; otherwise the answer is `compacted`.
+// the oldest revisions frees a chunk once none of its records is left. A subscriber
+// resuming after revision N is served from here if the history still reaches back to N + 1;
+// otherwise the answer is `compacted`.
 
 import ObsValues
 import ObservableKit

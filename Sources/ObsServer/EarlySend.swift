@@ -18,13 +18,12 @@
 // subscribers: −15 %).
 
 /// When the replies of a long pipelined read go out before the read is handled.
-import Glibc
 enum EarlySend {
     /// The shortest and longest run of replies sent together.
     static let runs = 16...64
     /// The shortest run while ticks write to more than `busyTickWrites` connections.
-    static let busyRun = getenv("XBR").map { Int(atoi($0)) } ?? 32
-    static let busyTickWrites = getenv("XBW").map { Int(atoi($0)) } ?? 8
+    static let busyRun = 32
+    static let busyTickWrites = 8
     /// No early sends while ticks deliver this many events.
     static let heavyTick = 1024
 
