@@ -6,9 +6,8 @@
 //
 // A repository posts each revision it may show (a durable one) to every loop with subscribers
 // to it: its record is copied into the loop's inbox — a buffer, no object per revision —
-// under the repository's lock, so an inbox holds each repository's revisions in order. A post
-// from the loop's own thread takes the inbox's lock too, uncontended (a batch of the loop's
-// own, without the lock, measured no cheaper). Once per tick the loop takes what was posted,
+// under the repository's lock, so an inbox holds each repository's revisions in order (the
+// loop's own posts too, the lock uncontended). Once per tick the loop takes what was posted,
 // routes each revision through its own index to its connections' outboxes, then writes each
 // connection with output once.
 //
