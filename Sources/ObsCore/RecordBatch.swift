@@ -63,6 +63,13 @@ public struct RecordBatch<Tag> {
         }
     }
 
+    /// Calls `body` with the buffer the entries' records lie in (for views of several
+    /// entries at once: `RevisionView(info: entry(i).info, place: entry(i).place, bytes:)`).
+    @inlinable
+    public func withBytes<R>(_ body: (UnsafeRawBufferPointer) -> R) -> R {
+        bytes.withUnsafeBytes(body)
+    }
+
     /// The tag and info of entry `index`.
     @inlinable
     public func entry(_ index: Int) -> Entry { entries[head + index] }

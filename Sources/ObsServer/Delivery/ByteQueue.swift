@@ -106,6 +106,18 @@ struct ByteQueue: JSONSink, ~Copyable {
         }
     }
 
+    /// Exchanges this queue's memory with `other`'s; both must be empty. What each queue
+    /// `appended` stays with it (a position in its own stream, not in its memory).
+    mutating func exchangeMemory(with other: inout ByteQueue) {
+        precondition(isEmpty && other.isEmpty, "memory exchanged with bytes in it")
+        swap(&base, &other.base)
+        swap(&capacity, &other.capacity)
+        start = 0
+        end = 0
+        other.start = 0
+        other.end = 0
+    }
+
     /// Reads the unsent bytes.
     func withUnsentBytes<R>(_ body: (UnsafeRawBufferPointer) -> R) -> R {
         body(UnsafeRawBufferPointer(start: base.map { $0 + start }, count: end - start))

@@ -350,6 +350,26 @@ final class Outbox {
         return .drained(bytes: total)
     }
 
+    /// Lends the queue `memory` (empty) to write a run of events into, if nothing is queued or
+    /// reserved here; whether it did. `sendLent` sends them and gives it back.
+    func borrow(_ memory: inout ByteQueue) -> Bool {
+        guard phase == .open, ready.isEmpty, blocked.isEmpty else { return false }
+        ready.exchangeMemory(with: &memory)
+        return true
+    }
+
+    /// Sends what is ready (after `borrow`); returns the lent memory if all of it went, else
+    /// keeps it (the rest waits there) and gives `memory` its own, empty. The bytes sent.
+    func sendLent(to fd: Int32, returning memory: inout ByteQueue) -> Int {
+        let sent: Int
+        switch send(to: fd) {
+        case .all(let n), .some(let n): sent = n
+        case .failed: sent = 0  // the connection's flush at the tick's end fails and closes it
+        }
+        if ready.isEmpty { ready.exchangeMemory(with: &memory) }
+        return sent
+    }
+
     private func send(to fd: Int32) -> ByteQueue.Sent {
         let before = ready.appended - ready.count
         let sent = ready.send(to: fd)
