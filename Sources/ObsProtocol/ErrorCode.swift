@@ -82,13 +82,17 @@ public enum ProtocolRules {
     /// Whether these bytes are a valid repository name.
     public static func isValidRepoName(bytes: UnsafeBufferPointer<UInt8>) -> Bool {
         guard !bytes.isEmpty, bytes.count <= maxRepoNameLength else { return false }
+        // One test per byte, of a bit in `repoNameBytes` (every write's name is checked).
         for b in bytes {
-            let letter = (b | 0x20) >= UInt8(ascii: "a") && (b | 0x20) <= UInt8(ascii: "z")
-            let digit = b >= UInt8(ascii: "0") && b <= UInt8(ascii: "9")
-            if !(letter || digit || b == UInt8(ascii: ".") || b == UInt8(ascii: "_") || b == UInt8(ascii: "-")) { return false }
+            let mask = b < 64 ? repoNameBytes.low : b < 128 ? repoNameBytes.high : 0
+            if mask & (1 << UInt64(b & 63)) == 0 { return false }
         }
         return true
     }
+
+    /// The bytes of `[A-Za-z0-9._-]`: bit b of `low` for byte b < 64 (`-`, `.`, the digits),
+    /// of `high` for byte 64 + b (the letters, `_`). `ProtocolRulesTests` checks every byte.
+    static let repoNameBytes: (low: UInt64, high: UInt64) = (0x03FF_6000_0000_0000, 0x07FF_FFFE_87FF_FFFE)
 
     /// Why `key` is not a valid key, or `nil` if it is.
     public static func keyProblem(_ key: String) -> String? {

@@ -109,11 +109,8 @@ final class TestDaemon: @unchecked Sendable {
         try? FileManager.default.removeItem(atPath: directory)
     }
 
-    static func makeTemporaryDirectory() -> String {
-        var template = Array("/tmp/obsd-test-XXXXXX".utf8CString)
-        let path = template.withUnsafeMutableBufferPointer { String(cString: mkdtemp($0.baseAddress!)) }
-        return path
-    }
+    /// A fresh directory, removed when the tests end.
+    static func makeTemporaryDirectory() -> String { TemporaryDirectory.make(prefix: "obsd-test-") }
 }
 
 /// Runs `obsctl` and returns its exit status and output.

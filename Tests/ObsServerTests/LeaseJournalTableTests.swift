@@ -17,8 +17,7 @@ import Testing
 
 @Suite struct LeaseJournalTableTests {
     @Test func movesAcrossARewriteReadBackAsTheTableHasThem() throws {
-        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("obsd-lease-table-\(UUID().uuidString)").path
-        try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+        let dir = try temporaryLeaseDirectory()
         let journal = try LeaseJournal(directory: dir, sync: .relaxed(interval: .seconds(1)), logger: Logger(label: "test"))
         let table = LeaseTable(journal: journal)
         let owner = Writer(uid: 1000, gid: 1000, pid: 7)
@@ -118,9 +117,7 @@ import Testing
 }
 
 private func temporaryLeaseDirectory() throws -> String {
-    let dir = FileManager.default.temporaryDirectory.appendingPathComponent("obsd-lease-table-\(UUID().uuidString)").path
-    try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
-    return dir
+    TemporaryDirectory.make(prefix: "obsd-lease-table-")
 }
 
 /// A sync that waits, the first time, until the test opens the gate (and says it started).

@@ -19,9 +19,7 @@ import Testing
     private let alice = Writer(uid: 1000, gid: 1000, pid: 42)
 
     private func directory() throws -> String {
-        let path = FileManager.default.temporaryDirectory.appendingPathComponent("obsd-leases-\(UUID().uuidString)").path
-        try FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
-        return path
+        TemporaryDirectory.make(prefix: "obsd-leases-")
     }
 
     private func open(_ directory: String) throws -> LeaseJournal {

@@ -8,8 +8,9 @@
 // to it: its record is copied into the loop's inbox — a buffer, no object per revision —
 // under the repository's lock, so an inbox holds each repository's revisions in order (the
 // loop's own posts too, the lock uncontended). Once per tick the loop takes what was posted,
-// routes each revision through its own index to its connections' outboxes, then writes each
-// connection with output once.
+// routes it through its own index to its connections' outboxes — a run of one key's
+// revisions at once, each subscriber's events sent as soon as they are written
+// (LoopShard+Delivery.swift) — then writes each connection with output once.
 //
 // Delivery is bounded two ways. A tick delivers at most `DeliveryBudget.eventsPerTick` events,
 // then lets the loop serve its sockets before the next tick goes on. And what waits to be
@@ -299,16 +300,18 @@ final class LoopShard: @unchecked Sendable {
         var delivered = 0
         var n = 0
         while n < taken.count, delivered < budget.eventsPerTick {
-            let (repositoryID, run) = runLength(from: n, limit: budget.eventsPerTick - delivered)
+            guard let entry = routes[taken.entry(n).tag] else {  // no subscriptions here (any more)
+                n += 1
+                continue
+            }
+            let run = runLength(from: n, of: entry, limit: budget.eventsPerTick - delivered)
             if run > 1 {
                 written += write(newestFirst: false)  // the replies so far go out before the run
-                if let entry = routes[repositoryID] {
-                    delivered += deliverRun(n..<n + run, to: entry)
-                    runsRouted += 1
-                }
+                delivered += deliverRun(n..<n + run, to: entry)
+                runsRouted += 1
                 n += run
             } else {
-                delivered += taken.withEntry(n) { deliver($1, of: $0) }
+                delivered += taken.withEntry(n) { deliver($1, to: entry) }
                 n += 1
             }
         }
