@@ -13,8 +13,9 @@
 // written once at the end of the tick. At a large fan-out that fills each outbox with a
 // whole tick's events before the socket takes any — 64 revisions to 1,000 subscribers are
 // 8.6 MB, read back by the kernel after the last is written, when most of it has left the
-// cache. Runs took fan-out to 1,000 from 0.074 to 0.039 µs of daemon CPU per event, and
-// fan-out to one subscriber from 0.80 to 0.66 (no per-revision routing; docs/PERFORMANCE.md).
+// cache. Runs took fan-out to 1,000 from 0.079 to 0.042 µs of daemon CPU per event (0.10
+// to 0.05 in the machine's slow stretches), fan-out to 10 from 0.108 to 0.091, and to one
+// subscriber from 0.685 to 0.649 — a run is routed once (docs/PERFORMANCE.md).
 //
 // Each subscription still sees its revisions in order. A connection with two subscriptions
 // that select the key gets one's events of the run, then the other's: the protocol orders
