@@ -81,7 +81,8 @@ final class Outbox {
     private(set) var queuedBytes = 0
     private(set) var queuedEvents = 0
     private var phase = Phase.open
-    private(set) var live: [UInt64: Subscription] = [:]
+    /// This connection's live subscriptions, by id (Outbox+Subscriptions.swift).
+    var live: [UInt64: Subscription] = [:]
     /// Coalescing subscriptions with changes folded while the queue was full (Coalescing.swift).
     var lagging: [Subscription] = []
     private var nextSlot: UInt64 = 0
@@ -191,48 +192,6 @@ final class Outbox {
             blocked.append(.bytes(bytes, events: count + events))
         }
         queuedEvents += events
-    }
-
-    // MARK: Subscriptions
-
-    /// Makes a subscription live on this connection; `false` if the connection is no longer open.
-    func register(_ subscription: Subscription) -> Bool {
-        guard phase == .open else { return false }
-        live[subscription.id] = subscription
-        subscription.isLive = true
-        count(subscriptions: 1)
-        return true
-    }
-
-    /// Ends a live subscription; returns it, or `nil` if it is not live (unknown, ended by
-    /// `once`, or by overflow). No event of it is queued after this returns.
-    func unregister(_ id: UInt64) -> Subscription? {
-        guard let subscription = live.removeValue(forKey: id) else { return nil }
-        subscription.isLive = false
-        count(subscriptions: -1)
-        return subscription
-    }
-
-    /// Ends every live subscription (the connection stays open for its replies); returns them.
-    func unregisterAll() -> [Subscription] {
-        let ended = Array(live.values)
-        for subscription in ended { subscription.isLive = false }
-        count(subscriptions: -ended.count)
-        live.removeAll()
-        return ended
-    }
-
-    var liveCount: Int { live.count }
-    var liveSubscriptions: [Subscription] { Array(live.values) }
-
-    /// Ends a live subscription and queues `notice` (its last message) in the same step, so no
-    /// event of it follows. Returns it, or nil if it was not live.
-    func revoke(_ id: UInt64, notice: [UInt8]) -> Subscription? {
-        guard phase == .open, let subscription = live.removeValue(forKey: id) else { return nil }
-        subscription.isLive = false
-        count(subscriptions: -1)
-        notice.withUnsafeBytes { append($0, events: 1) }
-        return subscription
     }
 
     // MARK: Events
@@ -406,7 +365,7 @@ final class Outbox {
         return unregisterAll()
     }
 
-    private func count(subscriptions n: Int) {
+    func count(subscriptions n: Int) {
         stats.subscriptions.add(n, ordering: .relaxed)
         tally.add(n)
     }
