@@ -175,7 +175,7 @@ public struct Setting: Sendable {
         integer("limits.max-connections-per-uid", "OBSD_MAX_CONNECTIONS_PER_UID", "max-connections-per-uid", 1...10_000_000,
                 \.maxConnectionsPerUID, "n", "Most connections per uid, root and obsd's uid exempt."),
         integer("limits.max-leases-per-uid", "OBSD_MAX_LEASES_PER_UID", "max-leases-per-uid", 1...10_000_000,
-                \.maxLeasesPerUID, "n", "Most live leases per uid, root and obsd's uid exempt (past it, grant is overloaded)."),
+                \.maxLeasesPerUID, "n", "Most live leases per uid, root's and obsd's too (past it, grant is overloaded)."),
         integer("limits.max-subscriptions-per-connection", "OBSD_MAX_SUBSCRIPTIONS", "max-subscriptions", 1...10_000_000,
                 \.maxSubscriptionsPerConnection, "n", "Most live subscriptions per connection."),
         integer("limits.max-keys-per-request", "OBSD_MAX_KEYS_PER_REQUEST", "max-keys-per-request", 1...10_000_000, \.maxKeysPerRequest,

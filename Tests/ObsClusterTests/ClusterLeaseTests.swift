@@ -255,6 +255,32 @@ extension ClusterTests {
         let empty = try #require(try onB.call(["op": "grant"])["lease"])
         #expect(try onA.call(["op": "revoke", "lease": empty])["revs"] == [:])
     }
+
+    @Test func thePerUIDLeaseLimitCountsEveryDaemonsLeases() async throws {
+        let pair = try await ClusterPair.start(extra: ["--max-leases-per-uid", "2"])
+        defer { pair.stop() }
+        let onA = try WireConnection(path: pair.a.socketPath)
+        let onB = try WireConnection(path: pair.b.socketPath)
+        let bound = try #require(try onA.call(["op": "grant"])["lease"], "\(pair.diagnostics)")
+        let timed = try #require(try onB.call(["op": "grant", "ttl": 60])["lease"])
+        // One lease on each daemon: this uid is at its limit on both.
+        for c in [onA, onB] {
+            let refused = try c.call(["op": "grant", "ttl": 60])
+            #expect(refused.errorCode == "overloaded", "\(refused)")
+        }
+        // A revoke on A of B's lease frees a place, on either daemon.
+        #expect(try onA.call(["op": "revoke", "lease": timed]).ok)
+        let again = try #require(try onB.call(["op": "grant", "ttl": 60])["lease"], "\(pair.diagnostics)")
+        #expect(try onA.call(["op": "grant"]).errorCode == "overloaded")
+        // So does a connection-bound lease's end with its connection.
+        onA.close()
+        let onA2 = try WireConnection(path: pair.a.socketPath)
+        #expect(await eventually(timeout: .seconds(10)) { () async -> Bool in
+            (try? onA2.call(["op": "keepalive", "lease": bound]).errorCode) == "not_found"
+        })
+        #expect(try onA2.call(["op": "grant", "ttl": 60])["lease"] != nil)
+        #expect(try onB.call(["op": "revoke", "lease": again]).ok)
+    }
 }
 
 /// A subscriber to `svc` on B, and a connection on A holding `svc/a/up` on a connection-bound
