@@ -112,7 +112,11 @@ final class Repository: DurabilityListener, Sendable {
     // MARK: Reading
 
     /// The current revision and number of keys.
-    var summary: (revision: UInt64, keys: Int) { state.withLock { ($0.core.revision, $0.core.count) } }
+    /// The revision, the number of keys, and the state they are of (a reply reporting them
+    /// waits until it is durable).
+    var summary: (revision: UInt64, keys: Int, sequence: StateSequence) {
+        state.withLock { ($0.core.revision, $0.core.count, $0.current) }
+    }
     var revision: UInt64 { state.withLock { $0.core.revision } }
     var isPermanent: Bool { permanent.load(ordering: .acquiring) }
     var subscriberCount: Int { subscribers.load(ordering: .relaxed) }

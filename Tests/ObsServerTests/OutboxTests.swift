@@ -74,6 +74,27 @@ private func subscriberAndWriter(_ limits: Limits) throws -> (TestServer, subscr
         #expect(after.first?.errorCode == "internal" && after.last?["ok"] == true)
     }
 
+    @Test func reposWaitsUntilTheStatesItReportsAreDurable() throws {
+        let server = try TestServer(storage: ManualStorage())
+        let writer = try TestConnection(server)
+        let reader = try TestConnection(server)
+        try writer.send(lines(#"{"id":1,"op":"set","repo":"r","key":"k","value":1}"#))
+        try reader.send(lines(#"{"id":1,"op":"repos"}"#))
+        #expect(try reader.received().isEmpty, "it would report revision 1, not durable yet")
+        let repository = try #require(server.hub.existing("r"))
+        repository.durable(through: 1)
+        #expect(try reader.received().first?["repos"] == [["name": "r", "rev": 1, "keys": 1, "epoch": .string(repository.epoch)]])
+
+        // A revision storage cannot keep is never reported: the reply is the storage's error.
+        try writer.send(lines(#"{"id":2,"op":"set","repo":"r","key":"j","value":2}"#))
+        try reader.send(lines(#"{"id":2,"op":"repos"}"#))
+        #expect(try reader.received().isEmpty)
+        repository.failed(after: 1, error: StorageError(.full, "test: disk full"))
+        #expect(try reader.received().first?.errorCode == "internal")
+        try reader.send(lines(#"{"id":3,"op":"repos"}"#))
+        #expect(try reader.received().first?["repos"]?.arrayValue?.first?["rev"] == 1)
+    }
+
     @Test func eventsWaitWhileTheSocketTakesNothingAndGoOutInOrderWhenItDoes() throws {
         let (_, subscriber, writer) = try subscriberAndWriter(.testing)
         try subscriber.setWritable(false)

@@ -198,11 +198,16 @@ final class Session {
         case .list(let repo, let prefix, let values):
             list(id, repo: repo, prefix: prefix, values: values)
         case .repos:
+            // Held until every state it reports is durable, as a `list` is.
+            var states: [(Repository, StateSequence)] = []
             let repos = hub.listed().filter { permission($0.name) >= .read }.map { repository in
-                let (revision, keys) = repository.summary
+                let (revision, keys, sequence) = repository.summary
+                states.append((repository, sequence))
                 return RepositoryInfo(name: repository.name, revision: revision, keys: keys, epoch: repository.epoch)
             }
-            reply(id, ReposReply(repositories: repos))
+            var bytes: [UInt8] = []
+            ReposReply(repositories: repos).encode(into: &bytes, id: id)
+            hold(bytes, id: id, until: states)
         case .subscribe(let request):
             if case .keys(let keys) = request.selection, keys.count > limits.maxKeysPerRequest {
                 return fail(id: id, ProtocolError(.tooLarge, "the subscription names \(keys.count) keys; the limit is \(limits.maxKeysPerRequest)"))
