@@ -111,8 +111,7 @@ final class Repository: DurabilityListener, Sendable {
 
     // MARK: Reading
 
-    /// The current revision and number of keys.
-    /// The revision, the number of keys, and the state they are of (a reply reporting them
+    /// The current revision, the number of keys, and the state they are of (a reply reporting them
     /// waits until it is durable).
     var summary: (revision: UInt64, keys: Int, sequence: StateSequence) {
         state.withLock { ($0.core.revision, $0.core.count, $0.current) }
