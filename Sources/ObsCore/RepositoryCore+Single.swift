@@ -94,7 +94,7 @@ extension RepositoryCore {
         let info = RevisionInfo(revision: revision, time: time, writer: writer, origin: origin, weight: plan.weight)
         let raw = RawChange(key: write.key, old: plan.old, new: write.value)
         if !durable {
-            undo.begin(moves: [])
+            undo.begin(moves: [], revision: true)
             undo.add(key: write.key, old: plan.old, isPlain: plan.oldIsPlain, revision: plan.oldRevision)
         }
         // Recorded before the install, which may overwrite the old value where it lies.

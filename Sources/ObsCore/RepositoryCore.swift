@@ -4,9 +4,13 @@
 //
 // A write is planned (the write rules, then the limits: nothing is applied when either
 // refuses) and committed as the next revision: installed in the keyed state, encoded once as
-// a record (RevisionRecordLayout) that the history keeps and the server delivers. A revision
-// not yet durable keeps what each key held before it, so a storage failure can undo it; its
-// record waits in `pending` until storage confirms it, and only then is it shown.
+// a record (RevisionRecordLayout) that the history keeps and the server delivers. A change
+// not yet durable — a revision, or lease attachments a write moved without making one — is
+// pending: it keeps what it replaced, so a storage failure can undo it; a revision's record
+// waits in `pending` until storage confirms it, and only then is it shown.
+//
+// Lease attachments (key → lease) live here too, with an index lease → keys, so a lease's
+// end finds its keys under the same lock as the writes that attach them.
 
 import ObsProtocol
 import ObsStore
@@ -56,14 +60,15 @@ public struct RepositoryCore: Sendable {
     /// The lease each attached key is attached to: not part of the state that revisions
     /// count, nor of the history (the contract's leases).
     public private(set) var attachments: [Key: UInt64] = [:]
+    /// The keys attached to each lease (the inverse of `attachments`).
+    private var attachedKeys: [UInt64: Set<Key>] = [:]
     /// The time of the newest revision: revisions are stamped no earlier, so their times
     /// never go back whatever the clock does.
     var lastTime: Int64
-    /// Revisions committed and not yet durable, oldest first: their records, and what each
-    /// changed key held before (to undo them).
+    /// Revisions committed and not yet durable, oldest first: their records.
     public private(set) var pending = RecordBatch<Void>()
-    /// Per pending revision: what its keys held before, and the lease attachments its write
-    /// moved (undone with it).
+    /// Per pending change (revision, or attachments moved alone), oldest first: what its keys
+    /// held before, and the lease attachments its write moved (undone with it).
     var undo = UndoLog()
     /// How every revision's body begins (`,"repo":<name>,"rev":`), encoded once.
     private let prefix: [UInt8]
@@ -91,6 +96,7 @@ public struct RepositoryCore: Sendable {
         }
         self.history = history
         self.lastTime = loaded?.history.last?.time ?? .min
+        for (key, lease) in loaded?.attachments ?? [:] where data[key] != nil { setAttachment(key, to: lease) }
     }
 
     // MARK: Reading
@@ -156,7 +162,7 @@ public struct RepositoryCore: Sendable {
         let time = max(now, lastTime)
         let info = RevisionInfo(revision: revision, time: time, writer: writer, origin: origin, weight: plan.weight)
         if !durable {
-            undo.begin(moves: moves)
+            undo.begin(moves: moves, revision: true)
             for (key, entry) in data.entries(replacedBy: plan.changes) { undo.add(key, entry) }
         }
         data.install(ChangeSet(revision: revision, changes: plan.changes))
@@ -178,42 +184,63 @@ public struct RepositoryCore: Sendable {
     public func lease(of key: Key) -> UInt64? { attachments.isEmpty ? nil : attachments[key] }
 
     /// A key's move between leases: the lease it was attached to before, and after (nil: none).
-    public typealias AttachmentMove = (key: Key, from: UInt64?, to: UInt64?)
+    public typealias AttachmentMove = ObsStore.AttachmentMove
 
     /// A write was accepted: each `set` attaches its key to the lease it names (`leases[i]`,
     /// nil: none) — even when its value was equal — and each `delete` detaches. Returns the
-    /// moves, for the lease table — and for `commit`, when the write makes a revision, so
-    /// that undoing the revision moves its keys back.
+    /// moves, for storage (they ride in the revision's frame, or in one of their own when the
+    /// write makes no revision) and for `commit`, so that undoing the write moves its keys back.
     public mutating func attach(_ ops: [WriteOp<CanonicalJSON>], leases: [UInt64?]) -> [AttachmentMove] {
+        guard !leases.isEmpty || !attachments.isEmpty else { return [] }
         var moves: [AttachmentMove] = []
         for (i, op) in ops.enumerated() {
             let key = op.key
             let to: UInt64? = if case .set = op, i < leases.count { leases[i] } else { nil }
-            let from = attachments[key]
-            guard from != to else { continue }
-            attachments[key] = to
-            moves.append((key, from, to))
+            let from = setAttachment(key, to: to)
+            if from != to { moves.append((key, from, to)) }
         }
         return moves
     }
 
-    /// Of `keys`, those still attached to `lease` and existing, in byte order — what the
-    /// lease's end deletes.
-    public func attached(_ keys: Set<Key>, to lease: UInt64) -> [Key] {
-        keys.filter { attachments[$0] == lease && data[$0] != nil }.sorted()
+    /// Records attachments a write moved while making no revision (an equal value written
+    /// naming a lease): `durable: false` keeps them pending until `confirm` or `undo`, like a
+    /// revision.
+    public mutating func recordAttachments(_ moves: [AttachmentMove], durable: Bool) {
+        guard !durable else { return }
+        undo.begin(moves: moves, revision: false)
     }
 
-    /// Detaches `keys` (their lease ended).
-    public mutating func detach(_ keys: some Sequence<Key>) {
-        for key in keys { attachments[key] = nil }
+    /// The keys attached to `lease` that exist, in byte order — what its end deletes.
+    public func keys(attachedTo lease: UInt64) -> [Key] {
+        (attachedKeys[lease] ?? []).filter { data[$0] != nil }.sorted()
     }
 
-    /// Attaches `key` to `lease` (nil: to none) as a shared store decided it; returns the
-    /// lease it was attached to.
+    /// The leases keys are attached to (to find those attached to a lease that ended).
+    public var attachedLeases: Dictionary<UInt64, Set<Key>>.Keys { attachedKeys.keys }
+
+    /// Detaches `key` if it is attached to `lease` (a key that no longer exists).
+    public mutating func detach(_ key: Key, from lease: UInt64) {
+        if attachments[key] == lease { setAttachment(key, to: nil) }
+    }
+
+    /// Attaches `key` to `lease` (nil: to none) — a shared store decided it, or a write,
+    /// or its undo, moved it; returns the lease it was attached to.
     @discardableResult
     public mutating func setAttachment(_ key: Key, to lease: UInt64?) -> UInt64? {
-        guard let lease else { return attachments.isEmpty ? nil : attachments.removeValue(forKey: key) }
-        return attachments.updateValue(lease, forKey: key)
+        guard let lease else {
+            guard !attachments.isEmpty, let from = attachments.removeValue(forKey: key) else { return nil }
+            attachedKeys[from]?.remove(key)
+            if attachedKeys[from]?.isEmpty == true { attachedKeys[from] = nil }
+            return from
+        }
+        let from = attachments.updateValue(lease, forKey: key)
+        guard from != lease else { return from }
+        if let from {
+            attachedKeys[from]?.remove(key)
+            if attachedKeys[from]?.isEmpty == true { attachedKeys[from] = nil }
+        }
+        attachedKeys[lease, default: []].insert(key)
+        return from
     }
 
     /// What a tentative install replaced, to take it back.
@@ -276,43 +303,45 @@ public struct RepositoryCore: Sendable {
 
     // MARK: Durability
 
-    /// The pending revisions up to `revision` are durable: calls `body` with each record,
-    /// oldest first, and forgets how to undo them. Returns how many there were.
+    /// The number of pending changes (revisions, and attachments moved alone), oldest first.
+    public var pendingChanges: Int { undo.count }
+
+    /// The `n` oldest pending changes are durable: calls `body` with the record of each
+    /// revision among them, oldest first, and forgets how to undo them. Returns how many
+    /// revisions there were.
     @discardableResult
-    public mutating func confirm(through revision: UInt64, _ body: (RevisionView) -> Void) -> Int {
-        var confirmed = 0
-        while confirmed < pending.count, pending.entry(confirmed).info.revision <= revision {
-            pending.withEntry(confirmed) { _, view in body(view) }
-            confirmed += 1
-        }
-        if confirmed > 0 {
-            pending.removeFirst(confirmed)
-            undo.removeFirst(confirmed)
-        }
-        return confirmed
+    public mutating func confirm(_ n: Int, _ body: (RevisionView) -> Void) -> Int {
+        let revisions = undo.revisions(inFirst: n)
+        for i in 0..<revisions { pending.withEntry(i) { _, view in body(view) } }
+        if revisions > 0 { pending.removeFirst(revisions) }
+        undo.removeFirst(n)
+        return revisions
     }
 
-    /// Storage never will keep the pending revisions above `revision`: undoes them, newest
-    /// first, and drops them from the history; the lease attachments their writes moved go
-    /// back (each key still where its write left it). Returns whether revision 1 was among
-    /// them (the repository no longer exists), and the attachments moved back, for the lease
-    /// table.
+    /// Storage never will keep the `n` newest pending changes: undoes them, newest first, and
+    /// drops their revisions from the history; the lease attachments their writes moved go
+    /// back (each key still where its write left it). Returns how many revisions were undone,
+    /// whether revision 1 was among them (the repository no longer exists), and the
+    /// attachments moved back.
     @discardableResult
-    public mutating func undo(after revision: UInt64) -> (undone: Int, removedFirst: Bool, movedBack: [AttachmentMove]) {
+    public mutating func undo(last n: Int) -> (undone: Int, removedFirst: Bool, movedBack: [AttachmentMove]) {
         var undone = 0
         var removedFirst = false
         var movedBack: [AttachmentMove] = []
-        while let last = pending.count > 0 ? pending.entry(pending.count - 1).info : nil, last.revision > revision {
-            let moves = undo.undoLast(in: &data)
+        for _ in 0..<min(n, undo.count) {
+            let (moves, revision) = undo.undoLast(in: &data)
             for move in moves.reversed() where attachments[move.key] == move.to {
-                attachments[move.key] = move.from
+                setAttachment(move.key, to: move.from)
                 movedBack.append((move.key, move.to, move.from))
             }
+            guard revision else { continue }
+            if pending.entry(pending.count - 1).info.revision == 1 { removedFirst = true }
             pending.removeLast(1)
-            if last.revision == 1 { removedFirst = true }
             undone += 1
         }
         history.removeLast(undone)
+        // A key its undo left attached but absent is attached to nothing.
+        for move in movedBack where move.to != nil && data[move.key] == nil { setAttachment(move.key, to: nil) }
         return (undone, removedFirst, movedBack)
     }
 

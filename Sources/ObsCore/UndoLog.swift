@@ -1,7 +1,9 @@
-// ObsCore — how the revisions not yet durable are undone: for each, what its keys held before
-// it, written as bytes into one buffer (no array, key or value object per revision), and the
-// lease attachments its write moved. Revisions are confirmed from the oldest and undone from
-// the newest; a steady stream of durable writes reuses the buffer and allocates nothing.
+// ObsCore — how the changes not yet durable are undone: for each revision, what its keys held
+// before it, written as bytes into one buffer (no array, key or value object per revision),
+// and the lease attachments its write moved (a write that made no revision but moved
+// attachments has an entry of its own, with no keys). Changes are confirmed from the oldest
+// and undone from the newest; a steady stream of durable writes reuses the buffer and
+// allocates nothing.
 //
 // Per change: u32 key length · key · u8 flags (1: the key existed, 2: its value was plain) ·
 // u64 the key's revision · u32 value length · value (the last three only if it existed).
@@ -12,17 +14,24 @@ import ObservableKit
 
 struct UndoLog {
     private var bytes: [UInt8] = []
-    /// Per revision, oldest first from `head`: where its changes begin in `bytes`, and the
-    /// attachment moves of its write.
-    private var entries: [(start: Int, moves: [RepositoryCore.AttachmentMove])] = []
+    /// Per change, oldest first from `head`: where its keys begin in `bytes`, the attachment
+    /// moves of its write, and whether it is a revision.
+    private var entries: [(start: Int, moves: [RepositoryCore.AttachmentMove], revision: Bool)] = []
     private var head = 0
 
-    /// The revisions it can undo.
+    /// The changes it can undo.
     var count: Int { entries.count - head }
 
-    /// Starts the next revision's record; `add` its changes.
-    mutating func begin(moves: [RepositoryCore.AttachmentMove]) {
-        entries.append((bytes.count, moves))
+    /// Starts the next change's record (a revision: `add` its keys).
+    mutating func begin(moves: [RepositoryCore.AttachmentMove], revision: Bool) {
+        entries.append((bytes.count, moves, revision))
+    }
+
+    /// How many of the `n` oldest changes are revisions.
+    func revisions(inFirst n: Int) -> Int {
+        var count = 0
+        for i in head..<min(head + n, entries.count) where entries[i].revision { count += 1 }
+        return count
     }
 
     /// Records that the key whose bytes are `key` held `old` (nil: it did not exist) at
@@ -64,10 +73,15 @@ struct UndoLog {
         }
     }
 
-    /// Undoes the newest revision in `state`: each of its keys back to what it held before,
-    /// newest change first, and the revision down by one. Returns its attachment moves.
-    mutating func undoLast(in state: inout FlatState) -> [RepositoryCore.AttachmentMove] {
-        let (start, moves) = entries.removeLast()
+    /// Undoes the newest change in `state` — a revision: each of its keys back to what it held
+    /// before, newest first, and the revision down by one. Returns its attachment moves, and
+    /// whether it was a revision.
+    mutating func undoLast(in state: inout FlatState) -> (moves: [RepositoryCore.AttachmentMove], revision: Bool) {
+        let (start, moves, revision) = entries.removeLast()
+        guard revision else {
+            if entries.count == head { removeFirst(0) }
+            return (moves, false)
+        }
         var changes: [Range<Int>] = []
         bytes.withUnsafeBytes { raw in
             var at = start
@@ -93,7 +107,7 @@ struct UndoLog {
         state.dropRevision()
         bytes.removeSubrange(start...)
         if entries.count == head { removeFirst(0) }
-        return moves
+        return (moves, true)
     }
 
     private mutating func put<I: FixedWidthInteger>(_ value: I) {

@@ -123,14 +123,9 @@ public final class ObsServer: Service, Sendable {
             throw error
         }
         (storage as? any SharedStorage)?.start(delivering: hub)
-        do {
-            // Leases a persisting store kept: restored, and the deletions a restart owes made,
-            // before anything is served.
-            try hub.restoreLeases(now: loops[0].io.currentTime, time: WallClock.unixSeconds())
-        } catch {
-            storage.close()
-            throw error
-        }
+        // Leases a persisting store kept: restored, and the deletions a restart owes made,
+        // before anything is served.
+        hub.restoreLeases(time: WallClock.unixSeconds())
         let (repositories, keys) = hub.listed().reduce(into: (0, 0)) { $0.0 += 1; $0.1 += $1.summary.keys }
         logger.info(
             "storage ready",
@@ -150,6 +145,8 @@ public final class ObsServer: Service, Sendable {
             throw error
         }
         let acceptor = Acceptor(loops: loops, hub: hub, runtime: runtime, logger: logger)
+        // TTLs start again in full from the moment the daemon serves.
+        hub.startLeaseClocks(now: loops[0].io.currentTime)
         let threadsRunning = loops.map { loop in DedicatedThread { loop.io.run() } }
         await loops[0].run { for fd in listening { acceptor.listen(on: fd) } }
         self.hub.withLock { $0 = hub }

@@ -67,6 +67,52 @@ final class SnapshotWriter {
         if history.count >= SnapshotFormat.blockSize { try flushHistory() }
     }
 
+    /// Writes the repository's attachments (after its entries).
+    func attachments(_ attachments: [Key: UInt64]) throws(StorageError) {
+        try flush()
+        var block: [UInt8] = []
+        var count: UInt32 = 0
+        func emit() throws(StorageError) {
+            guard count > 0 else { return }
+            var payload: [UInt8] = []
+            Self.append(count, &payload)
+            payload.append(contentsOf: block)
+            try output.block(.attachments, payload)
+            block.removeAll(keepingCapacity: true)
+            count = 0
+        }
+        for (key, lease) in attachments {
+            key.withUTF8 { utf8 in
+                Self.append(UInt16(truncatingIfNeeded: utf8.count), &block)
+                block.append(contentsOf: utf8)
+            }
+            Self.append(lease, &block)
+            count += 1
+            if block.count >= SnapshotFormat.blockSize { try emit() }
+        }
+        try emit()
+    }
+
+    /// Writes the leases (after every repository): the live ones, and those ended that a
+    /// key is still attached to.
+    func leases(_ leases: PersistedLeases) throws(StorageError) {
+        try flush()
+        var payload: [UInt8] = []
+        Self.append(leases.nextID, &payload)
+        Self.append(UInt32(leases.live.count + leases.ended.count), &payload)
+        func lease(_ id: UInt64, _ owner: Writer, ttl: Int64?, ended: SharedLeaseReason?) {
+            Self.append(id, &payload)
+            Self.append(owner.uid, &payload)
+            Self.append(owner.gid, &payload)
+            Self.append(UInt32(bitPattern: owner.pid), &payload)
+            Self.append(UInt64(bitPattern: ttl ?? 0), &payload)
+            payload.append(ended.map(LeaseRecord.code) ?? 0)
+        }
+        for (id, live) in leases.live.sorted(by: { $0.key < $1.key }) { lease(id, live.owner, ttl: live.ttl, ended: nil) }
+        for (id, ended) in leases.ended.sorted(by: { $0.key < $1.key }) { lease(id, ended.owner, ttl: nil, ended: ended.reason) }
+        try output.block(.leases, payload)
+    }
+
     /// Appends an entry (a record as `FlatRecord` encodes it).
     func entry(_ encoded: UnsafeRawBufferPointer) throws(StorageError) {
         try flushHistory()
@@ -173,6 +219,7 @@ struct StoredRevision {
 /// What a snapshot holds, as start-up loads it.
 struct LoadedSnapshot {
     var repositories: [LoadedRepository]
+    var leases: PersistedLeases
     /// The log position it covers.
     let covered: UInt64
     /// The identity it recorded for itself, and the one the file has.
@@ -193,14 +240,18 @@ enum SnapshotLoader {
         guard let version = fields.u32(), let covered = fields.u64(), let recorded = fields.text(lengthBytes: 2), fields.u64() != nil else {
             throw input.malformed(head.at, "a HEAD block cut short")
         }
-        guard version == SnapshotFormat.version else {
-            throw StorageError(.corrupt, "\(path) is a snapshot of format version \(version); this obsd reads version \(SnapshotFormat.version)")
+        guard SnapshotFormat.readable.contains(version) else {
+            throw StorageError(
+                .corrupt,
+                "\(path) is a snapshot of format version \(version); this obsd reads versions \(SnapshotFormat.readable.lowerBound) to \(SnapshotFormat.readable.upperBound)")
         }
         let identity = try Self.identity(of: path)
         let cutoff = options.historyMaxAge.map { WallClock.unixSeconds() - $0.components.seconds } ?? Int64.min
         var repositories: [LoadedRepository] = []
-        var current: (name: String, epoch: String, revision: UInt64, table: FlatTableStorage, history: LoadedHistory)? = nil
+        var current: (name: String, epoch: String, revision: UInt64, table: FlatTableStorage, history: LoadedHistory, attachments: [Key: UInt64])? = nil
         var counts = (entries: 0, history: 0)
+        var leases = PersistedLeases()
+        var leasesRead = false
 
         func finish() throws(StorageError) {
             guard let repo = current else { return }
@@ -212,7 +263,9 @@ enum SnapshotLoader {
             history.retain(limit: options.historyLimit, maxBytes: options.historyMaxBytes, cutoff: cutoff)
             if history.last?.revision != repo.revision { history = [] }  // a history that does not reach the state serves no `since`
             repositories.append(
-                LoadedRepository(name: repo.name, epoch: repo.epoch, state: FlatTable(revision: repo.revision, storage: repo.table), history: history))
+                LoadedRepository(
+                    name: repo.name, epoch: repo.epoch, state: FlatTable(revision: repo.revision, storage: repo.table), history: history,
+                    attachments: repo.attachments))
         }
 
         while true {
@@ -227,9 +280,10 @@ enum SnapshotLoader {
                     throw input.malformed(block.at, "a REPO block that is not a name, an epoch and a revision")
                 }
                 guard Epoch.isValid(epoch) else { throw input.malformed(block.at, "repository \(name) has no valid epoch") }
-                current = (name, epoch, revision, FlatTableStorage(), LoadedHistory(repo: name))
+                guard !leasesRead else { throw input.malformed(block.at, "a repository after the leases") }
+                current = (name, epoch, revision, FlatTableStorage(), LoadedHistory(repo: name), [:])
             case .history:
-                guard current != nil, current!.table.count == 0, !current!.table.hasBlocks else {
+                guard current != nil, current!.table.count == 0, !current!.table.hasBlocks, current!.attachments.isEmpty else {
                     throw input.malformed(block.at, "history outside a repository, or after its entries")
                 }
                 var reader = PayloadReader(try input.payload())
@@ -242,7 +296,7 @@ enum SnapshotLoader {
                     counts.history += 1
                 }
             case .entries:
-                guard let table = current?.table else { throw input.malformed(block.at, "entries outside a repository") }
+                guard let table = current?.table, current!.attachments.isEmpty else { throw input.malformed(block.at, "entries outside a repository, or after its attachments") }
                 let memory = FlatMemory.allocate(block.length, populate: true)
                 do {
                     try input.payload(into: memory)
@@ -255,6 +309,38 @@ enum SnapshotLoader {
                 } catch {
                     throw input.malformed(block.at, "\(error.reason) at byte \(error.offset) of its entries")
                 }
+            case .attachments:
+                guard version >= 2, current != nil else { throw input.malformed(block.at, "attachments outside a repository") }
+                var reader = PayloadReader(try input.payload())
+                guard let count = reader.u32() else { throw input.malformed(block.at, "an ATTA block cut short") }
+                for _ in 0..<count {
+                    guard let key = reader.text(lengthBytes: 2), !key.isEmpty, let lease = reader.u64(), lease > 0 else {
+                        throw input.malformed(block.at, "an attachment that does not decode")
+                    }
+                    current!.attachments[Key(key)] = lease
+                }
+                guard reader.atEnd else { throw input.malformed(block.at, "bytes after its attachments") }
+            case .leases:
+                try finish()
+                guard version >= 2, !leasesRead else { throw input.malformed(block.at, "a second LEAS block") }
+                leasesRead = true
+                var reader = PayloadReader(try input.payload())
+                guard let next = reader.u64(), let count = reader.u32() else { throw input.malformed(block.at, "a LEAS block cut short") }
+                leases.nextID = max(1, next)
+                for _ in 0..<count {
+                    guard let id = reader.u64(), id > 0, let uid = reader.u32(), let gid = reader.u32(), let pid = reader.u32(), let ttl = reader.u64(),
+                        let ended = reader.u8(), Int64(bitPattern: ttl) >= 0
+                    else { throw input.malformed(block.at, "a lease that does not decode") }
+                    let owner = Writer(uid: uid, gid: gid, pid: Int32(bitPattern: pid))
+                    if ended == 0 {
+                        leases.live[id] = PersistedLeases.Lease(id: id, owner: owner, ttl: ttl == 0 ? nil : Int64(bitPattern: ttl))
+                    } else {
+                        guard let reason = LeaseRecord.reason(ended) else { throw input.malformed(block.at, "a lease that ended for no known reason") }
+                        leases.ended[id] = PersistedLeases.Ended(reason: reason, owner: owner)
+                    }
+                    guard id < leases.nextID else { throw input.malformed(block.at, "lease \(id) at or past the next id \(leases.nextID)") }
+                }
+                guard reader.atEnd else { throw input.malformed(block.at, "bytes after its leases") }
             case .done:
                 try finish()
                 var fields = PayloadReader(try input.payload())
@@ -268,7 +354,8 @@ enum SnapshotLoader {
                     )
                 }
                 guard input.atEnd else { throw input.malformed(block.at, "bytes after its end marker") }
-                return LoadedSnapshot(repositories: repositories, covered: covered, recordedIdentity: recorded, identity: identity, size: input.size)
+                return LoadedSnapshot(
+                    repositories: repositories, leases: leases, covered: covered, recordedIdentity: recorded, identity: identity, size: input.size)
             }
         }
     }
@@ -280,14 +367,20 @@ enum SnapshotLoader {
         return try SnapshotFormat.identity(of: fd, path: path)
     }
 
-    /// Writes a whole snapshot of `repositories` covering the log through `position`.
-    static func write(_ repositories: [LoadedRepository], covering position: UInt64, directory: String) throws(StorageError) -> Int {
+    /// Writes a whole snapshot of `repositories` and `leases` covering the log through `position`.
+    static func write(_ repositories: [LoadedRepository], leases: PersistedLeases, covering position: UInt64, directory: String) throws(StorageError) -> Int {
         let writer = try SnapshotWriter(directory: directory, covering: position)
+        var referenced = Set<UInt64>()
         for repository in repositories {
             try writer.beginRepository(name: repository.name, epoch: repository.epoch, revision: repository.state.revision)
             try repository.history.forEach(stored: writer.history(body:), replayed: writer.history(_:))
             try repository.state.forEach { (record) throws(StorageError) in try writer.entry(record.encoded) }
+            try writer.attachments(repository.attachments)
+            referenced.formUnion(repository.attachments.values)
         }
+        var leases = leases
+        leases.forgetEnded(except: referenced)
+        try writer.leases(leases)
         try writer.commit()
         return (try? fileSize(writer.path)) ?? 0
     }

@@ -176,7 +176,9 @@ import Glibc
 
         // A byte flipped inside: damaged, with the offset of its block.
         var flipped = original
-        flipped[flipped.count - 33] ^= 0x01  // the last byte of the last entry, before the 32-byte end block
+        // The last byte of the last entry, before the 24-byte LEAS block (no lease) and the
+        // 32-byte end block.
+        flipped[flipped.count - 57] ^= 0x01
         try flipped.write(to: URL(fileURLWithPath: snapshot))
         result = try d.runToCompletion()
         #expect(result.status != 0)

@@ -132,12 +132,12 @@ private func state(_ c: RepositoryCore) -> [String: [UInt8]] {
         #expect(single(&c, .set("a", CanonicalJSON(.string("two"))), limits: unlimited, durable: false)?.revision == 2)
         #expect(single(&c, .delete("a"), limits: unlimited, durable: false)?.revision == 3)
         #expect(c.pending.count == 2)
-        c.undo(after: 1)
+        c.undo(last: Int(c.revision - 1))
         let after = (state(c), try history(c))
         #expect(after.0 == before.0 && after.1 == before.1 && c.revision == 1)
         #expect(single(&c, .set("a", CanonicalJSON(.string("three"))), limits: unlimited, durable: false)?.revision == 2)
         var confirmed: [String] = []
-        c.confirm(through: 2) { confirmed.append(String(decoding: $0.body, as: UTF8.self)) }
+        c.confirm(1) { confirmed.append(String(decoding: $0.body, as: UTF8.self)) }
         #expect(confirmed == [#","repo":"ui","rev":2,"changes":[{"key":"a","old":"one","new":"three"}]}"# + "\n"])
     }
 }
@@ -160,12 +160,12 @@ private func state(_ c: RepositoryCore) -> [String: [UInt8]] {
             case 0:
                 // Storage kept some: confirmed up to a random pending revision.
                 let through = durable + rng.next() % (c.revision - durable + 1)
-                c.confirm(through: through) { _ in }
+                c.confirm(Int(through - durable)) { _ in }
                 durable = max(durable, through)
             case 1:
                 // Storage failed the rest after a random point.
                 let after = durable + rng.next() % (c.revision - durable + 1)
-                undone += c.undo(after: after).undone
+                undone += c.undo(last: Int(c.revision - after)).undone
                 #expect(c.revision == after && state(c) == states[after], "undone to \(after)")
             default:
                 let key = Key("k\(rng.next() % 30)")

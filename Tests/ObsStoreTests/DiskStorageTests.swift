@@ -11,15 +11,16 @@ import Synchronization
 import TestSupport
 import Testing
 
-/// A repository as the store sees it: records what storage reports.
+/// A repository as the store sees it: records what storage reports. Its frames are numbered
+/// by their revisions (`append(_:listener:)`), so the sequences it hears are revisions.
 final class ListenerStub: DurabilityListener {
     let epoch = Epoch.random()
     private let reports = Mutex<(durable: UInt64, failedAfter: UInt64?, failures: Int, error: StorageError?)>((0, nil, 0, nil))
 
-    func durable(through revision: UInt64) { reports.withLock { $0.durable = max($0.durable, revision) } }
-    func failed(after revision: UInt64, error: StorageError) {
+    func durable(through sequence: UInt64) { reports.withLock { $0.durable = max($0.durable, sequence) } }
+    func failed(after sequence: UInt64, error: StorageError) {
         reports.withLock {
-            $0.failedAfter = revision
+            $0.failedAfter = sequence
             $0.failures += 1
             $0.error = error
         }
@@ -30,6 +31,13 @@ final class ListenerStub: DurabilityListener {
     var failures: Int { reports.withLock { $0.failures } }
     /// The error of the last failure reported.
     var lastError: StorageError? { reports.withLock { $0.error } }
+}
+
+extension Storage {
+    /// Queues `record` as the frame numbered by its revision.
+    func append(_ record: RevisionRecord, listener: ListenerStub) -> Bool {
+        append(.revision(RevisionFrame(record, epoch: listener.epoch)), sequence: record.revision, listener: listener)
+    }
 }
 
 func record(_ repo: String, _ revision: UInt64, _ key: String = "k", _ value: JSONValue = 1, time: Int64 = 1_700_000_000) -> RevisionRecord {

@@ -61,14 +61,6 @@ final class WaitGroup {
     init(remaining: Int) { self.remaining = remaining }
 }
 
-/// Durability news for a loop.
-enum DurabilityNews: Sendable {
-    /// Every state of the repository up to this sequence is durable.
-    case durable(Repository, through: StateSequence)
-    /// These states of the repository were undone.
-    case failed(Repository, undone: ClosedRange<StateSequence>, StorageError)
-}
-
 final class LoopShard: @unchecked Sendable {
     // @unchecked Sendable: `inbox` is a Mutex and `backlog` and `counters` are atomics; every
     // other stored property is read and written only on `loop` — by its connections, sessions
@@ -139,10 +131,12 @@ final class LoopShard: @unchecked Sendable {
         var group: WaitGroup? = nil
         /// A large subscription start, sent as a stream instead of `bytes`.
         var stream: OutboxStream? = nil
+        /// The reply if the state is undone (nil: the plain storage failure).
+        var failure: (@Sendable (StorageError) -> [UInt8])? = nil
     }
 
     var routes: [UInt64: RepositoryRoutes] = [:]
-    /// Replies waiting for durability, by repository (LoopShard+Durability.swift).
+    /// Replies waiting for durability, by line (LoopShard+Durability.swift).
     var waiters: [UInt64: [Waiter]] = [:]
     /// Taken from the inbox and not yet delivered (the last tick ran out of its budget), and
     /// what they weigh in the backlog.

@@ -101,11 +101,11 @@ protocol Sequencer: AnyObject, Sendable {
         old: inout [UInt8]
     ) -> SingleOutcome?
 
-    /// A lease ended: deletes its `keys` of `repository` that are still attached to it, in
-    /// one revision whose event says which lease and why — a write like any other, written
-    /// by no connection, by the lease's owner. `done` is called once with the outcome (nil:
-    /// nothing was attached any more), from any thread.
-    func end(_ lease: EndedLease, keys: Set<Key>, in repository: Repository, time: Int64, done: @escaping @Sendable (WriteOutcome?) -> Void)
+    /// A lease ended: deletes the keys of `repository` still attached to it, in one revision
+    /// whose event says which lease and why — a write like any other, written by no
+    /// connection, by the lease's owner. `done` is called once with the outcome (nil: nothing
+    /// was attached any more), from any thread.
+    func end(_ lease: EndedLease, in repository: Repository, time: Int64, done: @escaping @Sendable (WriteOutcome?) -> Void)
 }
 
 /// Decisions made here and now: the local store (memory, or the write-ahead log).
@@ -124,24 +124,28 @@ final class LocalSequencer: Sequencer {
         repository.withState { s -> WriteDecision in
             let plan: WritePlan
             do throws(WriteRefusal) { plan = try s.core.plan(write.ops, limits: write.limits) } catch { return .failure(.refused(error)) }
-            // A lease named must exist and be the writer's (checked under this lock: a lease
-            // that ends meanwhile ends either before — refused — or after, taking the key).
+            // A lease named must exist and be the writer's — checked, and this repository
+            // recorded in the lease, under this lock: a lease that ends meanwhile ends either
+            // before (refused) or after, its end then finding the key this write attaches.
             for case let lease? in write.leases {
-                if let refusal = leases.check(lease, by: write.peer) { return .failure(.lease(refusal)) }
-            }
-            var moves: [RepositoryCore.AttachmentMove] = []
-            if !write.leases.isEmpty || !s.core.attachments.isEmpty {
-                moves = s.core.attach(write.ops, leases: write.leases)
-                for move in moves { leases.move(move.key, of: repository.name, from: move.from, to: move.to) }
+                if let refusal = leases.admit(lease, by: write.peer, into: repository.name) { return .failure(.lease(refusal)) }
             }
             guard !plan.changes.isEmpty else {
-                return .success(WriteOutcome(revision: s.core.revision, changed: false, previous: plan.previous, sequence: s.current))
+                // No revision; the attachments it moves are stored all the same, and its reply
+                // waits until they are durable.
+                let moves = s.core.attach(write.ops, leases: write.leases)
+                guard !moves.isEmpty else {
+                    return .success(WriteOutcome(revision: s.core.revision, changed: false, previous: plan.previous, sequence: s.ledger.current))
+                }
+                guard let sequence = attach(moves, &s, repository) else { return .failure(.storageClosed) }
+                return .success(WriteOutcome(revision: s.core.revision, changed: false, previous: plan.previous, sequence: sequence))
             }
             // Only a `set` brings an empty repository into existence; the count is reserved
             // atomically, so concurrent creators cannot pass the limit together.
             if plan.creates, !stats.reserveRepository(limit: write.maxRepositories) {
                 return .failure(.tooManyRepositories(limit: write.maxRepositories))
             }
+            let moves = s.core.attach(write.ops, leases: write.leases)
             return commit(plan, &s, repository, time: write.time, writer: write.writer, origin: write.origin.value, moves: moves)
         }
     }
@@ -155,49 +159,59 @@ final class LocalSequencer: Sequencer {
             if old.capacity > 1 << 16 { old = [] }
             old.replaceSubrange(old.indices, with: plan.old ?? UnsafeRawBufferPointer(start: nil, count: 0))
             guard plan.changes else {
-                return SingleOutcome(revision: s.core.revision, changed: false, existed: plan.old != nil, sequence: s.current)
+                return SingleOutcome(revision: s.core.revision, changed: false, existed: plan.old != nil, sequence: s.ledger.current)
             }
             let immediate = storage.isImmediate
+            let sequence = Repository.nextSequence(s)
             let info = s.core.commitSingle(write, plan, time: time, writer: writer, origin: origin.value, durable: immediate)
             // Not immediate: storage encodes the revision as it queues it, from the request's
             // bytes and the old value's copy (the table may have overwritten it in place).
             let stored = old.withUnsafeBytes { old in
                 immediate
                     || storage.append(
-                        SingleRevision(
-                            repo: repository.name, revision: info.revision, time: info.time, writer: info.writer, key: write.key,
-                            old: plan.old == nil ? nil : old, oldIsPlain: plan.oldIsPlain, new: write.value, newIsPlain: write.isPlain),
-                        listener: repository)
+                        .revision(
+                            RevisionFrame(
+                                repo: repository.name, epoch: repository.epoch, revision: info.revision, time: info.time, writer: info.writer,
+                                changes: .one(
+                                    key: write.key, old: plan.old == nil ? nil : old, oldIsPlain: plan.oldIsPlain, new: write.value, newIsPlain: write.isPlain))),
+                        sequence: sequence, listener: repository)
             }
             guard let sequence = finish(&s, repository, info, stored: stored, immediate: immediate, creates: false) else { return nil }
             return SingleOutcome(revision: info.revision, changed: true, existed: plan.old != nil, sequence: sequence)
         }
     }
 
-    func end(_ lease: EndedLease, keys: Set<Key>, in repository: Repository, time: Int64, done: @escaping @Sendable (WriteOutcome?) -> Void) {
+    func end(_ lease: EndedLease, in repository: Repository, time: Int64, done: @escaping @Sendable (WriteOutcome?) -> Void) {
         let outcome = repository.withState { s -> WriteOutcome? in
-            let doomed = s.core.attached(keys, to: lease.id)
-            s.core.detach(keys.filter { s.core.lease(of: $0) == lease.id })
-            guard !doomed.isEmpty else { return nil }
-            let ops = doomed.map { WriteOp<CanonicalJSON>.delete($0) }
+            let attached = s.core.keys(attachedTo: lease.id)
+            guard !attached.isEmpty else { return nil }
+            let ops = attached.map { WriteOp<CanonicalJSON>.delete($0) }
             guard let plan = try? s.core.plan(ops, limits: WriteLimits(maxKeys: .max, maxRevisionBytes: .max)), !plan.changes.isEmpty else { return nil }
             let end = SharedLeaseEnd(lease: lease.id, reason: SharedLeaseReason(lease.end))
-            // Journaled before the revision exists: a restart that finds the repository no
-            // further than this makes the deletion again.
-            leases.journal?.deleting(
-                PersistedLeases.Deletion(lease: lease.id, reason: end.reason, owner: lease.owner, repo: repository.name, before: s.core.revision, keys: doomed))
             // The keys' detachment goes with the revision: if storage fails it and it is undone,
             // they are attached to the lease again, and the deletion is made again later.
-            let moves = doomed.map { (key: $0, from: UInt64?.some(lease.id), to: UInt64?.none) }
+            let moves = s.core.attach(ops, leases: [])
             guard
                 case .success(let outcome) = commit(plan, &s, repository, time: time, writer: lease.owner, origin: 0, leaseEnd: end, moves: moves)
             else { return nil }
-            if !storage.isImmediate {
-                s.leaseEnds.append((outcome.revision, EndedLease(id: lease.id, owner: lease.owner, end: lease.end, keys: [repository.name: Set(doomed)])))
-            }
             return outcome
         }
         done(outcome)
+    }
+
+    /// Stores attachments a write moved without making a revision, as the repository's next
+    /// state; nil: storage is closed (they are moved back).
+    private func attach(_ moves: [RepositoryCore.AttachmentMove], _ s: inout Repository.State, _ repository: Repository) -> StateSequence? {
+        let immediate = storage.isImmediate
+        let stored =
+            immediate
+            || storage.append(.attachments(repo: repository.name, revision: s.core.revision, moves: moves), sequence: Repository.nextSequence(s), listener: repository)
+        guard stored else {
+            for move in moves.reversed() { s.core.setAttachment(move.key, to: move.from) }
+            return nil
+        }
+        s.core.recordAttachments(moves, durable: immediate)
+        return Repository.applied(&s, durable: immediate, on: repository)
     }
 
     /// Commits a planned revision and hands it to storage; shows it at once if storage is
@@ -207,6 +221,7 @@ final class LocalSequencer: Sequencer {
         leaseEnd: SharedLeaseEnd? = nil, moves: [RepositoryCore.AttachmentMove] = []
     ) -> WriteDecision {
         let immediate = storage.isImmediate
+        let sequence = Repository.nextSequence(s)
         let info = s.core.commit(
             plan, time: time, writer: writer, origin: origin, durable: immediate, tail: leaseEnd.map(RepositoryCore.tail) ?? [], moves: moves)
         // Storage never calls back from inside `append` (this lock is held); a store that no
@@ -214,10 +229,11 @@ final class LocalSequencer: Sequencer {
         let stored =
             immediate
             || storage.append(
-                RevisionRecord(
-                    repo: repository.name, changeSet: ChangeSet(revision: info.revision, changes: plan.changes), time: info.time,
-                    writer: info.writer, leaseEnd: leaseEnd),
-                listener: repository)
+                .revision(
+                    RevisionFrame(
+                        repo: repository.name, epoch: repository.epoch, revision: info.revision, time: info.time, writer: info.writer,
+                        leaseEnd: leaseEnd, moves: moves, changes: .list(plan.changes))),
+                sequence: sequence, listener: repository)
         guard let sequence = finish(&s, repository, info, stored: stored, immediate: immediate, creates: plan.creates) else {
             return .failure(.storageClosed)
         }
@@ -233,12 +249,13 @@ final class LocalSequencer: Sequencer {
         -> StateSequence?
     {
         guard stored else {
-            for move in s.core.undo(after: info.revision - 1).movedBack { leases.move(move.key, of: repository.name, from: move.from, to: move.to) }
+            // Never durable (it was pending): the newest pending change, undone.
+            s.core.undo(last: 1)
             if creates { stats.repositories.subtract(1, ordering: .relaxed) }
             return nil
         }
         if creates { repository.makePermanent() }
-        let sequence = Repository.applied(&s, revision: info.revision, durable: immediate, on: repository)
+        let sequence = Repository.applied(&s, durable: immediate, on: repository)
         if immediate {
             let loops = s.subscriberLoops
             if !loops.isEmpty { s.core.withLastRecord { Repository.publish($0, to: loops, of: repository) } }

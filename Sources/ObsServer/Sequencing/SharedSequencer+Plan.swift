@@ -86,14 +86,16 @@ extension SharedSequencer {
                     }
                     (writer, origin) = (write.writer, write.origin)
                     time = max(time, write.time)
-                case .leaseEnd(let ended, let keys, let limit):
-                    let doomed = keys.filter { attachment($0, s.core) == ended.id && s.core[$0] != nil }.sorted().prefix(limit)
+                case .leaseEnd(let ended, let limit):
+                    // The keys attached to it here, and those the group attached to it so far.
+                    let candidates = Set(s.core.keys(attachedTo: ended.id)).union(moved.compactMap { $0.value == ended.id ? $0.key : nil })
+                    let doomed = candidates.filter { attachment($0, s.core) == ended.id && s.core[$0] != nil }.sorted().prefix(limit)
                     guard !doomed.isEmpty,
                         let deletion = try? s.core.plan(doomed.map { .delete($0) }, limits: WriteLimits(maxKeys: .max, maxRevisionBytes: .max))
                     else {
                         // Nothing left: say which revision deleted them, if it is known.
                         let known = endRevision(of: ended.id, in: repository) ?? 0
-                        decided.append((item, .success(WriteOutcome(revision: known, changed: false, previous: nil, sequence: s.current))))
+                        decided.append((item, .success(WriteOutcome(revision: known, changed: false, previous: nil, sequence: s.ledger.current))))
                         continue
                     }
                     plan = deletion

@@ -49,8 +49,8 @@ final class SharedSequencer: Sequencer, Sendable {
     struct Item: Sendable {
         enum Work: Sendable {
             case write(WriteRequest)
-            /// Deletes those of `keys` still attached to the lease (at most `limit`).
-            case leaseEnd(EndedLease, keys: Set<Key>, limit: Int)
+            /// Deletes the keys still attached to the lease (at most `limit`).
+            case leaseEnd(EndedLease, limit: Int)
         }
 
         let work: Work
@@ -122,19 +122,18 @@ final class SharedSequencer: Sequencer, Sendable {
     /// Deletes the keys still attached to `lease` in `repository`, in revisions of at most
     /// `leaseEndKeys` keys, retrying while the cluster cannot commit; `done` gets the first
     /// revision that deleted them — this daemon's, or another's that came first — or nil.
-    func end(_ lease: EndedLease, keys: Set<Key>, in repository: Repository, time: Int64, done: @escaping @Sendable (WriteOutcome?) -> Void) {
-        end(lease, keys: keys, in: repository, limit: Self.leaseEndKeys, first: nil, done: done)
+    func end(_ lease: EndedLease, in repository: Repository, time: Int64, done: @escaping @Sendable (WriteOutcome?) -> Void) {
+        end(lease, in: repository, limit: Self.leaseEndKeys, first: nil, done: done)
     }
 
     private func end(
-        _ lease: EndedLease, keys: Set<Key>, in repository: Repository, limit: Int, first: WriteOutcome?,
-        done: @escaping @Sendable (WriteOutcome?) -> Void
+        _ lease: EndedLease, in repository: Repository, limit: Int, first: WriteOutcome?, done: @escaping @Sendable (WriteOutcome?) -> Void
     ) {
-        let item = Item(work: .leaseEnd(lease, keys: keys, limit: limit), loop: leaseLoop, deadline: .now + Self.writeTimeout) { [self] decision in
+        let item = Item(work: .leaseEnd(lease, limit: limit), loop: leaseLoop, deadline: .now + Self.writeTimeout) { [self] decision in
             switch decision {
             case .success(let outcome) where outcome.changed:
                 // Deleted up to `limit` keys: plan again for any left.
-                end(lease, keys: keys, in: repository, limit: limit, first: first ?? outcome, done: done)
+                end(lease, in: repository, limit: limit, first: first ?? outcome, done: done)
             case .success(let outcome):
                 // Nothing left; `revision` names another daemon's deletion if one is known.
                 let known = outcome.revision > 0 ? WriteOutcome(revision: outcome.revision, changed: true, previous: nil, sequence: outcome.sequence) : nil
@@ -145,7 +144,7 @@ final class SharedSequencer: Sequencer, Sendable {
                 if case .shared(let shared) = failure, shared.kind == .tooLarge { fewer = max(1, limit / 2) }
                 Task {
                     try? await Task.sleep(for: .milliseconds(500))
-                    self.end(lease, keys: keys, in: repository, limit: fewer, first: first, done: done)
+                    self.end(lease, in: repository, limit: fewer, first: first, done: done)
                 }
             }
         }

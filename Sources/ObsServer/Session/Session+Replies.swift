@@ -55,53 +55,57 @@ extension Session {
         ReplyEncoder.end(&sink)
     }
 
-    /// Queues `bytes` in a slot, sent once `sequence` of `repository` is durable (or replaced
-    /// by an error if it is undone; a subscription that began there ends).
-    /// (`stream`: a large subscription start, sent as that stream instead of `bytes`.)
-    func hold(
-        _ bytes: [UInt8], events: Int = 0, id: JSONValue, until sequence: StateSequence, in repository: Repository,
-        subscription: Subscription? = nil, stream: OutboxStream? = nil
+    /// Queues `bytes` in a slot, sent once `sequence` of `line` is durable (or replaced by an
+    /// error if it is undone — `failure`'s, else the plain storage failure; a subscription that
+    /// began there ends). (`stream`: a large subscription start, sent as that stream instead
+    /// of `bytes`.)
+    func hold<Line: DurableLine>(
+        _ bytes: [UInt8], events: Int = 0, id: JSONValue, until sequence: StateSequence, in line: Line,
+        subscription: Subscription? = nil, stream: OutboxStream? = nil, failure: (@Sendable (StorageError) -> [UInt8])? = nil
     ) {
         let slot = outbox.reserveSlot()
-        switch repository.awaitDurable(sequence, on: shard) {
+        switch line.awaitDurable(sequence, on: shard) {
         case .durable:
             if let stream { outbox.fill(slot, with: stream) } else { outbox.fill(slot, with: bytes, events: events) }
         case .pending:
             shard.wait(
                 LoopShard.Waiter(
                     sequence: sequence, connection: connection, slot: slot, bytes: bytes, events: events, id: id, subscription: subscription,
-                    stream: stream),
-                on: repository)
+                    stream: stream, failure: failure),
+                on: line)
         case .failed(let error):
             if let subscription, outbox.unregister(subscription.id) != nil { shard.unroute(subscription) }
-            outbox.fill(slot, with: Replies.storageFailure(id: id, error, repo: repository.name))
+            outbox.fill(slot, with: failure?(error) ?? Replies.storageFailure(id: id, error, in: line.subject))
         }
         shard.markDirty(connection)
     }
 
     /// Queues `bytes` in a slot, sent once every listed state is durable (or replaced by an
-    /// error if one is undone) — a reply that reports revisions of several repositories.
-    func hold(_ bytes: [UInt8], id: JSONValue, until states: [(Repository, StateSequence)]) {
+    /// error if one is undone, as `hold(_:events:id:until:in:)` does) — a reply that reports
+    /// states of several lines (a `revoke`: the lease table's, and each repository's).
+    func hold(
+        _ bytes: [UInt8], id: JSONValue, until states: [(any DurableLine, StateSequence)], failure: (@Sendable (StorageError) -> [UInt8])? = nil
+    ) {
         let pending = states.filter { !$0.0.isDurable($0.1) }
         if pending.isEmpty {
             bytes.withUnsafeBytes { outbox.append($0) }
             return shard.markDirty(connection)
         }
-        if pending.count == 1 { return hold(bytes, id: id, until: pending[0].1, in: pending[0].0) }
         let slot = outbox.reserveSlot()
         let group = WaitGroup(remaining: pending.count)
-        for (repository, sequence) in pending {
-            switch repository.awaitDurable(sequence, on: shard) {
+        for (line, sequence) in pending {
+            switch line.awaitDurable(sequence, on: shard) {
             case .durable:
                 group.remaining -= 1
             case .pending:
                 shard.wait(
                     LoopShard.Waiter(
-                        sequence: sequence, connection: connection, slot: slot, bytes: bytes, events: 0, id: id, subscription: nil, group: group),
-                    on: repository)
+                        sequence: sequence, connection: connection, slot: slot, bytes: bytes, events: 0, id: id, subscription: nil, group: group,
+                        failure: failure),
+                    on: line)
             case .failed(let error):
+                if !group.failed { outbox.fill(slot, with: failure?(error) ?? Replies.storageFailure(id: id, error, in: line.subject)) }
                 group.failed = true
-                outbox.fill(slot, with: Replies.storageFailure(id: id, error, repo: repository.name))
             }
         }
         if group.remaining == 0, !group.failed { outbox.fill(slot, with: bytes) }
@@ -196,12 +200,13 @@ struct UncheckedSendableBox<Value>: @unchecked Sendable {
 /// Replies the daemon makes outside a session's flow.
 enum Replies {
     /// The reply to a request whose outcome storage could not keep — or, for
-    /// `.outcomeUnknown`, could not say whether it kept (a restart may apply it).
-    static func storageFailure(id: JSONValue, _ error: StorageError, repo: String) -> [UInt8] {
+    /// `.outcomeUnknown`, could not say whether it kept (a restart may apply it) — in
+    /// `subject` ("repository ui", "the lease table").
+    static func storageFailure(id: JSONValue, _ error: StorageError, in subject: String) -> [UInt8] {
         let message =
             error.kind == .outcomeUnknown
-            ? "storage failure in repository \(repo): the change this reply depends on may or may not have been stored: its outcome is unknown (\(error.description)); read after obsd restarts before retrying"
-            : "storage failure in repository \(repo): the change this reply depends on could not be stored and was undone (\(error.description)); retry once the cause is fixed"
+            ? "storage failure in \(subject): the change this reply depends on may or may not have been stored: its outcome is unknown (\(error.description)); read after obsd restarts before retrying"
+            : "storage failure in \(subject): the change this reply depends on could not be stored and was undone (\(error.description)); retry once the cause is fixed"
         var bytes: [UInt8] = []
         ReplyEncoder.error(&bytes, id: id, ProtocolError(.internal, message))
         return bytes

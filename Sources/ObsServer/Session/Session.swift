@@ -199,7 +199,7 @@ final class Session {
             list(id, repo: repo, prefix: prefix, values: values)
         case .repos:
             // Held until every state it reports is durable, as a `list` is.
-            var states: [(Repository, StateSequence)] = []
+            var states: [(any DurableLine, StateSequence)] = []
             let repos = hub.listed().filter { permission($0.name) >= .read }.map { repository in
                 let (revision, keys, sequence) = repository.summary
                 states.append((repository, sequence))
