@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import sys
 from pathlib import Path
@@ -15,6 +16,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import obsd  # noqa: E402
 from support import Daemon, FakeServer  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def watchdog() -> Iterator[None]:
+    """A test that hangs (a bug) ends the run with every thread's stack, rather than hanging CI."""
+    faulthandler.dump_traceback_later(600, exit=True)
+    yield
+    faulthandler.cancel_dump_traceback_later()
 
 
 @pytest.fixture

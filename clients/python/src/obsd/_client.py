@@ -122,9 +122,10 @@ _ENDED = _Control("ended")
 class _Request:
     """A request sent and the reply it waits for."""
 
-    __slots__ = ("op", "kind", "route", "arg", "reply", "error", "applied", "_lock")
+    __slots__ = ("op", "kind", "route", "arg", "reply", "error", "applied", "_lock", "rid")
 
     def __init__(self, op: str, kind: int, route: Optional["_Route"], arg: Any) -> None:
+        self.rid = 0
         self.op = op
         self.kind = kind
         self.route = route
@@ -230,6 +231,7 @@ class _Conn:
                 if self.closed:
                     raise _NotSent()
                 self.next_id += 1
+                request.rid = self.next_id
                 line = b'{"id":%d,' % self.next_id + body[1:]
                 self.pending.append(request)
                 if self.reader_waiting:
@@ -355,6 +357,9 @@ class _Conn:
             if not self.pending:
                 raise ProtocolViolation(f"a reply to no request: {message!r}")
             request = self.pending.popleft()
+            rid = message.get("id")
+            if rid is not None and rid != request.rid:
+                raise ProtocolViolation(f"the reply to request {request.rid} ({request.op}) carries id {rid!r}")
             if ok is True:
                 kind = request.kind
                 if kind == SUBSCRIBE:

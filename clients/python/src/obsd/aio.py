@@ -77,9 +77,10 @@ _DRAIN_ABOVE = 1 << 20
 
 
 class _Request:
-    __slots__ = ("op", "kind", "route", "arg", "future", "applied")
+    __slots__ = ("op", "kind", "route", "arg", "future", "applied", "rid")
 
     def __init__(self, op: str, kind: int, route: Optional["_Route"], arg: Any, future: "asyncio.Future[JSONObject]") -> None:
+        self.rid = 0
         self.op = op
         self.kind = kind
         self.route = route
@@ -177,6 +178,7 @@ class _Conn:
             raise _NotSent()
         self.next_id += 1
         request = _Request(message["op"], kind, route, arg, self.loop.create_future())
+        request.rid = self.next_id
         self.pending.append(request)
         if self.reader_waiting:
             self.room.set()
@@ -315,6 +317,9 @@ class _Conn:
         if not self.pending:
             raise ProtocolViolation(f"a reply to no request: {message!r}")
         request = self.pending.popleft()
+        rid = message.get("id")
+        if rid is not None and rid != request.rid:
+            raise ProtocolViolation(f"the reply to request {request.rid} ({request.op}) carries id {rid!r}")
         if ok is True:
             kind = request.kind
             if kind == SUBSCRIBE:
