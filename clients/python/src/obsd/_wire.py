@@ -27,7 +27,12 @@ CLIENT_NAME = "obsd-python/0.1.0"
 _REPO = re.compile(r"[A-Za-z0-9._-]{1,128}\Z")
 _ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 _encode_json = _ENCODER.encode
-loads = json.loads
+_decode_json = json.JSONDecoder().decode
+
+
+def loads(line: bytes) -> Any:
+    """One line the daemon sent, decoded (``ValueError`` if it is not JSON)."""
+    return _decode_json(line.decode("utf-8"))
 
 
 # MARK: the socket

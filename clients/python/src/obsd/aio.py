@@ -165,6 +165,9 @@ class _Conn:
         self.max_line = 1 << 20
         self.sync_supported: Optional[bool] = None
         self.close_callbacks: List[Callable[[], None]] = []
+        self.outgoing: List[bytes] = []
+        self.outgoing_bytes = 0
+        self.flush_scheduled = False
         self.loop = asyncio.get_running_loop()
         self.task = self.loop.create_task(self._run())
 
@@ -182,11 +185,29 @@ class _Conn:
         self.pending.append(request)
         if self.reader_waiting:
             self.room.set()
+        # Requests made in one turn of the event loop go out in one write (pipelining).
+        line = b'{"id":%d,' % self.next_id + body[1:]
+        self.outgoing.append(line)
+        self.outgoing_bytes += len(line)
+        if not self.flush_scheduled:
+            self.flush_scheduled = True
+            self.loop.call_soon(self.flush)
+        return request
+
+    def flush(self) -> None:
+        """Writes the requests made since the last flush."""
+        self.flush_scheduled = False
+        if not self.outgoing or self.closed_event.is_set():
+            self.outgoing.clear()
+            self.outgoing_bytes = 0
+            return
+        data = b"".join(self.outgoing) if len(self.outgoing) > 1 else self.outgoing[0]
+        self.outgoing.clear()
+        self.outgoing_bytes = 0
         try:
-            self.writer.write(b'{"id":%d,' % self.next_id + body[1:])
+            self.writer.write(data)
         except (OSError, RuntimeError) as error:
             self.fail(ConnectionError(f"the connection to obsd at {self.path} broke while sending: {error}"))
-        return request
 
     def send_quietly(self, message: JSONObject, kind: int = PLAIN, arg: Any = None) -> None:
         try:
@@ -196,6 +217,8 @@ class _Conn:
 
     async def drain(self) -> None:
         """Waits while the socket's send buffer is large (the daemon reads slower than we write)."""
+        if self.outgoing_bytes > _DRAIN_ABOVE:
+            self.flush()
         transport = self.writer.transport
         if transport.get_write_buffer_size() > _DRAIN_ABOVE:
             try:
