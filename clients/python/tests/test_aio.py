@@ -302,3 +302,18 @@ def test_environment_socket(daemon: Daemon, monkeypatch: pytest.MonkeyPatch) -> 
 
     assert run(main())["connections"] >= 1
     assert os.environ["OBSD_SOCKET"] == daemon.socket
+
+
+def test_a_dropped_watch_does_not_hold_the_connection_up(daemon: Daemon) -> None:
+    import gc
+
+    async def main() -> None:
+        async with obsd.aio.connect(daemon.socket, queue_size=4) as c, obsd.aio.connect(daemon.socket) as writer:
+            dropped = await c.watch("d")
+            kept = await c.watch("d")
+            del dropped
+            gc.collect()
+            await asyncio.gather(*(writer.set("d", "n", i) for i in range(100)))
+            assert [(await kept.next_event(WAIT)).changes[0].new for _ in range(100)] == list(range(100))
+
+    run(main())

@@ -245,3 +245,17 @@ def test_watch_iterator_ends_when_the_client_closes(daemon: Daemon) -> None:
     c.close()
     thread.join(WAIT)
     assert not thread.is_alive() and len(result[0]) == 1
+
+
+def test_a_dropped_watch_does_not_hold_the_connection_up(daemon: Daemon) -> None:
+    import gc
+
+    with obsd.connect(daemon.socket, queue_size=4) as c:
+        dropped = c.watch("d")
+        kept = c.watch("d")
+        del dropped
+        gc.collect()
+        with obsd.connect(daemon.socket) as writer:
+            for i in range(100):
+                writer.set("d", "n", i)
+        assert [kept.next_event(WAIT).changes[0].new for _ in range(100)] == list(range(100))

@@ -329,7 +329,7 @@ class _Conn:
             if len(items) >= route.bound:
                 while len(items) >= route.bound and not self.pending and not self.closed and not route.ended:
                     self.reader_waiting = True
-                    self.reader_cv.wait()
+                    self.reader_cv.wait(1.0)  # woken by its consumer or a new request; also rechecks `ended`
                 self.reader_waiting = False
                 if route.ended or self.closed:
                     return
@@ -754,6 +754,15 @@ class Client:
         """Whether ``close()`` was called."""
         return self._closed
 
+    def __del__(self) -> None:
+        # A client dropped without close(): end its connection (no locks: see Watch.__del__).
+        conn = getattr(self, "_conn", None)
+        if conn is not None and not getattr(self, "_closed", True):
+            try:
+                conn.sock.shutdown(_socket.SHUT_RDWR)
+            except OSError:
+                pass
+
     def __enter__(self) -> "Client":
         return self
 
@@ -981,10 +990,14 @@ class Watch(Iterator[Event]):
         self.close()
 
     def __del__(self) -> None:
-        try:
-            self._follower.close()
-        except Exception:
-            pass
+        # No locks here (a collection may run on any thread, the reader's included): the
+        # reader drops what still arrives for the subscription, which ends with the connection.
+        follower = getattr(self, "_follower", None)
+        if follower is not None and not follower.closed:
+            follower.closed = True
+            route = follower.route
+            if route is not None:
+                route.ended = True
 
 
 class Mirror(Mapping[str, Any]):

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+import weakref
 from collections import deque
 from types import TracebackType
 from typing import (
@@ -420,7 +421,7 @@ class Client:
         self._closing = asyncio.Event()
         self._failures = 0
         self._serial = 0
-        self._owned: List[Any] = []
+        self._owned: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
         self._loop = asyncio.get_running_loop()
 
     # MARK: connecting
@@ -632,7 +633,7 @@ class Client:
             seconds = _wire.check_ttl(ttl)
             reply = await self._call({"op": "grant", "ttl": seconds}, write=True)
             lease = Lease(self, _wire._int(reply, "lease"), seconds, None)
-        self._owned.append(lease)
+        self._owned[id(lease)] = lease
         return lease
 
     async def keepalive(self, lease: Any) -> Optional[int]:
@@ -649,7 +650,8 @@ class Client:
         """Closes the connection; watches end, mirrors stop, holds and leases stop being kept."""
         self._closed = True
         self._closing.set()
-        owned, self._owned = self._owned, []
+        owned = list(self._owned.values())
+        self._owned.clear()
         for thing in owned:
             thing._client_closed()
         conn = self._conn
@@ -891,7 +893,7 @@ class Watch(AsyncIterator[Event]):
         self._follower = _Follower(client, cursor)
         self._first = self._follower.start_now()
         self._opened = False
-        client._owned.append(self)
+        client._owned[id(self)] = self
 
     async def _open(self) -> None:
         if not self._opened:
@@ -960,6 +962,18 @@ class Watch(AsyncIterator[Event]):
         self._follower.closed = True
         self._follower.stop.set()
 
+    def __del__(self) -> None:
+        # Dropped without close(): its events are dropped from now on, so that its full queue
+        # never holds the connection's reader up.
+        follower = getattr(self, "_follower", None)
+        if follower is not None and not follower.closed:
+            follower.closed = True
+            route = follower.route
+            if route is not None:
+                route.ended = True
+                if route.conn.reader_waiting:
+                    route.conn.room.set()
+
     async def __aenter__(self) -> "Watch":
         await self._open()
         return self
@@ -997,7 +1011,7 @@ class Mirror(Mapping[str, Any]):
         first, self._first = self._first, None
         await self._follower.open(first)
         self._task = asyncio.get_running_loop().create_task(self._run())
-        self._client._owned.append(self)
+        self._client._owned[id(self)] = self
         try:
             await asyncio.wait_for(self._wait_loaded(), self._client.reconnect_timeout)
         except asyncio.TimeoutError:
@@ -1366,7 +1380,7 @@ class Hold:
         self._conn = conn
         conn.on_close(self._wake.set)
         self._task = asyncio.get_running_loop().create_task(self._keep())
-        self._client._owned.append(self)
+        self._client._owned[id(self)] = self
         return self._lease
 
     async def _keep(self) -> None:
