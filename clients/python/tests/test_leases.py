@@ -37,8 +37,12 @@ def test_hold_is_written_again_after_the_daemon_restarts(durable: Daemon) -> Non
             first = lease.id
             durable.restart()  # the connection-bound lease ends with its connection
             with obsd.connect(durable.socket) as other:
-                entry = wait_until(lambda: _get(other, "svc", "up"), "the hold to write its key again")
-                assert entry.value is True and entry.lease == lease.id != first
+                def rewritten() -> "obsd.Entry | None":
+                    entry = _get(other, "svc", "up")
+                    return entry if entry is not None and entry.lease == lease.id else None
+
+                entry = wait_until(rewritten, "the hold to write its key again on its new lease")
+                assert entry.value is True and lease.id != first
         with obsd.connect(durable.socket) as other:
             assert _get(other, "svc", "up") is None
 

@@ -80,7 +80,7 @@ def test_examples(daemon: Daemon) -> None:
         assert printer.stdout is not None
         assert printer.stdout.readline().startswith("-- presence at revision 0")
         out = subprocess.run(
-            [sys.executable, str(examples / "presence.py"), "web-1", "--for", "0.5"], capture_output=True, text=True, env=env, timeout=WAIT
+            [sys.executable, str(examples / "presence.py"), "web-1", "--for", "1.0"], capture_output=True, text=True, env=env, timeout=WAIT
         )
         assert out.returncode == 0, out.stderr
         lines = out.stdout.splitlines()
