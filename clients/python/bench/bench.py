@@ -222,7 +222,8 @@ def main() -> None:
         if directory is not None:
             shutil.rmtree(directory, ignore_errors=True)
 
-    print(f"command: {shlex.join([os.path.relpath(sys.argv[0]) if os.path.exists(sys.argv[0]) else sys.argv[0]] + sys.argv[1:])}")
+    script = os.path.relpath(sys.argv[0]) if os.path.exists(sys.argv[0]) else sys.argv[0]
+    print(f"command: {shlex.join(['python3', script] + sys.argv[1:])}")
     print(
         f"machine: {os.cpu_count()} CPUs, {platform.platform()}, Python {platform.python_version()}; "
         f"daemon {server} ({binary}{', durable' if args.durable else ', in memory'}); "

@@ -317,3 +317,25 @@ def test_a_dropped_watch_does_not_hold_the_connection_up(daemon: Daemon) -> None
             assert [(await kept.next_event(WAIT)).changes[0].new for _ in range(100)] == list(range(100))
 
     run(main())
+
+
+def test_hold_is_written_again_after_a_restart(durable: Daemon) -> None:
+    async def main() -> None:
+        async with obsd.aio.connect(durable.socket) as c:
+            async with c.hold("svc", "up", "yes") as lease:
+                first = lease.id
+                await in_thread(durable.restart)
+                async with obsd.aio.connect(durable.socket) as other:
+                    while True:
+                        try:
+                            entry = await other.get("svc", "up")
+                            if entry.lease == lease.id != first:
+                                break
+                        except obsd.NotFound:
+                            pass
+                        await asyncio.sleep(0.01)
+                    assert entry.value == "yes"
+            async with obsd.aio.connect(durable.socket) as other:
+                assert await other.keys("svc") == []
+
+    run(main())
