@@ -54,13 +54,33 @@ struct RequestFields {
         return i
     }
 
-    /// A revision or subscription number: a non-negative integer below 2^64.
+    /// A revision or subscription number: a non-negative integer below 2^64, read from its
+    /// literal as written (UnsignedLiteral.swift).
     func optionalRevision(_ name: String) throws(RequestFailure) -> UInt64? {
         guard let v = value(name) else { return nil }
-        guard let u = v.uint64Value else {
-            throw fail("field \"\(name)\" must be a non-negative integer, not \(v.jsonText.prefix(40))")
+        guard let u = unsigned(name, v) else {
+            throw fail("field \"\(name)\" must be a non-negative integer below 2^64, not \(written(name, v))")
         }
         return u
+    }
+
+    /// The literal member `name` was written with, when it is an unsigned field given a number
+    /// in the line (a request decoded from a tree has none).
+    private func literal(_ name: String) -> UnsignedLiteral? {
+        guard let element else { return document.unsigned[name] }
+        return document.opUnsigned.indices.contains(element) ? document.opUnsigned[element][name] : nil
+    }
+
+    /// The value `v` of member `name` as an integer in 0…2^64−1: exactly as written in the
+    /// line, else (a tree) as the number it holds.
+    private func unsigned(_ name: String, _ v: JSONValue) -> UInt64? {
+        if let literal = literal(name) { return literal.value }
+        return v.uint64Value
+    }
+
+    /// Member `name`'s value `v` for a message: a number as written.
+    private func written(_ name: String, _ v: JSONValue) -> Substring {
+        (literal(name)?.text ?? v.jsonText).prefix(40)
     }
 
     func repo() throws(RequestFailure) -> String {
@@ -155,11 +175,11 @@ struct RequestFields {
 
     // MARK: The lease extension
 
-    /// A lease id: an integer of at least 1.
+    /// A lease id: an integer from 1 to 2^64−1, read as a revision is.
     func optionalLease(_ name: String) throws(RequestFailure) -> UInt64? {
         guard let v = value(name) else { return nil }
-        guard let lease = v.uint64Value, lease >= 1 else {
-            throw fail("field \"\(name)\" must be a lease id (an integer from 1), not \(v.jsonText.prefix(40))")
+        guard let lease = unsigned(name, v), lease >= 1 else {
+            throw fail("field \"\(name)\" must be a lease id (an integer from 1), not \(written(name, v))")
         }
         return lease
     }

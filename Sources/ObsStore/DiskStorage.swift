@@ -12,9 +12,10 @@
 // - Start-up (Snapshot.swift, WriteAheadLog.swift): the snapshot, read in large blocks
 //   straight into flat tables, then the log after it replayed on top. A torn tail, or what
 //   lies after the end of the last segment, is cut off and reported; a damaged record in
-//   the middle, a snapshot torn, damaged, foreign or missing, a log segment missing, each
-//   refuses start-up with the file and the cause. A data directory an earlier obsd wrote
-//   (SQLite, `obsd.db`: SQLiteSchema.swift) is read once, written as a snapshot, removed.
+//   the middle, a snapshot torn, damaged, foreign or missing, a log segment missing, cut
+//   short or emptied, each refuses start-up with the file and the cause. A data directory an
+//   earlier obsd wrote (SQLite, `obsd.db`: SQLiteSchema.swift) is read once, written as a
+//   snapshot, removed.
 //
 // Durability callbacks come from the committer thread and must not block (the daemon
 // hands them to its event loop); `append` never calls back.
@@ -148,7 +149,7 @@ public final class DiskStorage: Storage {
         }
         var recovery = Recovery(repositories: stored.repositories, leases: stored.leases, renewEpochs: stored.renewed != nil, options: options)
         stored.repositories = []
-        let report = try log.open(after: stored.covered, repair: options.repairLog) { (payload, position) throws(StorageError) in
+        let report = try log.open(after: stored.covered, repair: options.repairLog, expectingLog: stored.source == .snapshot) { (payload, position) throws(StorageError) in
             try recovery.apply(payload, at: position, log: log.directory.path)
         }
         if let at = report.tornAt {
@@ -174,9 +175,14 @@ public final class DiskStorage: Storage {
             // Revisions after the cut may be numbered again: no client may resume across it.
             repositories = repositories.map { $0.renewed(epoch: Epoch.random()) }
         }
+        if let lost = report.lost {
+            notices.append(
+                "repaired the write-ahead log: \(lost); the revisions they held are lost, and every repository starts a new epoch (clients resync instead of resuming)")
+            if report.repairedAt == nil { repositories = repositories.map { $0.renewed(epoch: Epoch.random()) } }
+        }
         var covered = stored.covered
         var snapshotSize = stored.size
-        if stored.renewed != nil || stored.source != .snapshot || report.repairedAt != nil || legacy != nil {
+        if stored.renewed != nil || stored.source != .snapshot || report.repairedAt != nil || report.lost != nil || legacy != nil {
             // The new epochs (renewed, or after a repair), the migrated state, or a new
             // directory's first (empty) snapshot: durable before any write, and the file's
             // identity recorded from the start.

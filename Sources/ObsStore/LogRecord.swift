@@ -19,6 +19,9 @@
 // leases rode in the log, when a journal beside it held them) are still read: version 1 has
 // no writer field, neither has moves.
 //
+// The log itself reserves two first bytes for its own frames: 0xFD (a group's start) and
+// 0xFE (a segment's end) — WriteAheadLog+Frames.swift.
+//
 // Values are written canonical and read back as they were written: the log's checksum,
 // not a second validation, vouches for them.
 

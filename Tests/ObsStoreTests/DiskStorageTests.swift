@@ -219,12 +219,12 @@ func crashedAfterTenRevisions() throws -> String { try crashedAfter(10) }
         let crashed = try crashedAfterTenRevisions()
         defer { try? FileManager.default.removeItem(atPath: crashed) }
         let segment = crashed + "/wal/" + segments(crashed).last!
-        // Flip a byte of the first record's payload (after the 16-byte header, the 16-byte
+        // Flip a byte of the first record's payload (after the 32-byte header, the 16-byte
         // group-start frame and the record's 8-byte frame header).
         let file = try FileHandle(forUpdating: URL(fileURLWithPath: segment))
-        try file.seek(toOffset: 46)
+        try file.seek(toOffset: 62)
         let byte = try #require(try file.read(upToCount: 1)?.first)
-        try file.seek(toOffset: 46)
+        try file.seek(toOffset: 62)
         try file.write(contentsOf: Data([byte ^ 0x40]))
         try file.close()
 
@@ -232,7 +232,7 @@ func crashedAfterTenRevisions() throws -> String { try crashedAfter(10) }
             try open(options(crashed))
         } throws: { error in
             guard let error = error as? StorageError else { return false }
-            return error.kind == .corrupt && error.description.contains(segment) && error.description.contains("offset 32")
+            return error.kind == .corrupt && error.description.contains(segment) && error.description.contains("offset 48")
         }
     }
 
@@ -345,13 +345,15 @@ func crashedAfterTenRevisions() throws -> String { try crashedAfter(10) }
     }
 }
 
-/// Where the last valid frame of a segment ends (frames: u32 length, u32 crc, payload, pad to 8).
+/// Where the last valid frame of a segment's log ends (frames: u32 length, u32 crc, payload,
+/// pad to 8; after the header, 32 bytes in a format 3 segment, 16 before): at an all-zero
+/// frame header, or where the frame that names the next segment begins.
 func lastFrameEnd(_ path: String) throws -> Int {
     let bytes = [UInt8](try Data(contentsOf: URL(fileURLWithPath: path)))
-    var at = 16
+    var at = walHeaderSize(bytes)
     while at + 8 <= bytes.count {
         let length = Int(bytes[at]) | Int(bytes[at + 1]) << 8 | Int(bytes[at + 2]) << 16 | Int(bytes[at + 3]) << 24
-        if length == 0 { break }
+        if length == 0 || (length == 9 && at + 8 < bytes.count && bytes[at + 8] == 0xFE) { break }
         at = (at + 8 + length + 7) & ~7
     }
     return at
