@@ -38,13 +38,11 @@ public enum WriteRefusal: Error, Sendable, Equatable {
     case revisionTooLarge(bytes: Int, limit: Int)
 }
 
-/// A planned write: what it would change, checked against the rules and limits.
+/// A planned write: what it would change, checked against the rules and limits (each
+/// operation's part is in the core, `plans`, until the state is mutated).
 public struct WritePlan: Sendable {
-    /// The changes, in application order (empty: the write changes nothing).
-    public let changes: [Change<CanonicalJSON>]
-    /// A single write's reply carries the value it replaced (the change's old value, or the
-    /// equal value it left in place).
-    public let previous: CanonicalJSON?
+    /// How many of its operations change their key (0: the write changes nothing).
+    public let changed: Int
     /// What the revision weighs (`RevisionInfo.weight`).
     public let weight: Int
     /// The write brings the repository into existence (its first revision).
@@ -127,48 +125,80 @@ public struct RepositoryCore: Sendable {
 
     // MARK: Writing
 
-    /// What `ops` would change — by the write rules first (a write that fails them, or
-    /// changes nothing, gets that answer whatever the limits), then the limits. Nothing is
-    /// applied.
-    public func plan(_ ops: [WriteOp<CanonicalJSON>], limits: WriteLimits) throws(WriteRefusal) -> WritePlan {
-        let changes: [Change<CanonicalJSON>]
-        do throws(WriteError) { changes = try data.plan(ops) } catch { throw .rules(error) }
-        let previous: CanonicalJSON? =
-            if ops.count != 1 { nil } else if let change = changes.first { change.old } else { data[ops[0].key]?.value }
-        guard !changes.isEmpty else { return WritePlan(changes: [], previous: previous, weight: 0, creates: false) }
+    /// Decides `ops` — by the write rules first (a write that fails them, or changes nothing,
+    /// gets that answer whatever the limits), then the limits — leaving each operation's part
+    /// in `plans` (the caller's, reused: a write allocates nothing for it), read in place until
+    /// the state is mutated. Nothing is applied. A single-key write and a batch alike: each key
+    /// looked up once, its value compared where it lies, nothing copied.
+    public func plan(_ ops: UnsafeBufferPointer<RawWriteOp>, limits: WriteLimits, into plans: inout [OpPlan]) throws(WriteRefusal) -> WritePlan {
+        do throws(WriteError) { try data.plan(ops, into: &plans) } catch { throw .rules(error) }
+        var changed = 0
         var created = 0
         var removed = 0
         var weight = 0
-        for change in changes {
-            if change.old == nil { created += 1 }
-            if change.new == nil { removed += 1 }
-            weight += RevisionInfo.weight(of: change)
+        for i in 0..<ops.count where plans[i].changes {
+            changed += 1
+            if plans[i].old == nil { created += 1 }
+            if ops[i].value == nil { removed += 1 }
+            weight += ops[i].key.count + (plans[i].old?.count ?? 0) + (ops[i].value?.count ?? 0) + 32
         }
+        guard changed > 0 else { return WritePlan(changed: 0, weight: 0, creates: false) }
         if created > 0, data.count + created - removed > limits.maxKeys { throw .tooManyKeys(limit: limits.maxKeys) }
         if weight > limits.maxRevisionBytes { throw .revisionTooLarge(bytes: weight, limit: limits.maxRevisionBytes) }
-        return WritePlan(changes: changes, previous: previous, weight: weight, creates: data.revision == 0)
+        return WritePlan(changed: changed, weight: weight, creates: data.revision == 0)
     }
 
-    /// Commits a plan that changes something as the next revision: installs it, records it
-    /// in the history (with `tail`, a lease's end, in its event), and — `durable: false` —
-    /// keeps it pending with what it replaced until `confirm` or `undo`. Returns its info;
-    /// `withLastRecord` reads its record.
-    @discardableResult
+    /// The next revision's info for a write that changes something, made `now` (its time is
+    /// never before the revision before it).
+    public func nextRevision(_ plan: WritePlan, time now: Int64, writer: Writer?, origin: UInt64) -> RevisionInfo {
+        RevisionInfo(revision: data.revision + 1, time: max(now, lastTime), writer: writer, origin: origin, weight: plan.weight)
+    }
+
+    /// Calls `body` with the changes `ops`, planned as `plans`, make — as bytes in place (for
+    /// storage, which encodes them before `commit` installs them).
+    @inlinable
+    public static func withChanges<R>(
+        _ ops: UnsafeBufferPointer<RawWriteOp>, _ plans: [OpPlan], changed: Int, _ body: (UnsafeBufferPointer<RawChange>) -> R
+    ) -> R {
+        withUnsafeTemporaryAllocation(of: RawChange.self, capacity: max(1, changed)) { buffer in
+            var n = 0
+            for i in 0..<ops.count where plans[i].changes {
+                buffer.initializeElement(
+                    at: n, to: RawChange(key: ops[i].key, old: plans[i].old, oldIsPlain: plans[i].oldIsPlain, new: ops[i].value, newIsPlain: ops[i].isPlain))
+                n += 1
+            }
+            defer { buffer.baseAddress!.deinitialize(count: n) }
+            return body(UnsafeBufferPointer(rebasing: buffer[..<n]))
+        }
+    }
+
+    /// Commits `ops`, planned as `plan` and `plans` (a write that changes something), as
+    /// revision `info`: records it in the history (with `tail`, a lease's end, in its event) —
+    /// and, `durable: false`, keeps it pending with what its keys held and the attachment
+    /// `moves` its write made, until `confirm` or `undo` — then installs it. `withLastRecord`
+    /// reads its record. (The values `plans` point to are overwritten: read them before.)
     public mutating func commit(
-        _ plan: WritePlan, time now: Int64, writer: Writer?, origin: UInt64, durable: Bool, tail: [UInt8] = [],
+        _ plan: WritePlan, _ ops: UnsafeBufferPointer<RawWriteOp>, _ plans: [OpPlan], as info: RevisionInfo, durable: Bool, tail: [UInt8] = [],
         moves: [AttachmentMove] = []
-    ) -> RevisionInfo {
-        let revision = data.revision + 1
-        let time = max(now, lastTime)
-        let info = RevisionInfo(revision: revision, time: time, writer: writer, origin: origin, weight: plan.weight)
+    ) {
         if !durable {
             undo.begin(moves: moves, revision: true)
-            for (key, entry) in data.entries(replacedBy: plan.changes) { undo.add(key, entry) }
+            for i in 0..<ops.count where plans[i].changes {
+                undo.add(key: ops[i].key, old: plans[i].old, isPlain: plans[i].oldIsPlain, revision: plans[i].oldRevision)
+            }
         }
-        data.install(ChangeSet(revision: revision, changes: plan.changes))
-        lastTime = time
-        record(info, plan.changes, durable: durable, tail: tail)
-        return info
+        // Recorded before the install, which may overwrite the old values where they lie.
+        Self.withChanges(ops, plans, changed: plan.changed) { record(info, $0, durable: durable, tail: tail) }
+        if ops.count == 1 {
+            data.install(key: ops[0].key, value: ops[0].value, isPlain: ops[0].isPlain, revision: info.revision, at: plans[0].position)
+        } else {
+            // Each install may move what the next plan found: looked up again.
+            for i in 0..<ops.count where plans[i].changes {
+                data.restore(key: ops[i].key, value: ops[i].value, isPlain: ops[i].isPlain, revision: info.revision)
+            }
+            data.setRevision(info.revision)
+        }
+        lastTime = info.time
     }
 
     // MARK: Leases
@@ -186,16 +216,17 @@ public struct RepositoryCore: Sendable {
     /// A key's move between leases: the lease it was attached to before, and after (nil: none).
     public typealias AttachmentMove = ObsStore.AttachmentMove
 
-    /// A write was accepted: each `set` attaches its key to the lease it names (`leases[i]`,
-    /// nil: none) — even when its value was equal — and each `delete` detaches. Returns the
-    /// moves, for storage (they ride in the revision's frame, or in one of their own when the
-    /// write makes no revision) and for `commit`, so that undoing the write moves its keys back.
-    public mutating func attach(_ ops: [WriteOp<CanonicalJSON>], leases: [UInt64?]) -> [AttachmentMove] {
-        guard !leases.isEmpty || !attachments.isEmpty else { return [] }
+    /// A write was accepted: each `set` attaches its key to the lease it names (nil: none) —
+    /// even when its value was equal — and each `delete` detaches. Returns the moves, for
+    /// storage (they ride in the revision's frame, or in one of their own when the write makes
+    /// no revision) and for `commit`, so that undoing the write moves its keys back. (Nothing
+    /// to do, and no key made, when no key is attached and no operation names a lease.)
+    public mutating func attach(_ ops: UnsafeBufferPointer<RawWriteOp>) -> [AttachmentMove] {
+        guard !attachments.isEmpty || ops.contains(where: { $0.lease != nil }) else { return [] }
         var moves: [AttachmentMove] = []
-        for (i, op) in ops.enumerated() {
-            let key = op.key
-            let to: UInt64? = if case .set = op, i < leases.count { leases[i] } else { nil }
+        for op in ops {
+            let to: UInt64? = op.value == nil ? nil : op.lease
+            let key = Key(String(decoding: op.key, as: UTF8.self))
             let from = setAttachment(key, to: to)
             if from != to { moves.append((key, from, to)) }
         }
@@ -246,12 +277,12 @@ public struct RepositoryCore: Sendable {
     /// What a tentative install replaced, to take it back.
     public typealias Tentative = [(key: Key, entry: Entry<CanonicalJSON>?)]
 
-    /// Installs `plan`'s changes as the next revision, recording nothing, so the next write of
-    /// a group can be planned on top of it (a shared store commits the group, or not);
+    /// Installs `changes` as the next revision, recording nothing, so the next write of a
+    /// group can be planned on top of it (a shared store commits the group, or not);
     /// `revert` takes such installs back, newest first.
-    public mutating func installTentatively(_ plan: WritePlan) -> Tentative {
-        let previous = data.entries(replacedBy: plan.changes)
-        data.install(ChangeSet(revision: data.revision + 1, changes: plan.changes))
+    public mutating func installTentatively(_ changes: [Change<CanonicalJSON>]) -> Tentative {
+        let previous = data.entries(replacedBy: changes)
+        data.install(ChangeSet(revision: data.revision + 1, changes: changes))
         return previous
     }
 

@@ -60,18 +60,44 @@ public struct RevisionFrame {
     }
 }
 
-/// A revision's changes, in application order: values, or one change given as the bytes where
-/// they lie (valid during the call they are passed to).
+/// One change given as the bytes where they lie: the key's UTF-8, and the canonical encodings
+/// of the value before (nil: the key did not exist) and after (nil: deleted), with whether
+/// each is plain (see `CanonicalJSON`). Valid while the memory they point into is — what the
+/// daemon's writes are made of, from the request's bytes and the table's, with nothing copied.
+public struct RawChange {
+    public var key: UnsafeRawBufferPointer
+    public var old: UnsafeRawBufferPointer?
+    public var oldIsPlain: Bool
+    public var new: UnsafeRawBufferPointer?
+    public var newIsPlain: Bool
+
+    @inlinable
+    public init(key: UnsafeRawBufferPointer, old: UnsafeRawBufferPointer?, oldIsPlain: Bool, new: UnsafeRawBufferPointer?, newIsPlain: Bool) {
+        self.key = key
+        self.old = old
+        self.oldIsPlain = oldIsPlain
+        self.new = new
+        self.newIsPlain = newIsPlain
+    }
+
+    /// The change as values (copied out).
+    public var materialized: Change<CanonicalJSON> {
+        Change(
+            key: Key(String(decoding: key, as: UTF8.self)), old: old.map { CanonicalJSON(canonical: Array($0), isPlain: oldIsPlain) },
+            new: new.map { CanonicalJSON(canonical: Array($0), isPlain: newIsPlain) })
+    }
+}
+
+/// A revision's changes, in application order: values (a revision decided elsewhere, or
+/// loaded), or given as the bytes where they lie (valid during the call they are passed to).
 public enum FrameChanges {
     case list([Change<CanonicalJSON>])
-    /// One change: the key's UTF-8, and the canonical values before (nil: absent) and after
-    /// (nil: deleted).
-    case one(key: UnsafeRawBufferPointer, old: UnsafeRawBufferPointer?, oldIsPlain: Bool, new: UnsafeRawBufferPointer?, newIsPlain: Bool)
+    case raw(UnsafeBufferPointer<RawChange>)
 
     var count: Int {
         switch self {
         case .list(let changes): changes.count
-        case .one: 1
+        case .raw(let changes): changes.count
         }
     }
 
@@ -79,8 +105,8 @@ public enum FrameChanges {
     /// (nil: absent), in order.
     func forEach(_ body: (UnsafeRawBufferPointer, (bytes: UnsafeRawBufferPointer, plain: Bool)?, (bytes: UnsafeRawBufferPointer, plain: Bool)?) -> Void) {
         switch self {
-        case .one(let key, let old, let oldIsPlain, let new, let newIsPlain):
-            body(key, old.map { ($0, oldIsPlain) }, new.map { ($0, newIsPlain) })
+        case .raw(let changes):
+            for c in changes { body(c.key, c.old.map { ($0, c.oldIsPlain) }, c.new.map { ($0, c.newIsPlain) }) }
         case .list(let changes):
             func withBytes(_ value: CanonicalJSON?, _ body: ((bytes: UnsafeRawBufferPointer, plain: Bool)?) -> Void) {
                 guard let value else { return body(nil) }

@@ -40,7 +40,6 @@ private func replay(_ c: RepositoryCore, _ request: SubscribeRequest, skip: UInt
         #expect(throws: WriteRefusal.rules(.conflict(key: "theme", expected: 1, actual: 2))) {
             try c.plan([.set("theme", value("dark"), ifRevision: 1)], limits: unlimited)
         }
-        #expect(throws: WriteRefusal.rules(.duplicateKey("a"))) { try c.plan([.set("a", value(1)), .delete("a")], limits: unlimited) }
         #expect(try write(&c, [.delete("absent")]) == nil, "deleting an absent key is no change")
         #expect(try write(&c, []) == nil, "an empty batch is no change")
         let plan = try c.plan([.set("theme", value(1.0)), .set("n", value(1))], limits: unlimited)

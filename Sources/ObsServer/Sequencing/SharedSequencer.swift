@@ -92,16 +92,13 @@ final class SharedSequencer: Sequencer, Sendable {
         self.leaseLoop = leaseLoop
     }
 
-    /// Every write is the cluster's to decide: none is decided here and now.
-    func submitSingle(
-        _ write: SingleWrite, to repository: Repository, limits: WriteLimits, writer: Writer, origin: ConnectionID, time: Int64,
-        old: inout [UInt8]
-    ) -> SingleOutcome? { nil }
-
-    func submit(_ write: WriteRequest, to repository: Repository, route: AnswerRoute, token: UInt64) -> WriteDecision? {
+    /// Every write is the cluster's to decide: none is decided here and now. The write, copied
+    /// out of the request's bytes, waits in its repository's queue.
+    func submit(_ input: WriteInput, to repository: Repository, scratch: inout WriteScratch, route: AnswerRoute, token: UInt64) -> WriteDecision? {
+        let write = WriteRequest(input)
         let item = Item(work: .write(write), loop: route.loop, deadline: .now + Self.writeTimeout) { route.answer(token, $0) }
         // A lease granted on another daemon a moment ago may not have reached this one yet.
-        let unknown = Set(write.leases.compactMap { $0 }).filter { store.liveLease($0) == nil }.sorted()
+        let unknown = write.leases.filter { store.liveLease($0) == nil }.sorted()
         guard !unknown.isEmpty else {
             enqueue(item, to: repository)
             return nil
@@ -136,7 +133,7 @@ final class SharedSequencer: Sequencer, Sendable {
                 end(lease, in: repository, limit: limit, first: first ?? outcome, done: done)
             case .success(let outcome):
                 // Nothing left; `revision` names another daemon's deletion if one is known.
-                let known = outcome.revision > 0 ? WriteOutcome(revision: outcome.revision, changed: true, previous: nil, sequence: outcome.sequence) : nil
+                let known = outcome.revision > 0 ? WriteOutcome(revision: outcome.revision, changed: true, existed: false, sequence: outcome.sequence) : nil
                 done(first ?? known)
             case .failure(let failure):
                 // The keys must go: try again (with fewer per revision if the store found too many).

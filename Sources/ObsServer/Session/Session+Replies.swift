@@ -114,17 +114,25 @@ extension Session {
 
     // MARK: Writes
 
-    /// Replies to a write decided at once, after the state it reports is durable.
-    func answerWrite(_ id: JSONValue, _ repository: Repository, _ result: WriteDecision, single: Bool) {
-        switch result {
-        case .success(let outcome):
-            if outcome.changed { shard.counters.countWrite() }
-            reply(id, Self.message(outcome, single: single), after: outcome.sequence, in: repository)
-        case .failure(.refused(.rules(let error))):
-            // Reports the state it was checked against.
-            fail(id: id, Self.protocolError(.refused(.rules(error)), repo: repository.name), after: repository.sequence, in: repository)
-        case .failure(let failure):
-            fail(id: id, Self.protocolError(failure, repo: repository.name))
+    /// Replies to a write that succeeded, once the state it reports is durable: straight into
+    /// the outbox if it is, else held in a slot. `old`: the value a single-key write replaced
+    /// (canonical bytes), if its reply carries one.
+    @inline(__always)
+    func answerWrite(_ id: JSONValue, _ outcome: WriteOutcome, old: UnsafeRawBufferPointer?, in repository: Repository) {
+        if repository.isDurable(outcome.sequence) {
+            outboxRef._withUnsafeGuaranteedRef { outbox in
+                outbox.appendReply {
+                    WriteReply<CanonicalJSON>.encode(into: &$0, id: id, revision: outcome.revision, changed: outcome.changed, canonicalOld: old)
+                }
+            }
+            connectionRef._withUnsafeGuaranteedRef { connection in
+                if !connection.isDirty { shardRef._withUnsafeGuaranteedRef { $0.markDirty(connection) } }
+            }
+        } else {
+            var bytes: [UInt8] = []
+            bytes.reserveCapacity(64 + (old?.count ?? 0))
+            WriteReply<CanonicalJSON>.encode(into: &bytes, id: id, revision: outcome.revision, changed: outcome.changed, canonicalOld: old)
+            hold(bytes, id: id, until: outcome.sequence, in: repository)
         }
     }
 
@@ -133,16 +141,14 @@ extension Session {
         switch result {
         case .success(let outcome):
             if outcome.changed { shard.counters.countWrite() }
-            Self.message(outcome, single: single).encode(into: &sink, id: id)
+            let old = single && outcome.existed ? outcome.previous : nil
+            (old?.bytes ?? []).withUnsafeBytes { bytes in
+                WriteReply<CanonicalJSON>.encode(into: &sink, id: id, revision: outcome.revision, changed: outcome.changed, canonicalOld: old == nil ? nil : bytes)
+            }
         case .failure(let failure):
             hub.stats.errors.add(1, ordering: .relaxed)
             ReplyEncoder.error(&sink, id: id, Self.protocolError(failure, repo: repo))
         }
-    }
-
-    /// A write's reply: `set`/`delete` carry the value replaced, `batch` none.
-    private static func message(_ outcome: WriteOutcome, single: Bool) -> WriteReply<CanonicalJSON> {
-        WriteReply(revision: outcome.revision, changed: outcome.changed, old: single ? outcome.previous : nil)
     }
 
     /// The error reply for a write that failed.
