@@ -9,6 +9,7 @@
 // the protocol's decoders refuse it.) ObservableKit's `KeyedState` keeps the same rules for
 // observation in process.
 
+import ObsProtocol
 import ObsStore
 import ObsValues
 import ObservableKit

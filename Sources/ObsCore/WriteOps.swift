@@ -1,37 +1,12 @@
-// ObsCore — a write's operations as the one write path takes them: each a `set` or `delete` of
-// one key read where its bytes lie (`RawWriteOp`) — in the request's line and the scanner's
-// buffer for what clients send, in an owned buffer (`WriteOps`) for what must wait or was
-// built from values (a shared store's writes, the general decoder's requests, a lease's end).
+// ObsCore — a write's operations owning their bytes (`WriteOps`), for what must wait or was
+// built from values — a shared store's writes, the general decoder's requests, a lease's end —
+// read as the one write path takes every write: ObsProtocol's `RawWriteOp`s, in place.
 // A single-key write and a batch of ten thousand are the same thing here: a buffer of ops.
 
+import ObsProtocol
 import ObsStore
 import ObsValues
 import ObservableKit
-
-/// A `set` (`value` given) or `delete` (`value` nil) of one key, read in place: valid while the
-/// bytes it points into are.
-public struct RawWriteOp {
-    /// The key's UTF-8 bytes (a valid key).
-    public var key: UnsafeRawBufferPointer
-    /// The new value's canonical encoding; nil: a `delete`.
-    public var value: UnsafeRawBufferPointer?
-    /// Whether the new value is plain (see `CanonicalJSON`).
-    public var isPlain: Bool
-    public var ifRevision: UInt64?
-    public var force: Bool
-    /// The lease a `set` names (nil: none — the key is attached to no lease after it).
-    public var lease: UInt64?
-
-    @inlinable
-    public init(key: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer?, isPlain: Bool, ifRevision: UInt64?, force: Bool, lease: UInt64? = nil) {
-        self.key = key
-        self.value = value
-        self.isPlain = isPlain
-        self.ifRevision = ifRevision
-        self.force = force
-        self.lease = lease
-    }
-}
 
 /// A write's operations owning their bytes: keys and canonical values in one buffer.
 public struct WriteOps: Sendable {

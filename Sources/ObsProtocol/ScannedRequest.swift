@@ -1,8 +1,8 @@
 // ObsProtocol — what the fast path of request decoding (RequestScanner.swift) found in a line:
-// its members in place — names and plain strings as ranges of the line, the value
+// its members in place — names and plain strings as ranges of the line, the values
 // canonicalized into a buffer the caller keeps — and the request they make, built only when
-// asked for. A single-key `set` or `delete` is also offered as it lies (`ScannedWrite`), so the
-// daemon can apply it without building a `Request` at all.
+// asked for. A write — `set`, `delete`, `batch` — is also offered as it lies (`ScannedWrite`:
+// its operations as `RawWriteOp`s), so the daemon can apply it without building a `Request`.
 
 import ObservableKit
 
@@ -50,34 +50,88 @@ extension Request {
     }
 }
 
-/// A `set` or `delete` of one key that names no lease, read in place (see `Request.scan`).
+/// A write — `set` or `delete` of one key, or a `batch` — read in place (see `Request.scan`).
 public struct ScannedWrite {
     /// The repository's name (a valid name).
     public let repo: UnsafeRawBufferPointer
-    /// The key's UTF-8 bytes (a valid key).
-    public let key: UnsafeRawBufferPointer
-    /// The value's canonical encoding; nil: a `delete`.
-    public let value: UnsafeRawBufferPointer?
-    /// Whether the value is plain (see `CanonicalJSON`).
-    public let isPlain: Bool
-    public let ifRev: UInt64?
-    public let force: Bool
+    /// A `set` or `delete` of one key: its reply carries the value it replaced (a batch's none).
+    public let single: Bool
+    private let one: ScannedOp
+    private let batch: [ScannedOp]?
+    private let values: UnsafeRawBufferPointer
+
+    init(repo: UnsafeRawBufferPointer, single: Bool, one: ScannedOp, batch: [ScannedOp]?, values: UnsafeRawBufferPointer) {
+        (self.repo, self.single, self.one, self.batch, self.values) = (repo, single, one, batch, values)
+    }
+
+    /// The number of operations.
+    public var count: Int { batch?.count ?? 1 }
+
+    /// Calls `body` with the operations, read in place (valid while `body` runs).
+    @inline(__always)
+    public func withOperations<R>(_ body: (UnsafeBufferPointer<RawWriteOp>) -> R) -> R {
+        guard let batch else {
+            var op = one.raw(values)
+            return withUnsafePointer(to: &op) { body(UnsafeBufferPointer(start: $0, count: 1)) }
+        }
+        return withUnsafeTemporaryAllocation(of: RawWriteOp.self, capacity: max(1, batch.count)) { buffer in
+            for (i, op) in batch.enumerated() { buffer.initializeElement(at: i, to: op.raw(values)) }
+            defer { buffer.baseAddress!.deinitialize(count: batch.count) }
+            return body(UnsafeBufferPointer(rebasing: buffer[..<batch.count]))
+        }
+    }
+}
+
+/// One operation of a write as the scanner found it: its key a range of the line, its value a
+/// range of the caller's buffer.
+struct ScannedOp {
+    var key = UnsafeBufferPointer<UInt8>(start: nil, count: 0)
+    var value: Range<Int>?
+    var isPlain = false
+    var ifRev: UInt64?
+    var force = false
+    var lease: UInt64?
+    var isSet = false
+
+    /// The operation read in place, its value in `values`.
+    @inline(__always)
+    func raw(_ values: UnsafeRawBufferPointer) -> RawWriteOp {
+        RawWriteOp(
+            key: UnsafeRawBufferPointer(key), value: isSet ? value.map { UnsafeRawBufferPointer(rebasing: values[$0]) } : nil, isPlain: isPlain,
+            ifRevision: ifRev, force: force, lease: lease)
+    }
+
+    /// The operation as the protocol's value, and the lease it names.
+    func writeOp(_ values: UnsafeRawBufferPointer) -> (WriteOp<CanonicalJSON>, lease: UInt64?) {
+        let key = Key(String(decoding: key, as: UTF8.self))
+        guard isSet, let value else { return (.delete(key, ifRevision: ifRev), nil) }
+        return (.set(key, CanonicalJSON(canonical: Array(values[value]), isPlain: isPlain), ifRevision: ifRev, force: force), lease)
+    }
 }
 
 extension ScannedWrite {
     /// Whether this is exactly the write `request` asks for (the fuzz harness and the tests
     /// hold the fast path to the general decoder with it).
     public func reads(_ request: Request) -> Bool {
-        guard request.leases.isEmpty else { return false }
+        let (repo, ops): (String, [WriteOp<CanonicalJSON>])
         switch request.command {
-        case .set(let repo, let key, let value, let ifRev, let force):
-            guard let bytes = self.value else { return false }
-            return self.repo.elementsEqual(repo.utf8) && self.key.elementsEqual(key.string.utf8) && bytes.elementsEqual(value.bytes)
-                && isPlain == value.isPlain && self.ifRev == ifRev && self.force == force
-        case .delete(let repo, let key, let ifRev):
-            return value == nil && self.repo.elementsEqual(repo.utf8) && self.key.elementsEqual(key.string.utf8) && self.ifRev == ifRev && !force
-        default:
-            return false
+        case .set(let r, let key, let value, let ifRev, let force) where single: (repo, ops) = (r, [.set(key, value, ifRevision: ifRev, force: force)])
+        case .delete(let r, let key, let ifRev) where single: (repo, ops) = (r, [.delete(key, ifRevision: ifRev)])
+        case .batch(let r, let batchOps) where !single: (repo, ops) = (r, batchOps)
+        default: return false
+        }
+        guard self.repo.elementsEqual(repo.utf8), ops.count == count else { return false }
+        return withOperations { raw in
+            zip(raw, ops).allSatisfy { raw, op in
+                guard raw.key.elementsEqual(op.key.string.utf8), raw.ifRevision == op.ifRevision else { return false }
+                switch op {
+                case .set(let key, let value, _, let force):
+                    guard let bytes = raw.value else { return false }
+                    return bytes.elementsEqual(value.bytes) && raw.isPlain == value.isPlain && raw.force == force && raw.lease == request.leases[key]
+                case .delete:
+                    return raw.value == nil && request.leases[op.key] == nil
+                }
+            }
         }
     }
 }
@@ -90,18 +144,22 @@ public struct ScannedRequest: ~Copyable {
     /// The request's `id` (`.null` when it had none).
     public var id: JSONValue { fields.id }
 
-    /// The request as a single-key write, when it is a well-formed `set` or `delete` of one key
-    /// that names no lease.
+    /// The request as a write, when it is a well-formed `set` or `delete` of one key, or `batch`.
     public var write: ScannedWrite? {
-        guard let op = fields.op, op == .set || op == .delete, fields.lease == nil, let repo = fields.repo, let key = fields.key else { return nil }
-        var value: UnsafeRawBufferPointer? = nil
-        if op == .set {
-            guard let range = fields.value else { return nil }
-            value = UnsafeRawBufferPointer(rebasing: values[range])
+        guard let op = fields.op, let repo = fields.repo else { return nil }
+        switch op {
+        case .set, .delete:
+            guard let key = fields.key, op == .delete || fields.value != nil else { return nil }
+            let one = ScannedOp(
+                key: key, value: fields.value, isPlain: fields.valueIsPlain, ifRev: fields.ifRev, force: op == .set && fields.force == true,
+                lease: op == .set ? fields.lease : nil, isSet: op == .set)
+            return ScannedWrite(repo: UnsafeRawBufferPointer(repo), single: true, one: one, batch: nil, values: values)
+        case .batch:
+            guard let ops = fields.ops else { return nil }
+            return ScannedWrite(repo: UnsafeRawBufferPointer(repo), single: false, one: ScannedOp(), batch: ops, values: values)
+        default:
+            return nil
         }
-        return ScannedWrite(
-            repo: UnsafeRawBufferPointer(repo), key: UnsafeRawBufferPointer(key), value: value, isPlain: fields.valueIsPlain, ifRev: fields.ifRev,
-            force: op == .set && fields.force == true)
     }
 
     /// The request these members make, when it is well-formed; nil leaves the judgement (and
@@ -111,7 +169,7 @@ public struct ScannedRequest: ~Copyable {
 
 /// The operations the fast path reads.
 enum Operation {
-    case set, get, delete, subscribe, unsubscribe, list, ping, hello, repos, stats, other
+    case set, get, delete, batch, subscribe, unsubscribe, list, ping, hello, repos, stats, other
 
     init(_ bytes: UnsafeBufferPointer<UInt8>) {
         func `is`(_ name: StaticString) -> Bool {
@@ -123,7 +181,7 @@ enum Operation {
         case 9: self = `is`("subscribe") ? .subscribe : .other
         case 11: self = `is`("unsubscribe") ? .unsubscribe : .other
         case 4: self = `is`("list") ? .list : `is`("ping") ? .ping : .other
-        case 5: self = `is`("hello") ? .hello : `is`("repos") ? .repos : `is`("stats") ? .stats : .other
+        case 5: self = `is`("hello") ? .hello : `is`("repos") ? .repos : `is`("stats") ? .stats : `is`("batch") ? .batch : .other
         default: self = .other
         }
     }
@@ -154,6 +212,8 @@ struct ScannedFields {
     var values: Bool?
     var prefix: String?
     var keys: Set<Key>?
+    /// A batch's operations.
+    var ops: [ScannedOp]?
     var client: String?
     var proto: Int64?
 
@@ -177,6 +237,16 @@ struct ScannedFields {
         case .delete:
             guard let repo, let key else { return nil }
             command = .delete(repo: repo, key: key, ifRev: ifRev)
+        case .batch:
+            guard let repo, let ops else { return nil }
+            var batch: [WriteOp<CanonicalJSON>] = []
+            batch.reserveCapacity(ops.count)
+            for scanned in ops {
+                let (op, lease) = scanned.writeOp(buffer)
+                batch.append(op)
+                if let lease { leases[op.key] = lease }
+            }
+            command = .batch(repo: repo, ops: batch)
         case .subscribe:
             guard let repo, keys == nil || prefix == nil, !(initial == true && since != nil), !(once == true && coalesce == true) else {
                 return nil

@@ -265,7 +265,7 @@ final class Session {
         ops.withRawOps { write(id, ops: $0, to: repository, held: held, single: single) }
     }
 
-    /// A `set` or `delete` of one key read in place, to the repository this session wrote
+    /// A write — `set`, `delete`, `batch` — read in place, to the repository this session wrote
     /// last (whose write access it was granted under the current policy): it goes the one way
     /// every write goes with nothing copied out of the request, no `Request` made. False, with
     /// nothing done, for any other repository: the general decoder and the access check take it.
@@ -273,9 +273,8 @@ final class Session {
         // Read through `_withUnsafeGuaranteedRef` (see `lastWrittenRef`): as plain loads, the
         // optimizer retained and released the objects a write passes through.
         guard let last = lastWrittenRef, last._withUnsafeGuaranteedRef({ $0.hasName(scanned.repo) }) else { return false }
-        var op = RawWriteOp(key: scanned.key, value: scanned.value, isPlain: scanned.isPlain, ifRevision: scanned.ifRev, force: scanned.force)
         last._withUnsafeGuaranteedRef { repository in
-            withUnsafePointer(to: &op) { write(id, ops: UnsafeBufferPointer(start: $0, count: 1), to: repository, held: false, single: true) }
+            scanned.withOperations { write(id, ops: $0, to: repository, held: false, single: scanned.single) }
         }
         return true
     }
