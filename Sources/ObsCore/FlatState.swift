@@ -35,13 +35,12 @@ public struct FlatState: Sendable {
     /// Calls `body` with every entry, read in place, in no particular order.
     public func forEach(_ body: (FlatRecord) -> Void) { table.forEach(body) }
 
-    /// Decides each of `ops` on the current state without applying anything: `plans` gets one
-    /// entry per operation, in order — whether it changes its key, and what the key holds now,
-    /// read in place. Throws the first failed `ifRevision`, in operation order. `ops` name each
-    /// key at most once.
-    public func plan(_ ops: UnsafeBufferPointer<RawWriteOp>, into plans: inout [OpPlan]) throws(WriteError) {
-        plans.removeAll(keepingCapacity: true)
-        for op in ops {
+    /// Decides each of `ops` on the current state without applying anything: `plans` (room for
+    /// one per operation) gets, in order, whether each changes its key, and what the key holds
+    /// now, read in place. Throws the first failed `ifRevision`, in operation order. `ops`
+    /// name each key at most once.
+    public func plan(_ ops: UnsafeBufferPointer<RawWriteOp>, into plans: UnsafeMutableBufferPointer<OpPlan>) throws(WriteError) {
+        for (i, op) in ops.enumerated() {
             let plan = table.withRecord(key: op.key) { record, position -> OpPlan? in
                 let oldRevision = record?.revision ?? 0
                 if let ifRevision = op.ifRevision, ifRevision != oldRevision { return nil }
@@ -61,7 +60,7 @@ public struct FlatState: Sendable {
                 let actual = table.withRecord(key: op.key) { record, _ in record?.revision ?? 0 }
                 throw .conflict(key: Key(String(decoding: op.key, as: UTF8.self)), expected: op.ifRevision ?? 0, actual: actual)
             }
-            plans.append(plan)
+            plans[i] = plan
         }
     }
 

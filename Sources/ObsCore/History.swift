@@ -101,6 +101,7 @@ public struct History: Sendable {
 
     /// Appends the next revision (`changes`, made at `info.revision`), dropping the oldest
     /// beyond the limits.
+    @_specialize(where C == RawChanges)
     public mutating func append<C: RecordChanges>(prefix: [UInt8], info: RevisionInfo, changes: C, tail: [UInt8] = []) {
         guard limits.count > 0 else { return }
         let place = makeRoom(RevisionRecordLayout.bound(prefix: prefix, changes: changes, tail: tail))._withUnsafeGuaranteedRef { chunk in

@@ -37,15 +37,24 @@ extension Array: RecordChanges where Element == Change<CanonicalJSON> {
     }
 }
 
-extension UnsafeBufferPointer: RecordChanges where Element == RawChange {
-    @inlinable
-    public func withKeyBytes<R>(_ i: Int, _ body: (UnsafeRawBufferPointer) -> R) -> R { body(self[i].key) }
+/// Changes given as the bytes where they lie (a plain struct, not a conditional conformance of
+/// `UnsafeBufferPointer`: the record encoder is specialized for it).
+public struct RawChanges: RecordChanges {
+    public let changes: UnsafeBufferPointer<RawChange>
 
     @inlinable
-    public func byteCount(_ i: Int) -> Int { self[i].key.count + (self[i].old?.count ?? 0) + (self[i].new?.count ?? 0) }
+    public init(_ changes: UnsafeBufferPointer<RawChange>) { self.changes = changes }
+
+    @inlinable public var count: Int { changes.count }
+
+    @inlinable
+    public func withKeyBytes<R>(_ i: Int, _ body: (UnsafeRawBufferPointer) -> R) -> R { body(changes[i].key) }
+
+    @inlinable
+    public func byteCount(_ i: Int) -> Int { changes[i].key.count + (changes[i].old?.count ?? 0) + (changes[i].new?.count ?? 0) }
 
     @inlinable
     public func writeChange<S: JSONSink>(_ i: Int, into sink: inout S) {
-        EventEncoder.writeChange(&sink, keyUTF8: self[i].key, old: self[i].old, new: self[i].new) { sink, bytes in sink.writeBytes(bytes) }
+        EventEncoder.writeChange(&sink, keyUTF8: changes[i].key, old: changes[i].old, new: changes[i].new) { sink, bytes in sink.writeBytes(bytes) }
     }
 }

@@ -127,11 +127,11 @@ public struct RepositoryCore: Sendable {
 
     /// Decides `ops` — by the write rules first (a write that fails them, or changes nothing,
     /// gets that answer whatever the limits), then the limits — leaving each operation's part
-    /// in `plans` (the caller's, reused: a write allocates nothing for it), read in place until
-    /// the state is mutated. Nothing is applied. A single-key write and a batch alike: each key
+    /// in `plans` (the caller's room for one per operation, reused: a write allocates nothing
+    /// for it), read in place until the state is mutated. Nothing is applied. A single-key write and a batch alike: each key
     /// looked up once, its value compared where it lies, nothing copied.
-    public func plan(_ ops: UnsafeBufferPointer<RawWriteOp>, limits: WriteLimits, into plans: inout [OpPlan]) throws(WriteRefusal) -> WritePlan {
-        do throws(WriteError) { try data.plan(ops, into: &plans) } catch { throw .rules(error) }
+    public func plan(_ ops: UnsafeBufferPointer<RawWriteOp>, limits: WriteLimits, into plans: UnsafeMutableBufferPointer<OpPlan>) throws(WriteRefusal) -> WritePlan {
+        do throws(WriteError) { try data.plan(ops, into: plans) } catch { throw .rules(error) }
         var changed = 0
         var created = 0
         var removed = 0
@@ -158,7 +158,7 @@ public struct RepositoryCore: Sendable {
     /// storage, which encodes them before `commit` installs them).
     @inlinable
     public static func withChanges<R>(
-        _ ops: UnsafeBufferPointer<RawWriteOp>, _ plans: [OpPlan], changed: Int, _ body: (UnsafeBufferPointer<RawChange>) -> R
+        _ ops: UnsafeBufferPointer<RawWriteOp>, _ plans: UnsafeMutableBufferPointer<OpPlan>, changed: Int, _ body: (UnsafeBufferPointer<RawChange>) -> R
     ) -> R {
         withUnsafeTemporaryAllocation(of: RawChange.self, capacity: max(1, changed)) { buffer in
             var n = 0
@@ -178,7 +178,7 @@ public struct RepositoryCore: Sendable {
     /// `moves` its write made, until `confirm` or `undo` — then installs it. `withLastRecord`
     /// reads its record. (The values `plans` point to are overwritten: read them before.)
     public mutating func commit(
-        _ plan: WritePlan, _ ops: UnsafeBufferPointer<RawWriteOp>, _ plans: [OpPlan], as info: RevisionInfo, durable: Bool, tail: [UInt8] = [],
+        _ plan: WritePlan, _ ops: UnsafeBufferPointer<RawWriteOp>, _ plans: UnsafeMutableBufferPointer<OpPlan>, as info: RevisionInfo, durable: Bool, tail: [UInt8] = [],
         moves: [AttachmentMove] = []
     ) {
         if !durable {
@@ -188,7 +188,7 @@ public struct RepositoryCore: Sendable {
             }
         }
         // Recorded before the install, which may overwrite the old values where they lie.
-        Self.withChanges(ops, plans, changed: plan.changed) { record(info, $0, durable: durable, tail: tail) }
+        Self.withChanges(ops, plans, changed: plan.changed) { record(info, RawChanges($0), durable: durable, tail: tail) }
         if ops.count == 1 {
             data.install(key: ops[0].key, value: ops[0].value, isPlain: ops[0].isPlain, revision: info.revision, at: plans[0].position)
         } else {

@@ -108,3 +108,28 @@ public struct OpPlan {
     /// Where the key lies in the table (or would): a write of one key installs it there.
     var position: FlatTable.Position
 }
+
+/// Memory for the plans of a write's operations (`OpPlan` is trivial: plans are written in
+/// place, never deinitialized): kept and reused by its owner — a write allocates nothing for
+/// its plans.
+public struct OpPlanBuffer: ~Copyable {
+    private var base: UnsafeMutablePointer<OpPlan>
+    private var capacity: Int
+
+    public init(capacity: Int = 8) {
+        self.capacity = max(1, capacity)
+        base = .allocate(capacity: self.capacity)
+    }
+
+    deinit { base.deallocate() }
+
+    /// Room for the plans of `count` operations (valid until the next call).
+    public mutating func room(for count: Int) -> UnsafeMutableBufferPointer<OpPlan> {
+        if count > capacity {
+            base.deallocate()
+            capacity = max(count, capacity * 2)
+            base = .allocate(capacity: capacity)
+        }
+        return UnsafeMutableBufferPointer(start: base, count: count)
+    }
+}

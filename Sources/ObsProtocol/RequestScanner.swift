@@ -34,7 +34,7 @@ extension Parser {
 
     /// Reads a request object into `fields`; false (or a throw) when the line needs the
     /// general decoder.
-    mutating func scanRequest(into fields: inout ScannedFields, values: inout [UInt8]) throws -> Bool {
+    mutating func scanRequest(into fields: inout ScannedFields, values: inout [UInt8], ops: inout [ScannedOp]) throws -> Bool {
         skipSpace()
         guard pos < end, base[pos] == UInt8(ascii: "{") else { return false }
         pos += 1
@@ -53,7 +53,7 @@ extension Parser {
             if let known {
                 try scanKnown(known, into: &fields, values: &values)
             } else {
-                try scanMember(name, into: &fields, values: &values)
+                try scanMember(name, into: &fields, values: &values, ops: &ops)
             }
             skipSpace()
             guard pos < end else { return false }
@@ -142,7 +142,7 @@ extension Parser {
         }
     }
 
-    private mutating func scanMember(_ name: UnsafeBufferPointer<UInt8>, into f: inout ScannedFields, values: inout [UInt8]) throws {
+    private mutating func scanMember(_ name: UnsafeBufferPointer<UInt8>, into f: inout ScannedFields, values: inout [UInt8], ops: inout [ScannedOp]) throws {
         switch name.count {
         // Read here when `knownName` could not look ahead 8 bytes (the end of the line).
         case 2 where Self.equal(name, "id"): try scanKnown(.id, into: &f, values: &values)
@@ -178,7 +178,10 @@ extension Parser {
                 f.proto = i
             }
         case 4 where Self.equal(name, "keys"): f.keys = try optionalKeys()
-        case 3 where Self.equal(name, "ops"): f.ops = try batchOps(values: &values)
+        case 3 where Self.equal(name, "ops"):
+            // A repeated member keeps its last value, as the general decoder does.
+            ops = try batchOps(values: &values)
+            f.hasOps = true
         default:
             _ = try parseValue(depth: 1)  // validated, ignored
         }

@@ -1,8 +1,9 @@
 // ObsProtocol — what the fast path of request decoding (RequestScanner.swift) found in a line:
 // its members in place — names and plain strings as ranges of the line, the values
 // canonicalized into a buffer the caller keeps — and the request they make, built only when
-// asked for. A write — `set`, `delete`, `batch` — is also offered as it lies (`ScannedWrite`:
-// its operations as `RawWriteOp`s), so the daemon can apply it without building a `Request`.
+// asked for. A write — `set`, `delete`, `batch` — is also offered as it lies
+// (`ScannedRequest.withWrite`: its operations as `RawWriteOp`s), so the daemon can apply it
+// without building a `Request`.
 
 import ObservableKit
 
@@ -42,47 +43,21 @@ extension Request {
         // Values are appended after those of earlier lines (what `body` is given are ranges of
         // the buffer), and the buffer is emptied only once it holds 4 KiB: not a call per line.
         if values.count >= 1 << 12 { values.removeAll(keepingCapacity: values.capacity <= 1 << 16) }
-        guard (try? parser.scanRequest(into: &scanned.fields, values: &values)) == true else { return nil }
+        // A batch's operations (no array is made for any other request).
+        var ops: [ScannedOp] = []
+        guard (try? parser.scanRequest(into: &scanned.fields, values: &values, ops: &ops)) == true else { return nil }
         return values.withUnsafeBytes { raw in
             scanned.values = raw
-            return body(scanned)
+            if ops.isEmpty { return body(scanned) }
+            return ops.withUnsafeBufferPointer { buffer in
+                scanned.ops = buffer
+                return body(scanned)
+            }
         }
     }
 }
 
-/// A write — `set` or `delete` of one key, or a `batch` — read in place (see `Request.scan`).
-public struct ScannedWrite {
-    /// The repository's name (a valid name).
-    public let repo: UnsafeRawBufferPointer
-    /// A `set` or `delete` of one key: its reply carries the value it replaced (a batch's none).
-    public let single: Bool
-    private let one: ScannedOp
-    private let batch: [ScannedOp]?
-    private let values: UnsafeRawBufferPointer
-
-    init(repo: UnsafeRawBufferPointer, single: Bool, one: ScannedOp, batch: [ScannedOp]?, values: UnsafeRawBufferPointer) {
-        (self.repo, self.single, self.one, self.batch, self.values) = (repo, single, one, batch, values)
-    }
-
-    /// The number of operations.
-    public var count: Int { batch?.count ?? 1 }
-
-    /// Calls `body` with the operations, read in place (valid while `body` runs).
-    @inline(__always)
-    public func withOperations<R>(_ body: (UnsafeBufferPointer<RawWriteOp>) -> R) -> R {
-        guard let batch else {
-            var op = one.raw(values)
-            return withUnsafePointer(to: &op) { body(UnsafeBufferPointer(start: $0, count: 1)) }
-        }
-        return withUnsafeTemporaryAllocation(of: RawWriteOp.self, capacity: max(1, batch.count)) { buffer in
-            for (i, op) in batch.enumerated() { buffer.initializeElement(at: i, to: op.raw(values)) }
-            defer { buffer.baseAddress!.deinitialize(count: batch.count) }
-            return body(UnsafeBufferPointer(rebasing: buffer[..<batch.count]))
-        }
-    }
-}
-
-/// One operation of a write as the scanner found it: its key a range of the line, its value a
+/// One operation of a batch as the scanner found it: its key a range of the line, its value a
 /// range of the caller's buffer.
 struct ScannedOp {
     var key = UnsafeBufferPointer<UInt8>(start: nil, count: 0)
@@ -109,20 +84,61 @@ struct ScannedOp {
     }
 }
 
-extension ScannedWrite {
-    /// Whether this is exactly the write `request` asks for (the fuzz harness and the tests
-    /// hold the fast path to the general decoder with it).
-    public func reads(_ request: Request) -> Bool {
-        let (repo, ops): (String, [WriteOp<CanonicalJSON>])
-        switch request.command {
-        case .set(let r, let key, let value, let ifRev, let force) where single: (repo, ops) = (r, [.set(key, value, ifRevision: ifRev, force: force)])
-        case .delete(let r, let key, let ifRev) where single: (repo, ops) = (r, [.delete(key, ifRevision: ifRev)])
-        case .batch(let r, let batchOps) where !single: (repo, ops) = (r, batchOps)
-        default: return false
+/// A line read by the fast path: valid only inside the `body` of `Request.scan`.
+public struct ScannedRequest: ~Copyable {
+    var fields = ScannedFields()
+    var values = UnsafeRawBufferPointer(start: nil, count: 0)
+    /// A batch's operations, in place while the body of `Request.scan` runs.
+    var ops: UnsafeBufferPointer<ScannedOp>?
+
+    /// The request's `id` (`.null` when it had none).
+    public var id: JSONValue { fields.id }
+
+    /// When the request is a write — a well-formed `set` or `delete` of one key, or `batch` —
+    /// calls `body` with its repository's name, whether it is a single-key write (its reply
+    /// carries the value it replaced; a batch's none) and its operations read in place, and
+    /// returns what `body` returned; nil, without calling `body`, for any other request.
+    public func withWrite(_ body: (_ repo: UnsafeRawBufferPointer, _ single: Bool, _ ops: UnsafeBufferPointer<RawWriteOp>) -> Bool) -> Bool? {
+        guard let op = fields.op, let repo = fields.repo else { return nil }
+        switch op {
+        case .set, .delete:
+            guard let key = fields.key else { return nil }
+            let isSet = op == .set
+            var value: UnsafeRawBufferPointer? = nil
+            if isSet {
+                guard let range = fields.value else { return nil }
+                value = UnsafeRawBufferPointer(rebasing: values[range])
+            }
+            var raw = RawWriteOp(
+                key: UnsafeRawBufferPointer(key), value: value, isPlain: fields.valueIsPlain, ifRevision: fields.ifRev, force: isSet && fields.force == true,
+                lease: isSet ? fields.lease : nil)
+            return withUnsafePointer(to: &raw) { body(UnsafeRawBufferPointer(repo), true, UnsafeBufferPointer(start: $0, count: 1)) }
+        case .batch:
+            guard fields.hasOps else { return nil }
+            let ops = self.ops ?? UnsafeBufferPointer(start: nil, count: 0)
+            return withUnsafeTemporaryAllocation(of: RawWriteOp.self, capacity: max(1, ops.count)) { buffer in
+                for (i, op) in ops.enumerated() { buffer.initializeElement(at: i, to: op.raw(values)) }
+                defer { buffer.baseAddress!.deinitialize(count: ops.count) }
+                return body(UnsafeRawBufferPointer(repo), false, UnsafeBufferPointer(rebasing: buffer[..<ops.count]))
+            }
+        default:
+            return nil
         }
-        guard self.repo.elementsEqual(repo.utf8), ops.count == count else { return false }
-        return withOperations { raw in
-            zip(raw, ops).allSatisfy { raw, op in
+    }
+
+    /// Whether the request is a write and exactly the write `request` asks for (the fuzz harness
+    /// and the tests hold the fast path to the general decoder with it); nil: not a write.
+    public func writeReads(_ request: Request) -> Bool? {
+        withWrite { repoBytes, single, raw in
+            let (repo, ops): (String, [WriteOp<CanonicalJSON>])
+            switch request.command {
+            case .set(let r, let key, let value, let ifRev, let force) where single: (repo, ops) = (r, [.set(key, value, ifRevision: ifRev, force: force)])
+            case .delete(let r, let key, let ifRev) where single: (repo, ops) = (r, [.delete(key, ifRevision: ifRev)])
+            case .batch(let r, let batchOps) where !single: (repo, ops) = (r, batchOps)
+            default: return false
+            }
+            guard repoBytes.elementsEqual(repo.utf8), ops.count == raw.count else { return false }
+            return zip(raw, ops).allSatisfy { raw, op in
                 guard raw.key.elementsEqual(op.key.string.utf8), raw.ifRevision == op.ifRevision else { return false }
                 switch op {
                 case .set(let key, let value, _, let force):
@@ -134,37 +150,10 @@ extension ScannedWrite {
             }
         }
     }
-}
-
-/// A line read by the fast path: valid only inside the `body` of `Request.scan`.
-public struct ScannedRequest: ~Copyable {
-    var fields = ScannedFields()
-    var values = UnsafeRawBufferPointer(start: nil, count: 0)
-
-    /// The request's `id` (`.null` when it had none).
-    public var id: JSONValue { fields.id }
-
-    /// The request as a write, when it is a well-formed `set` or `delete` of one key, or `batch`.
-    public var write: ScannedWrite? {
-        guard let op = fields.op, let repo = fields.repo else { return nil }
-        switch op {
-        case .set, .delete:
-            guard let key = fields.key, op == .delete || fields.value != nil else { return nil }
-            let one = ScannedOp(
-                key: key, value: fields.value, isPlain: fields.valueIsPlain, ifRev: fields.ifRev, force: op == .set && fields.force == true,
-                lease: op == .set ? fields.lease : nil, isSet: op == .set)
-            return ScannedWrite(repo: UnsafeRawBufferPointer(repo), single: true, one: one, batch: nil, values: values)
-        case .batch:
-            guard let ops = fields.ops else { return nil }
-            return ScannedWrite(repo: UnsafeRawBufferPointer(repo), single: false, one: ScannedOp(), batch: ops, values: values)
-        default:
-            return nil
-        }
-    }
 
     /// The request these members make, when it is well-formed; nil leaves the judgement (and
     /// the message) to the general decoder.
-    public func request() -> Request? { fields.request(values: values) }
+    public func request() -> Request? { fields.request(values: values, ops: ops) }
 }
 
 /// The operations the fast path reads.
@@ -212,14 +201,14 @@ struct ScannedFields {
     var values: Bool?
     var prefix: String?
     var keys: Set<Key>?
-    /// A batch's operations.
-    var ops: [ScannedOp]?
+    /// A batch's `ops` were read (into the scanner's array: `ScannedRequest.ops`).
+    var hasOps = false
     var client: String?
     var proto: Int64?
 
     /// The request these members make (`values`: the buffer the value lies in), when it is
     /// well-formed; nil leaves the judgement (and the message) to the general decoder.
-    func request(values buffer: UnsafeRawBufferPointer) -> Request? {
+    func request(values buffer: UnsafeRawBufferPointer, ops scannedOps: UnsafeBufferPointer<ScannedOp>?) -> Request? {
         guard let op else { return nil }
         let repo = self.repo.map { String(decoding: $0, as: UTF8.self) }
         let key = self.key.map { Key(String(decoding: $0, as: UTF8.self)) }
@@ -238,7 +227,8 @@ struct ScannedFields {
             guard let repo, let key else { return nil }
             command = .delete(repo: repo, key: key, ifRev: ifRev)
         case .batch:
-            guard let repo, let ops else { return nil }
+            guard let repo, hasOps else { return nil }
+            let ops = scannedOps ?? UnsafeBufferPointer(start: nil, count: 0)
             var batch: [WriteOp<CanonicalJSON>] = []
             batch.reserveCapacity(ops.count)
             for scanned in ops {

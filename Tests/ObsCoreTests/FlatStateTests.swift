@@ -56,8 +56,9 @@ import Testing
             let expected = Result { () throws(WriteError) in try model.plan(ops) }
             let actual = WriteOps(ops).withRawOps { raw in
                 Result { () throws(WriteError) -> [Change<CanonicalJSON>] in
-                    var plans: [OpPlan] = []
-                    try flat.plan(raw, into: &plans)
+                    var buffer = OpPlanBuffer()
+                    let plans = buffer.room(for: raw.count)
+                    try flat.plan(raw, into: plans)
                     return RepositoryCore.withChanges(raw, plans, changed: plans.filter(\.changes).count) { $0.map(\.materialized) }
                 }
             }

@@ -20,9 +20,10 @@ extension RepositoryCore {
     /// Plans `ops` (each `set` naming `leases[i]`), as a session's write would be.
     func plan(_ ops: [WriteOp<CanonicalJSON>], limits: WriteLimits, leases: [UInt64?] = []) throws(WriteRefusal) -> PlannedWrite {
         let owned = WriteOps(ops, leases: leases)
+        var buffer = OpPlanBuffer()
         return try owned.withRawOps { raw throws(WriteRefusal) -> PlannedWrite in
-            var plans: [OpPlan] = []
-            let plan = try self.plan(raw, limits: limits, into: &plans)
+            let plans = buffer.room(for: raw.count)
+            let plan = try self.plan(raw, limits: limits, into: plans)
             let changes = RepositoryCore.withChanges(raw, plans, changed: plan.changed) { $0.map(\.materialized) }
             let previous = ops.count == 1 ? plans[0].old.map { CanonicalJSON(canonical: Array($0), isPlain: plans[0].oldIsPlain) } : nil
             return PlannedWrite(ops: owned, plan: plan, changes: changes, previous: previous)
@@ -34,9 +35,10 @@ extension RepositoryCore {
     mutating func commit(
         _ write: PlannedWrite, time: Int64, writer: Writer?, origin: UInt64, durable: Bool, tail: [UInt8] = [], moves: [AttachmentMove] = []
     ) -> RevisionInfo {
-        write.ops.withRawOps { raw in
-            var plans: [OpPlan] = []
-            let plan = try! self.plan(raw, limits: WriteLimits(maxKeys: .max, maxRevisionBytes: .max), into: &plans)
+        var buffer = OpPlanBuffer()
+        return write.ops.withRawOps { raw in
+            let plans = buffer.room(for: raw.count)
+            let plan = try! self.plan(raw, limits: WriteLimits(maxKeys: .max, maxRevisionBytes: .max), into: plans)
             let info = nextRevision(plan, time: time, writer: writer, origin: origin)
             commit(plan, raw, plans, as: info, durable: durable, tail: tail, moves: moves)
             return info

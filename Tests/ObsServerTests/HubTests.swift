@@ -18,8 +18,7 @@ func write(_ hub: Hub, _ repository: Repository, _ ops: [WriteOp<CanonicalJSON>]
             ops: raw, limits: WriteLimits(maxKeys: maxKeys, maxRevisionBytes: 1 << 20), maxRepositories: maxRepositories,
             peer: Peer(uid: 0, gid: 0, pid: 1, daemonUID: 0), writer: Writer(uid: 0, gid: 0, pid: 1), origin: ConnectionID.next(), time: 0,
             single: ops.count == 1)
-        var scratch = WriteScratch()
-        return hub.sequencer.submit(input, to: repository, scratch: &scratch, route: AnswerRoute(loop: hub.shards[0].loop) { _, _ in }, token: 0)
+        return hub.sequencer.submit(input, to: repository, scratch: WriteScratch(), route: { AnswerRoute(loop: hub.shards[0].loop) { _, _, _ in } }, token: 0)
     }
 }
 

@@ -53,11 +53,15 @@ struct WriteRequest: Sendable {
 }
 
 /// Space a session reuses for its writes: what the write rules decide per operation, and the
-/// value a single-key write replaced, copied out for its reply.
-struct WriteScratch {
-    var plans: [OpPlan] = []
+/// value a single-key write replaced, copied out for its reply. (A class its session keeps:
+/// handed down by reference, nothing of it is copied per write.)
+final class WriteScratch {
+    var plans = OpPlanBuffer()
     var old: [UInt8] = []
 }
+
+@available(*, unavailable)
+extension WriteScratch: Sendable {}
 
 /// What a write did, for its reply.
 struct WriteOutcome: Sendable {
@@ -66,11 +70,10 @@ struct WriteOutcome: Sendable {
     let changed: Bool
     /// Whether the key a single-key write names existed (its reply then carries `old`: the
     /// value it replaced, in the session's `WriteScratch.old` — or, decided by a shared
-    /// store later, `previous`).
+    /// store later, given with the answer).
     let existed: Bool
     /// The state the reply reports: it is sent once that state is durable.
     let sequence: StateSequence
-    var previous: CanonicalJSON? = nil
 }
 
 /// Why a write was not applied (or, for `.shared(.outcomeUnknown)`, may not have been).
@@ -92,27 +95,28 @@ typealias WriteDecision = Result<WriteOutcome, WriteFailure>
 /// leads to is touched only on that loop.
 final class AnswerRoute: Sendable {
     let loop: IOLoop
-    private let deliver: @Sendable (UInt64, WriteDecision) -> Void
+    private let deliver: @Sendable (UInt64, WriteDecision, CanonicalJSON?) -> Void
 
-    /// `deliver` runs on `loop` with a write's token and result.
-    init(loop: IOLoop, deliver: @escaping @Sendable (UInt64, WriteDecision) -> Void) {
+    /// `deliver` runs on `loop` with a write's token, result, and the value a single-key write
+    /// replaced (or left in place).
+    init(loop: IOLoop, deliver: @escaping @Sendable (UInt64, WriteDecision, CanonicalJSON?) -> Void) {
         self.loop = loop
         self.deliver = deliver
     }
 
     /// Answers write `token` (from any thread).
-    func answer(_ token: UInt64, _ result: WriteDecision) {
-        loop.execute { [deliver] in deliver(token, result) }
+    func answer(_ token: UInt64, _ result: WriteDecision, previous: CanonicalJSON?) {
+        loop.execute { [deliver] in deliver(token, result, previous) }
     }
 }
 
 /// Decides writes. (A class: the hub's sequencer is used on every write, and an existential
 /// of a struct is copied — its references retained — at each use.)
 protocol Sequencer: AnyObject, Sendable {
-    /// Decides `write` on `repository`: returns its result now, or nil — then `route` is
+    /// Decides `write` on `repository`: returns its result now, or nil — then `route()` is
     /// answered with `token` exactly once, later. `scratch` is the session's: a write decided
     /// now that replaced a value leaves it in `scratch.old` for its reply.
-    func submit(_ write: WriteInput, to repository: Repository, scratch: inout WriteScratch, route: AnswerRoute, token: UInt64) -> WriteDecision?
+    func submit(_ write: WriteInput, to repository: Repository, scratch: WriteScratch, route: () -> AnswerRoute, token: UInt64) -> WriteDecision?
 
     /// A lease ended: deletes the keys of `repository` still attached to it, in one revision
     /// whose event says which lease and why — a write like any other, written by no
@@ -133,10 +137,11 @@ final class LocalSequencer: Sequencer {
         self.leases = leases
     }
 
-    func submit(_ write: WriteInput, to repository: Repository, scratch: inout WriteScratch, route: AnswerRoute, token: UInt64) -> WriteDecision? {
-        repository.withState { s -> WriteDecision in
+    func submit(_ write: WriteInput, to repository: Repository, scratch: WriteScratch, route: () -> AnswerRoute, token: UInt64) -> WriteDecision? {
+        let plans = scratch.plans.room(for: write.ops.count)
+        return repository.withState { s -> WriteDecision in
             let plan: WritePlan
-            do throws(WriteRefusal) { plan = try s.core.plan(write.ops, limits: write.limits, into: &scratch.plans) } catch {
+            do throws(WriteRefusal) { plan = try s.core.plan(write.ops, limits: write.limits, into: plans) } catch {
                 return .failure(.refused(error))
             }
             // A lease named must exist and be the writer's — checked, and this repository
@@ -150,7 +155,7 @@ final class LocalSequencer: Sequencer {
             var existed = false
             if write.single {
                 if scratch.old.capacity > 1 << 16 { scratch.old = [] }
-                let old = scratch.plans[0].old
+                let old = plans[0].old
                 scratch.old.replaceSubrange(scratch.old.indices, with: old ?? UnsafeRawBufferPointer(start: nil, count: 0))
                 existed = old != nil
             }
@@ -172,7 +177,7 @@ final class LocalSequencer: Sequencer {
             let moves = s.core.attach(write.ops)
             guard
                 let revision = commit(
-                    plan, write.ops, scratch.plans, &s, repository, time: write.time, writer: write.writer, origin: write.origin.value, moves: moves)
+                    plan, write.ops, plans, &s, repository, time: write.time, writer: write.writer, origin: write.origin.value, moves: moves)
             else { return .failure(.storageClosed) }
             return .success(WriteOutcome(revision: revision.revision, changed: true, existed: existed, sequence: revision.sequence))
         }
@@ -184,15 +189,16 @@ final class LocalSequencer: Sequencer {
             guard !attached.isEmpty else { return nil }
             let end = SharedLeaseEnd(lease: lease.id, reason: SharedLeaseReason(lease.end))
             return WriteOps(deleting: attached).withRawOps { ops -> WriteOutcome? in
-                var plans: [OpPlan] = []
-                guard let plan = try? s.core.plan(ops, limits: WriteLimits(maxKeys: .max, maxRevisionBytes: .max), into: &plans), plan.changed > 0
-                else { return nil }
-                // The keys' detachment goes with the revision: if storage fails it and it is
-                // undone, they are attached to the lease again, and the deletion is made again.
-                let moves = s.core.attach(ops)
-                guard let revision = commit(plan, ops, plans, &s, repository, time: time, writer: lease.owner, origin: 0, leaseEnd: end, moves: moves)
-                else { return nil }
-                return WriteOutcome(revision: revision.revision, changed: true, existed: false, sequence: revision.sequence)
+                withUnsafeTemporaryAllocation(of: OpPlan.self, capacity: ops.count) { plans -> WriteOutcome? in
+                    guard let plan = try? s.core.plan(ops, limits: WriteLimits(maxKeys: .max, maxRevisionBytes: .max), into: plans), plan.changed > 0
+                    else { return nil }
+                    // The keys' detachment goes with the revision: if storage fails it and it is
+                    // undone, they are attached to the lease again, and the deletion is made again.
+                    let moves = s.core.attach(ops)
+                    guard let revision = commit(plan, ops, plans, &s, repository, time: time, writer: lease.owner, origin: 0, leaseEnd: end, moves: moves)
+                    else { return nil }
+                    return WriteOutcome(revision: revision.revision, changed: true, existed: false, sequence: revision.sequence)
+                }
             }
         }
         done(outcome)
@@ -219,7 +225,7 @@ final class LocalSequencer: Sequencer {
     /// immediate (memory), else once storage says it is durable. Nil: storage is closed, and
     /// nothing was applied (the attachment `moves` are taken back).
     private func commit(
-        _ plan: WritePlan, _ ops: UnsafeBufferPointer<RawWriteOp>, _ plans: [OpPlan], _ s: inout Repository.State, _ repository: Repository,
+        _ plan: WritePlan, _ ops: UnsafeBufferPointer<RawWriteOp>, _ plans: UnsafeMutableBufferPointer<OpPlan>, _ s: inout Repository.State, _ repository: Repository,
         time: Int64, writer: Writer?, origin: UInt64, leaseEnd: SharedLeaseEnd? = nil, moves: [RepositoryCore.AttachmentMove]
     ) -> (revision: UInt64, sequence: StateSequence)? {
         let immediate = storage.isImmediate

@@ -22,7 +22,7 @@ extension SharedSequencer {
         return repository.withState { s in
             let basis = s.core.revision
             var decided: [(Item, WriteDecision)] = []
-            var answers: [(item: Item, answer: WriteDecision)] = []
+            var answers: [(item: Item, answer: WriteDecision, previous: CanonicalJSON?)] = []
             var records: [RevisionRecord] = []
             var tentatives: [RepositoryCore.Tentative] = []
             var origins: [UInt64: ConnectionID] = [:]
@@ -32,7 +32,7 @@ extension SharedSequencer {
             var moved: [Key: UInt64?] = [:]
             var named: [UInt64: SharedLease] = [:]
             var leaseEnds: [UInt64: SharedLeaseEnd] = [:]
-            var plans: [OpPlan] = []
+            var planBuffer = OpPlanBuffer()
             func attachment(_ key: Key, _ core: RepositoryCore) -> UInt64? {
                 if let lease = moved[key] { return lease }
                 return core.lease(of: key)
@@ -60,7 +60,8 @@ extension SharedSequencer {
                     // value a single-key write replaced) copied out, as the store takes values.
                     let planned = write.ops.withRawOps { ops in
                         Result { () throws(WriteRefusal) -> (changes: [Change<CanonicalJSON>], previous: CanonicalJSON?, creates: Bool) in
-                            let plan = try s.core.plan(ops, limits: write.limits, into: &plans)
+                            let plans = planBuffer.room(for: ops.count)
+                            let plan = try s.core.plan(ops, limits: write.limits, into: plans)
                             let previous = write.single ? plans[0].old.map { CanonicalJSON(canonical: Array($0), isPlain: plans[0].oldIsPlain) } : nil
                             let changes = RepositoryCore.withChanges(ops, plans, changed: plan.changed) { $0.map(\.materialized) }
                             return (changes, previous, plan.creates)
@@ -68,7 +69,7 @@ extension SharedSequencer {
                     }
                     switch planned {
                     case .failure(let error):
-                        answers.append((item, .failure(.refused(error))))  // a conflict: true if the state is current
+                        answers.append((item, .failure(.refused(error)), nil))  // a conflict: true if the state is current
                         continue
                     case .success(let planned):
                         (changes, previous, creates) = planned
@@ -87,12 +88,11 @@ extension SharedSequencer {
                     guard !changes.isEmpty else {
                         for (key, lease) in moves { moved[key] = lease }
                         for lease in leases { named[lease.id] = lease }
-                        answers.append(
-                            (item, .success(WriteOutcome(revision: s.core.revision, changed: false, existed: previous != nil, sequence: 0, previous: previous))))
+                        answers.append((item, .success(WriteOutcome(revision: s.core.revision, changed: false, existed: previous != nil, sequence: 0)), previous))
                         continue
                     }
                     if creates, stats.repositories.load(ordering: .relaxed) >= write.maxRepositories {
-                        answers.append((item, .failure(.tooManyRepositories(limit: write.maxRepositories))))
+                        answers.append((item, .failure(.tooManyRepositories(limit: write.maxRepositories)), nil))
                         continue
                     }
                     (writer, origin) = (write.writer, write.origin)
@@ -103,7 +103,8 @@ extension SharedSequencer {
                     let doomed = candidates.filter { attachment($0, s.core) == ended.id && s.core[$0] != nil }.sorted().prefix(limit)
                     let deletion = WriteOps(deleting: Array(doomed)).withRawOps { ops in
                         Result { () throws(WriteRefusal) -> [Change<CanonicalJSON>] in
-                            let plan = try s.core.plan(ops, limits: WriteLimits(maxKeys: .max, maxRevisionBytes: .max), into: &plans)
+                            let plans = planBuffer.room(for: ops.count)
+                            let plan = try s.core.plan(ops, limits: WriteLimits(maxKeys: .max, maxRevisionBytes: .max), into: plans)
                             return RepositoryCore.withChanges(ops, plans, changed: plan.changed) { $0.map(\.materialized) }
                         }
                     }
@@ -135,7 +136,7 @@ extension SharedSequencer {
                 for lease in leases { named[lease.id] = lease }
                 if let origin { origins[revision] = origin }
                 if let end { leaseEnds[revision] = end }
-                answers.append((item, .success(WriteOutcome(revision: revision, changed: true, existed: previous != nil, sequence: 0, previous: previous))))
+                answers.append((item, .success(WriteOutcome(revision: revision, changed: true, existed: previous != nil, sequence: 0)), previous))
             }
             // After the group: the lease of every key it changed, and the keys it only re-attached.
             var changed = Set<Key>()

@@ -58,7 +58,8 @@ final class SharedSequencer: Sequencer, Sendable {
         let loop: IOLoop
         /// Past it, the item is answered with an error instead of being planned again.
         let deadline: ContinuousClock.Instant
-        let answer: @Sendable (WriteDecision) -> Void
+        /// Called once with the result (and the value a single-key write replaced, if any).
+        let answer: @Sendable (WriteDecision, CanonicalJSON?) -> Void
     }
 
     /// A group's connections per revision, kept until its revisions arrive (or for a while
@@ -94,9 +95,10 @@ final class SharedSequencer: Sequencer, Sendable {
 
     /// Every write is the cluster's to decide: none is decided here and now. The write, copied
     /// out of the request's bytes, waits in its repository's queue.
-    func submit(_ input: WriteInput, to repository: Repository, scratch: inout WriteScratch, route: AnswerRoute, token: UInt64) -> WriteDecision? {
+    func submit(_ input: WriteInput, to repository: Repository, scratch: WriteScratch, route: () -> AnswerRoute, token: UInt64) -> WriteDecision? {
         let write = WriteRequest(input)
-        let item = Item(work: .write(write), loop: route.loop, deadline: .now + Self.writeTimeout) { route.answer(token, $0) }
+        let route = route()
+        let item = Item(work: .write(write), loop: route.loop, deadline: .now + Self.writeTimeout) { route.answer(token, $0, previous: $1) }
         // A lease granted on another daemon a moment ago may not have reached this one yet.
         let unknown = write.leases.filter { store.liveLease($0) == nil }.sorted()
         guard !unknown.isEmpty else {
@@ -106,8 +108,8 @@ final class SharedSequencer: Sequencer, Sendable {
         Task(executorPreference: route.loop) {
             for id in unknown {
                 switch await self.store.lease(id) {
-                case .success(nil): return item.answer(.failure(.lease(.notFound(id))))
-                case .failure(let failure): return item.answer(.failure(.shared(failure)))
+                case .success(nil): return item.answer(.failure(.lease(.notFound(id))), nil)
+                case .failure(let failure): return item.answer(.failure(.shared(failure)), nil)
                 case .success: continue
                 }
             }
@@ -126,7 +128,7 @@ final class SharedSequencer: Sequencer, Sendable {
     private func end(
         _ lease: EndedLease, in repository: Repository, limit: Int, first: WriteOutcome?, done: @escaping @Sendable (WriteOutcome?) -> Void
     ) {
-        let item = Item(work: .leaseEnd(lease, limit: limit), loop: leaseLoop, deadline: .now + Self.writeTimeout) { [self] decision in
+        let item = Item(work: .leaseEnd(lease, limit: limit), loop: leaseLoop, deadline: .now + Self.writeTimeout) { [self] decision, _ in
             switch decision {
             case .success(let outcome) where outcome.changed:
                 // Deleted up to `limit` keys: plan again for any left.
@@ -199,7 +201,7 @@ final class SharedSequencer: Sequencer, Sendable {
             }
             guard let loop = items.first?.loop else { return }
             let (group, decided, rest) = plan(items, in: repository)
-            for (item, result) in decided { item.answer(result) }
+            for (item, result) in decided { item.answer(result, nil) }
             if !rest.isEmpty { queues.withLock { q in q[repository.id, default: Queue()].waiting.insert(contentsOf: rest, at: 0) } }
             guard let group else { continue }  // every item decided without the store: on to the next ones
             if !group.records.isEmpty {
@@ -216,12 +218,12 @@ final class SharedSequencer: Sequencer, Sendable {
         let commit: SharedCommit
         let records: [RevisionRecord]
         let origins: [UInt64: ConnectionID]
-        let answers: [(item: Item, answer: WriteDecision)]
+        let answers: [(item: Item, answer: WriteDecision, previous: CanonicalJSON?)]
     }
 
     /// Answers a group's items by the store's outcome, then goes on with the next group.
     private func finish(_ group: Group, in repository: Repository, _ outcome: SharedCommitOutcome) {
-        var answers: [(Item, WriteDecision)] = []
+        var answers: [(Item, WriteDecision, CanonicalJSON?)] = []
         queues.withLock { q in
             var queue = q[repository.id] ?? Queue()
             if case .failed(let failure) = outcome, failure.kind == .outcomeUnknown, let inflight = queue.inflight {
@@ -231,16 +233,16 @@ final class SharedSequencer: Sequencer, Sendable {
             queue.inflight = nil
             switch outcome {
             case .committed, .current:
-                answers = group.answers.map { ($0.item, $0.answer) }
+                answers = group.answers.map { ($0.item, $0.answer, $0.previous) }
             case .stale, .leaseEnded:
                 // Planned again on the newer state (where the ended leases are no longer live).
                 queue.waiting.insert(contentsOf: group.answers.map(\.item), at: 0)
             case .failed(let failure):
-                answers = group.answers.map { ($0.item, .failure(.shared(failure))) }
+                answers = group.answers.map { ($0.item, .failure(.shared(failure)), nil) }
             }
             q[repository.id] = queue
         }
-        for (item, answer) in answers { item.answer(answer) }
+        for (item, answer, previous) in answers { item.answer(answer, previous) }
         commitNextGroup(of: repository)
     }
 }

@@ -136,12 +136,13 @@ extension Session {
         }
     }
 
-    /// Encodes the whole reply to a write decided later (its state is current: shown at once).
-    func encodeWrite(_ sink: inout [UInt8], _ id: JSONValue, _ repo: String, _ result: WriteDecision, single: Bool) {
+    /// Encodes the whole reply to a write decided later (its state is current: shown at once),
+    /// with `previous`, the value a single-key write replaced or left in place.
+    func encodeWrite(_ sink: inout [UInt8], _ id: JSONValue, _ repo: String, _ result: WriteDecision, previous: CanonicalJSON?) {
         switch result {
         case .success(let outcome):
             if outcome.changed { shard.counters.countWrite() }
-            let old = single && outcome.existed ? outcome.previous : nil
+            let old = outcome.existed ? previous : nil
             (old?.bytes ?? []).withUnsafeBytes { bytes in
                 WriteReply<CanonicalJSON>.encode(into: &sink, id: id, revision: outcome.revision, changed: outcome.changed, canonicalOld: old == nil ? nil : bytes)
             }

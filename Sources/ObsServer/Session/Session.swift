@@ -51,7 +51,8 @@ final class Session {
     /// Scratch space the request scanner canonicalizes values into, and what writes reuse
     /// (their plans; where a single-key write's old value is copied for its reply).
     private var scanValues: [UInt8] = []
-    private var scratch = WriteScratch()
+    private let scratch = WriteScratch()
+    private let scratchRef: Unmanaged<WriteScratch>
 
     /// Why the connection holds its further requests for now, if it does.
     enum Wait {
@@ -83,6 +84,7 @@ final class Session {
         self.connectionRef = Unmanaged.passUnretained(connection)
         self.outboxRef = Unmanaged.passUnretained(connection.outbox)
         self.shardRef = Unmanaged.passUnretained(connection.shard)
+        self.scratchRef = Unmanaged.passUnretained(scratch)
         self.sequencer = hub.sequencer
         self.hub = hub
         self.peer = peer
@@ -123,7 +125,7 @@ final class Session {
             // session writes may not even become a `Request`. What it cannot read, the general
             // decoder does.
             let handled = Request.scan(bytes, maxDepth: maxDepth, values: &scanValues) { scanned in
-                if let write = scanned.write, writeInPlace(scanned.id, write) { return true }
+                if scanned.withWrite({ repo, single, ops in writeInPlace(scanned.id, repo, single, ops) }) == true { return true }
                 guard let request = scanned.request() else { return false }
                 execute(request)
                 return true
@@ -269,13 +271,11 @@ final class Session {
     /// last (whose write access it was granted under the current policy): it goes the one way
     /// every write goes with nothing copied out of the request, no `Request` made. False, with
     /// nothing done, for any other repository: the general decoder and the access check take it.
-    private func writeInPlace(_ id: JSONValue, _ scanned: ScannedWrite) -> Bool {
+    private func writeInPlace(_ id: JSONValue, _ repo: UnsafeRawBufferPointer, _ single: Bool, _ ops: UnsafeBufferPointer<RawWriteOp>) -> Bool {
         // Read through `_withUnsafeGuaranteedRef` (see `lastWrittenRef`): as plain loads, the
         // optimizer retained and released the objects a write passes through.
-        guard let last = lastWrittenRef, last._withUnsafeGuaranteedRef({ $0.hasName(scanned.repo) }) else { return false }
-        last._withUnsafeGuaranteedRef { repository in
-            scanned.withOperations { write(id, ops: $0, to: repository, held: false, single: scanned.single) }
-        }
+        guard let last = lastWrittenRef, last._withUnsafeGuaranteedRef({ $0.hasName(repo) }) else { return false }
+        last._withUnsafeGuaranteedRef { repository in write(id, ops: ops, to: repository, held: false, single: single) }
         return true
     }
 
@@ -290,35 +290,34 @@ final class Session {
         }
         nextToken += 1
         let token = nextToken
-        // The scratch space, moved out for the write: read as this class's stored property, it
-        // was retained and released around every reply.
-        var scratch = WriteScratch()
-        swap(&scratch, &self.scratch)
-        defer { swap(&scratch, &self.scratch) }
-        shardRef._withUnsafeGuaranteedRef { shard in
-            let input = WriteInput(
-                ops: ops, limits: WriteLimits(maxKeys: limits.maxKeysPerRepository, maxRevisionBytes: limits.maxRevisionBytes),
-                maxRepositories: limits.maxRepositories, peer: peer, writer: writer, origin: connection.id, time: shard.loop.wallSeconds, single: single)
-            guard let result = sequencer.submit(input, to: repository, scratch: &scratch, route: connection.answers, token: token) else {
-                // Decided later: its reply holds its place, and the connection's later requests
-                // wait for it, so they take effect in the order they were sent and each sees the
-                // ones before.
-                pendingWrites[token] = PendingWrite(id: id, repository: repository, slot: outbox.reserveSlot(), single: single, held: held)
-                return wait(for: .cluster)
+        // The scratch space and the shard read unretained (the session holds them beyond any
+        // write): as plain loads they were retained and released around every reply.
+        scratchRef._withUnsafeGuaranteedRef { scratch in
+            shardRef._withUnsafeGuaranteedRef { shard in
+                let input = WriteInput(
+                    ops: ops, limits: WriteLimits(maxKeys: limits.maxKeysPerRepository, maxRevisionBytes: limits.maxRevisionBytes),
+                    maxRepositories: limits.maxRepositories, peer: peer, writer: writer, origin: connection.id, time: shard.loop.wallSeconds, single: single)
+                guard let result = sequencer.submit(input, to: repository, scratch: scratch, route: { connection.answers }, token: token) else {
+                    // Decided later: its reply holds its place, and the connection's later requests
+                    // wait for it, so they take effect in the order they were sent and each sees the
+                    // ones before.
+                    pendingWrites[token] = PendingWrite(id: id, repository: repository, slot: outbox.reserveSlot(), single: single, held: held)
+                    return wait(for: .cluster)
+                }
+                if held { hub.release(repository.name) }
+                if lastWrittenRef?.toOpaque() != Unmanaged.passUnretained(repository).toOpaque(), repository.isPermanent { lastWritten = repository }
+                switch result {
+                case .success(let outcome):
+                    if outcome.changed { shard.counters.countWrite() }
+                    scratch.old.withUnsafeBytes { old in answerWrite(id, outcome, old: single && outcome.existed ? old : nil, in: repository) }
+                case .failure(.refused(.rules(let error))):
+                    // Reports the state it was checked against.
+                    fail(id: id, Self.protocolError(.refused(.rules(error)), repo: repository.name), after: repository.sequence, in: repository)
+                case .failure(let failure):
+                    fail(id: id, Self.protocolError(failure, repo: repository.name))
+                }
+                holdForDelivery()
             }
-            if held { hub.release(repository.name) }
-            if lastWrittenRef?.toOpaque() != Unmanaged.passUnretained(repository).toOpaque(), repository.isPermanent { lastWritten = repository }
-            switch result {
-            case .success(let outcome):
-                if outcome.changed { shard.counters.countWrite() }
-                scratch.old.withUnsafeBytes { old in answerWrite(id, outcome, old: single && outcome.existed ? old : nil, in: repository) }
-            case .failure(.refused(.rules(let error))):
-                // Reports the state it was checked against.
-                fail(id: id, Self.protocolError(.refused(.rules(error)), repo: repository.name), after: repository.sequence, in: repository)
-            case .failure(let failure):
-                fail(id: id, Self.protocolError(failure, repo: repository.name))
-            }
-            holdForDelivery()
         }
     }
 
@@ -338,10 +337,10 @@ final class Session {
     }
 
     /// A write decided later is answered (on this loop).
-    func answered(_ token: UInt64, _ result: WriteDecision) {
+    func answered(_ token: UInt64, _ result: WriteDecision, previous: CanonicalJSON?) {
         guard let pending = pendingWrites.removeValue(forKey: token) else { return }
         var reply: [UInt8] = []
-        encodeWrite(&reply, pending.id, pending.repository.name, result, single: pending.single)
+        encodeWrite(&reply, pending.id, pending.repository.name, result, previous: pending.single ? previous : nil)
         outbox.fill(pending.slot, with: reply)
         if pending.held { hub.release(pending.repository.name) }
         shard.markDirty(connection)
