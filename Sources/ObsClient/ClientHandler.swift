@@ -215,6 +215,8 @@ final class ClientHandler: ChannelDuplexHandler {
                 }
             }
             streams.removeAll()
+        case .catchUp:
+            break  // (no subscription of this client asks for catch-up yet)
         case .revoked(let revoked):
             streams.removeValue(forKey: revoked.subscription)?.stream.continuation.finish(throwing: ObsClientError.server(revoked.error))
         case .unknown:
