@@ -113,6 +113,8 @@ extension Obsctl {
                         emit(text)
                     }
                 }
+            case .catchUp:
+                break  // (obsctl does not ask for catch-up yet)
             case .synced(let rev):
                 if json {
                     emit(line([("repo", .string(repo)), ("rev", .number(rev)), ("synced", true), ("epoch", .string(epoch))]))

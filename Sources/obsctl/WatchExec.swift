@@ -40,7 +40,7 @@ struct ExecRun: Sendable {
             return e.changes.map {
                 ExecRun(key: $0.key, old: $0.old, new: $0.new, revision: e.revision, from: e.from, by: e.by, lease: $0.new == nil ? e.lease : nil)
             }
-        case .synced:
+        case .synced, .catchUp:  // (obsctl does not ask for catch-up yet)
             return []
         }
     }
