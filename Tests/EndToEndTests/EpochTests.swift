@@ -274,9 +274,16 @@ import Glibc
         try await d.launch()
         _ = try obsctl(["set", "ui", "a", "3"], socket: s)
         _ = try obsctl(["set", "ui", "a", "4"], socket: s)
-        let stale = try obsctl(["watch", "ui", "--since", "1", "--epoch", epoch], socket: s)
+        let stale = try obsctl(["watch", "ui", "--since", "1", "--epoch", epoch, "--strict"], socket: s)
         #expect(stale.status == 4)
         #expect(stale.stderr.contains("compacted") || stale.stderr.contains("initial"), "\(stale.stderr)")
+        // Without --strict a resume never fails: another history's values come as a reset.
+        let reset = try obsctl(["watch", "ui", "--since", "1", "--epoch", epoch, "--json"], socket: s, stopAfterLines: 2)
+        let resetLines = reset.stdout.split(separator: "\n").map { try? JSONParser.parse(String($0)).objectValue }
+        let current = try #require(resetLines.first??["epoch"]?.stringValue)
+        #expect(current != epoch)
+        #expect(reset.stdout == #"{"repo":"ui","rev":2,"reset":true,"values":{"a":4},"epoch":"\#(current)"}"# + "\n"
+            + #"{"repo":"ui","rev":2,"synced":true,"epoch":"\#(current)"}"# + "\n")
         #expect(try obsctl(["watch", "ui", "--epoch", epoch], socket: s).status == 64, "--epoch without --since")
     }
 }
