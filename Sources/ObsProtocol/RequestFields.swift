@@ -1,6 +1,7 @@
 // ObsProtocol — a request's fields, read with the precise `bad_request` for every way one
 // can be wrong: missing, ill-typed or invalid, named in the message (inside a batch,
-// prefixed `ops[i]:`). `null` in an optional field means "absent".
+// prefixed `ops[i]:`). `null` in an optional field means "absent". (The one other code: a
+// `sync` of a subscription number no subscription can have is `not_found`.)
 
 import ObservableKit
 

@@ -3,7 +3,8 @@
 // backup, an unclean stop under relaxed sync followed by a reboot: each is another
 // history, and a resume that names the old epoch gets `compacted` instead of revisions
 // that only share numbers with the ones the client saw. The client library and obsctl
-// carry the epoch for their users.
+// carry the epoch for their users (obsctl's `--strict` exits 4 there; without it, the other
+// history's values come as a reset).
 
 import Foundation
 import ObsClient
