@@ -160,6 +160,7 @@ extension Parser {
         case 7 where Self.equal(name, "writers"): f.writers = try optionalBool()
         case 4 where Self.equal(name, "echo"): f.echo = try optionalBool()
         case 8 where Self.equal(name, "progress"): f.progress = try optionalBool()
+        case 7 where Self.equal(name, "catchup"): f.catchup = try optionalBool()
         case 5 where Self.equal(name, "lease"):
             // A lease to attach (the lease extension), or null; 0 is the general decoder's to refuse.
             guard let lease = try optionalUnsigned() else { f.lease = nil; break }

@@ -198,6 +198,7 @@ struct ScannedFields {
     var writers: Bool?
     var echo: Bool?
     var progress: Bool?
+    var catchup: Bool?
     var values: Bool?
     var prefix: String?
     var keys: Set<Key>?
@@ -238,16 +239,17 @@ struct ScannedFields {
             }
             command = .batch(repo: repo, ops: batch)
         case .subscribe:
-            guard let repo, keys == nil || prefix == nil, !(initial == true && since != nil), !(once == true && coalesce == true) else {
-                return nil
-            }
+            let catchup = catchup ?? false
+            guard let repo, keys == nil || prefix == nil, !(initial == true && since != nil), !(once == true && coalesce == true),
+                !catchup || (since != nil && once != true)
+            else { return nil }
             var selection = Selection.all
             if let keys { selection = .keys(keys) } else if let prefix, !prefix.isEmpty { selection = .prefix(prefix) }
             command = .subscribe(
                 SubscribeRequest(
                     repo: repo, selection: selection, initial: initial ?? false, since: since, epoch: since == nil ? nil : epoch,
                     once: once ?? false, coalesce: coalesce ?? false, writers: writers ?? false, echo: echo ?? true,
-                    progress: progress ?? false))
+                    progress: progress ?? false, catchup: catchup))
         case .unsubscribe:
             guard let sub else { return nil }
             command = .unsubscribe(sub: sub)

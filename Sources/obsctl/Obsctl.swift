@@ -29,8 +29,8 @@ struct Obsctl: AsyncParsableCommand {
               1   not found (get of an absent key)
               2   conflict (an --if-rev condition failed)
               3   forbidden
-              4   the daemon refused the request (bad request, too large, compacted, overloaded, internal),
-                  or, for reload, the configuration file (obsd kept its settings)
+              4   the daemon refused the request (bad request, too large, overloaded, internal; compacted only for
+                  watch --since --strict), or, for reload, the configuration file (obsd kept its settings)
               64  usage error
               69  cannot connect to obsd, or the connection was lost (stats --prometheus prints obsd_up 0 and exits 0)
               70  the daemon broke the protocol

@@ -245,6 +245,8 @@ func failure<R>(
         #"{"op":"subscribe","repo":"r","keys":["a","b","a"],"initial":true,"once":false}"#,
         #"{"op":"subscribe","repo":"r","prefix":"","since":4,"epoch":"e"}"#,
         #"{"op":"subscribe","repo":"r","prefix":"p/","epoch":"e"}"#,
+        #"{"op":"subscribe","repo":"r","keys":["a"],"since":4,"epoch":"e","catchup":true,"progress":true}"#,
+        #"{"op":"subscribe","repo":"r","catchup":false}"#,
         #"{"op":"unsubscribe","sub":3,"id":-9}"#,
         #"{"op":"list","repo":"r","values":true,"prefix":null}"#,
         #"{"op":"hello","protocol":1,"client":"c"}"#,
@@ -275,6 +277,9 @@ func failure<R>(
         #"{"op":"nope"}"#, #"{}"#, #"[1]"#, #"{"op":"set","repo":"r","key":"k"}"#, #"{"op":"get","repo":"r","key":"k"} x"#,
         #"{"op":"get","repo":"r","key":"k","id":true}"#, #"{"op":"get","repo":"r","key":"k","junk":[1,]}"#,
         #"{"op":"subscribe","repo":"r","prefix":"p/","epoch":7}"#,
+        // catchup without since, with once: the general decoder's to refuse; sync is never scanned.
+        #"{"op":"subscribe","repo":"r","catchup":true}"#, #"{"op":"subscribe","repo":"r","since":1,"once":true,"catchup":true}"#,
+        #"{"op":"sync","sub":1}"#,
         #"{"op":"sets","repo":"r","key":"k","value":1}"#, #"{"op":"se","repo":"r","key":"k","value":1}"#,
     ]
 

@@ -222,6 +222,9 @@ final class Session {
             reply(id, EmptyReply())
         case .stats:
             stats(id)
+        case .sync:
+            // Decoded (ObsProtocol), not served yet: answered as before the op was known.
+            fail(id: id, ProtocolError(.unknownOp, "unknown op \"sync\""))
         case .lease(.grant(let ttl)):
             grant(id, ttl: ttl.map(Int64.init))
         case .lease(.keepalive(let lease)):
