@@ -20,11 +20,14 @@ public struct HistoryLimits: Sendable, Equatable {
     public var maxBytes: Int
     /// Seconds (nil: no age limit).
     public var maxAge: Int64?
+    /// Deleted keys remembered (tombstones, for catch-ups: `Tombstones`).
+    public var tombstones: Int
 
-    public init(count: Int, maxBytes: Int, maxAge: Int64?) {
+    public init(count: Int, maxBytes: Int, maxAge: Int64?, tombstones: Int = Tombstones.defaultLimit) {
         self.count = count
         self.maxBytes = maxBytes
         self.maxAge = maxAge
+        self.tombstones = tombstones
     }
 }
 

@@ -25,20 +25,26 @@ public struct LoadedRepository: Sendable {
     /// state revisions count, but stored with it — in the same log records as the writes that
     /// move them, and in the snapshot).
     public let attachments: [Key: UInt64]
+    /// The revision of the last deletion of each absent key it remembers, and from which
+    /// revision on it remembers them all (stored with the state like `attachments`).
+    public let tombstones: Tombstones
 
-    public init(name: String, epoch: String, state: FlatTable, history: LoadedHistory, attachments: [Key: UInt64] = [:]) {
+    public init(name: String, epoch: String, state: FlatTable, history: LoadedHistory, attachments: [Key: UInt64] = [:], tombstones: Tombstones? = nil) {
         self.name = name
         self.epoch = epoch
         self.state = state
         self.history = history
         self.attachments = attachments
+        // None stored: deletions before this state are not known.
+        self.tombstones = tombstones ?? Tombstones(limit: .max, floor: state.revision)
     }
 
-    public init(name: String, epoch: String, state: FlatTable, history: [RevisionRecord], attachments: [Key: UInt64] = [:]) {
-        self.init(name: name, epoch: epoch, state: state, history: LoadedHistory(history), attachments: attachments)
+    public init(name: String, epoch: String, state: FlatTable, history: [RevisionRecord], attachments: [Key: UInt64] = [:], tombstones: Tombstones? = nil) {
+        self.init(name: name, epoch: epoch, state: state, history: LoadedHistory(history), attachments: attachments, tombstones: tombstones)
     }
 
-    /// The same repository in another history (its epoch renewed).
+    /// The same repository in another history (its epoch renewed: its deletions, of the old
+    /// history, mean nothing in the new one).
     public func renewed(epoch: String) -> LoadedRepository {
         LoadedRepository(name: name, epoch: epoch, state: state, history: history, attachments: attachments)
     }
