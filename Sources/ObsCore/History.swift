@@ -9,6 +9,7 @@
 // resuming after revision N is served from here if the history still reaches back to N + 1;
 // otherwise the answer is `compacted`.
 
+import ObsStore
 import ObsValues
 import ObservableKit
 
