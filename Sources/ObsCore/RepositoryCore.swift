@@ -10,7 +10,9 @@
 // waits in `pending` until storage confirms it, and only then is it shown.
 //
 // Lease attachments (key → lease) live here too, with an index lease → keys, so a lease's
-// end finds its keys under the same lock as the writes that attach them.
+// end finds its keys under the same lock as the writes that attach them; and tombstones —
+// the revision of the last deletion of each absent key — kept by every change and undo, so a
+// subscription resuming past the history can be caught up with a diff (`start`).
 
 import ObsProtocol
 import ObsStore
@@ -60,6 +62,12 @@ public struct RepositoryCore: Sendable {
     public private(set) var attachments: [Key: UInt64] = [:]
     /// The keys attached to each lease (the inverse of `attachments`).
     private var attachedKeys: [UInt64: Set<Key>] = [:]
+    /// The revision of the last deletion of each absent key (bounded: `HistoryLimits.tombstones`).
+    public private(set) var tombstones: Tombstones
+    /// Readers of the state as it was at a revision, open while a large start streams
+    /// (StateReader.swift), by number.
+    var readers: [UInt64: StateReader] = [:]
+    var nextReader: UInt64 = 0
     /// The time of the newest revision: revisions are stamped no earlier, so their times
     /// never go back whatever the clock does.
     var lastTime: Int64
@@ -93,6 +101,9 @@ public struct RepositoryCore: Sendable {
                 changes: record.changes, tail: record.leaseEnd.map(Self.tail) ?? [])
         }
         self.history = history
+        var tombstones = loaded?.tombstones ?? Tombstones()
+        tombstones.setLimit(historyLimits.tombstones)
+        self.tombstones = tombstones
         self.lastTime = loaded?.history.last?.time ?? .min
         for (key, lease) in loaded?.attachments ?? [:] where data[key] != nil { setAttachment(key, to: lease) }
     }
@@ -184,7 +195,14 @@ public struct RepositoryCore: Sendable {
         if !durable {
             undo.begin(moves: moves, revision: true)
             for i in 0..<ops.count where plans[i].changes {
-                undo.add(key: ops[i].key, old: plans[i].old, isPlain: plans[i].oldIsPlain, revision: plans[i].oldRevision)
+                // A key it creates gives up its tombstone: the undo puts it back.
+                let tombstone = plans[i].old == nil && !tombstones.isEmpty ? tombstones[Key(bytes: ops[i].key)] : nil
+                undo.add(key: ops[i].key, old: plans[i].old, isPlain: plans[i].oldIsPlain, revision: plans[i].oldRevision, tombstone: tombstone)
+            }
+        }
+        if !readers.isEmpty {
+            for i in 0..<ops.count where plans[i].changes {
+                keepForReaders(key: ops[i].key, old: plans[i].old, isPlain: plans[i].oldIsPlain, revision: plans[i].oldRevision)
             }
         }
         // Recorded before the install, which may overwrite the old values where they lie.
@@ -197,6 +215,13 @@ public struct RepositoryCore: Sendable {
                 data.restore(key: ops[i].key, value: ops[i].value, isPlain: ops[i].isPlain, revision: info.revision)
             }
             data.setRevision(info.revision)
+        }
+        for i in 0..<ops.count where plans[i].changes {
+            if ops[i].value == nil {
+                tombstones.deleted(Key(bytes: ops[i].key), at: info.revision)
+            } else if plans[i].old == nil, !tombstones.isEmpty {
+                tombstones.remove(Key(bytes: ops[i].key))
+            }
         }
         lastTime = info.time
     }
@@ -297,7 +322,28 @@ public struct RepositoryCore: Sendable {
     @discardableResult
     public mutating func install(_ changes: [Change<CanonicalJSON>], info: RevisionInfo, tail: [UInt8] = []) -> Bool {
         guard info.revision == data.revision + 1 else { return false }
+        if !readers.isEmpty {
+            for change in changes {
+                let entry = data[change.key]
+                change.key.withUTF8 { key in
+                    if let entry {
+                        entry.value.bytes.withUnsafeBytes {
+                            keepForReaders(key: UnsafeRawBufferPointer(key), old: $0, isPlain: entry.value.isPlain, revision: entry.revision)
+                        }
+                    } else {
+                        keepForReaders(key: UnsafeRawBufferPointer(key), old: nil, isPlain: true, revision: 0)
+                    }
+                }
+            }
+        }
         data.install(ChangeSet(revision: info.revision, changes: changes))
+        for change in changes {
+            if change.new == nil {
+                tombstones.deleted(change.key, at: info.revision)
+            } else if change.old == nil {
+                tombstones.remove(change.key)
+            }
+        }
         lastTime = max(lastTime, info.time)
         record(info, changes, durable: true, tail: tail)
         return true
@@ -360,7 +406,7 @@ public struct RepositoryCore: Sendable {
         var removedFirst = false
         var movedBack: [AttachmentMove] = []
         for _ in 0..<min(n, undo.count) {
-            let (moves, revision) = undo.undoLast(in: &data)
+            let (moves, revision) = undo.undoLast(in: &data, tombstones: &tombstones)
             for move in moves.reversed() where attachments[move.key] == move.to {
                 setAttachment(move.key, to: move.from)
                 movedBack.append((move.key, move.to, move.from))
@@ -381,57 +427,84 @@ public struct RepositoryCore: Sendable {
     /// Why a subscription cannot start where it asked to.
     public enum StartRefusal: Error, Sendable {
         /// `since` cannot be served from the history (another epoch, a revision this daemon
-        /// does not have, or one no longer retained).
+        /// does not have, or one no longer retained) and the subscription did not ask to be
+        /// caught up.
         case compacted(String)
-        /// The replay would take more than `maxReplayBytes`.
-        case tooLarge(String)
     }
 
-    /// What a subscription starts with: the revision it starts at, its snapshot (unsorted),
-    /// and its replay written as events.
+    /// What a subscription starts with, at revision `revision`.
     public struct Start: Sendable {
         public let revision: UInt64
-        public let snapshot: [(key: Key, value: CanonicalJSON)]?
+        /// For a subscription that asked for `catchup`: how it is brought up to `revision`.
+        public let catchUp: CatchUpMode?
+        /// The state it is sent, if any: its keys (unsorted), read with their values at
+        /// `revision` (`writeMembers`) — every selected key for a snapshot (`initial`, or a
+        /// catch-up's `snapshot`), the keys changed after `since` for a catch-up's `diff`.
+        public let state: StartState?
         /// Replayed `change` events, in order.
         public var replay: [UInt8]
         public var replayed: Int
     }
 
+    /// The state a subscription starts with.
+    public struct StartState: Sendable {
+        public enum Kind: Sendable, Equatable {
+            /// A `snapshot` event: the selected state, complete.
+            case snapshot
+            /// A `catchup` event from `from`: the keys changed since, and those deleted since
+            /// (in byte order).
+            case diff(from: UInt64, deleted: [Key])
+        }
+        public let kind: Kind
+        public var keys: KeyList
+    }
+
     /// Starts subscription `sub` for `request` at the current revision: its snapshot (with
-    /// `initial`), and its replay since `request.since` written as events (at most one for
-    /// `once`; none of `skipOrigin`'s revisions — `echo: false`), at most `maxReplayBytes`.
-    public func start(
-        _ request: SubscribeRequest, sub: UInt64, skipOrigin: UInt64?, now: Int64, maxReplayBytes: Int = 1 << 30
-    ) throws(StartRefusal) -> Start {
+    /// `initial`), its replay since `request.since` written as events (at most one for `once`;
+    /// none of `skipOrigin`'s revisions — `echo: false`) — or, where the history cannot replay
+    /// and the request asked for `catchup`, the diff since (the keys changed since, and the
+    /// deletions its tombstones remember) or, when that cannot be shown, a snapshot.
+    public func start(_ request: SubscribeRequest, sub: UInt64, skipOrigin: UInt64?, now: Int64) throws(StartRefusal) -> Start {
         let revision = data.revision
+        guard let since = request.since else {
+            let state = request.initial ? StartState(kind: .snapshot, keys: keys(request.selection)) : nil
+            return Start(revision: revision, catchUp: nil, state: state, replay: [], replayed: 0)
+        }
+        let range: Range<Int>?
+        let refusal: String
+        let sameHistory: Bool
+        if let seen = request.epoch, seen != epoch {
+            (range, sameHistory) = (nil, false)
+            refusal =
+                "epoch \(JSONValue.string(String(seen.prefix(80))).jsonText) is not repository \(name)'s history (its epoch is \(epoch)): revision \(since) of that history means nothing here; subscribe with initial: true"
+        } else if since > revision {
+            (range, sameHistory) = (nil, false)
+            refusal = "since \(since) is ahead of repository \(name)'s revision \(revision): this daemon does not have that history; subscribe with initial: true"
+        } else {
+            range = history.records(after: since, current: revision, now: now)
+            sameHistory = true
+            let oldest = history.oldestRevision(now: now).map { "starts at revision \($0)" } ?? "is empty"
+            refusal = "history of repository \(name) \(oldest); since \(since) is older: subscribe with initial: true"
+        }
+        guard let range else {
+            guard request.catchup else { throw .compacted(refusal) }
+            // Past the history: a diff where the deletions since are known, else a snapshot.
+            if sameHistory, tombstones.knowsDeletions(after: since) {
+                let diff = StartState(
+                    kind: .diff(from: since, deleted: tombstones.deleted(after: since, selectedBy: request.selection)),
+                    keys: keys(request.selection, changedAfter: since))
+                return Start(revision: revision, catchUp: .diff, state: diff, replay: [], replayed: 0)
+            }
+            return Start(revision: revision, catchUp: .snapshot, state: StartState(kind: .snapshot, keys: keys(request.selection)), replay: [], replayed: 0)
+        }
         var replay: [UInt8] = []
         var replayed = 0
-        if let since = request.since {
-            if let seen = request.epoch, seen != epoch {
-                throw .compacted(
-                    "epoch \(JSONValue.string(String(seen.prefix(80))).jsonText) is not repository \(name)'s history (its epoch is \(epoch)): revision \(since) of that history means nothing here; subscribe with initial: true")
-            }
-            guard since <= revision else {
-                throw .compacted("since \(since) is ahead of repository \(name)'s revision \(revision): this daemon does not have that history; subscribe with initial: true")
-            }
-            guard let range = history.records(after: since, current: revision, now: now) else {
-                let oldest = history.oldestRevision(now: now).map { "starts at revision \($0)" } ?? "is empty"
-                throw .compacted("history of repository \(name) \(oldest); since \(since) is older: subscribe with initial: true")
-            }
-            var tooLarge = false
-            history.forEach(in: range) { view in
-                guard !tooLarge, !(request.once && replayed > 0), view.touches(request.selection) else { return }
-                if let skipOrigin, view.info.origin == skipOrigin { return }
-                view.writeEvent(&replay, sub: sub, writers: request.writers, selected: view.selected(by: request.selection))
-                replayed += 1
-                if replay.count > maxReplayBytes { tooLarge = true }
-            }
-            if tooLarge {
-                throw .tooLarge(
-                    "the replay since \(since) would take more than \(maxReplayBytes >> 20) MiB, the most one message holds: resume from a later revision, or subscribe with initial: true")
-            }
+        history.forEach(in: range) { view in
+            guard !(request.once && replayed > 0), view.touches(request.selection) else { return }
+            if let skipOrigin, view.info.origin == skipOrigin { return }
+            view.writeEvent(&replay, sub: sub, writers: request.writers, selected: view.selected(by: request.selection))
+            replayed += 1
         }
-        let snapshot = request.initial ? entries(request.selection) : nil
-        return Start(revision: revision, snapshot: snapshot, replay: replay, replayed: replayed)
+        return Start(revision: revision, catchUp: request.catchup ? .replay : nil, state: nil, replay: replay, replayed: replayed)
     }
 }

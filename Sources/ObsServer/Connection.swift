@@ -278,6 +278,9 @@ final class Connection: IOHandler {
             close()
             return 0
         }
+        // A `sync` of a lagging coalescing subscription follows its coalesced event, which a
+        // flush queues.
+        if session?.pendingSync != nil { session?.answerSync() }
         afterFlush()
         return sent
     }

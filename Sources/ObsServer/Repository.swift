@@ -215,16 +215,33 @@ final class Repository: DurabilityListener, DurableLine, Sendable {
 
     // MARK: Subscribing
 
+    /// What a subscription took under the lock: what it starts with, the state it was taken
+    /// from, whether it went live — and the first members of the state it is sent (keys in
+    /// byte order, with their values at the start's revision), the rest read later with
+    /// `reader` (nil: `members` holds them all).
+    struct Started {
+        let start: RepositoryCore.Start
+        let sequence: StateSequence
+        let registered: Bool
+        var members: [UInt8] = []
+        /// The reader the rest is read with, from key `next` of `keys` (sorted or not yet).
+        var reader: UInt64?
+        var keys = KeyList()
+        var next = 0
+        var sorted = true
+    }
+
+    /// A start's state of at most this many keys is sorted and read under the lock, up to
+    /// `firstBytes`; a larger one is sorted outside it and read a piece at a time.
+    static let keysReadAtOnce = 4096
+
     /// Starts `subscription` for `request`: takes what it starts with and — unless its one
     /// `once` change is in the replay, or its connection closed — makes it live and routes
     /// it on its loop, all under the lock, so its start and its first event meet at one
-    /// revision.
-    func subscribe(_ subscription: Subscription, _ request: SubscribeRequest, now: Int64) throws(RepositoryCore.StartRefusal) -> (
-        start: RepositoryCore.Start, sequence: StateSequence, registered: Bool
-    ) {
+    /// revision. Its state's first `firstBytes` (about) are read at once.
+    func subscribe(_ subscription: Subscription, _ request: SubscribeRequest, now: Int64, firstBytes: Int) throws(RepositoryCore.StartRefusal) -> Started {
         try state.withLock { (s) throws(RepositoryCore.StartRefusal) in
-            // No cap on the replay's size: a large one is streamed (Session+Subscribe.swift).
-            let start = try s.core.start(request, sub: subscription.id, skipOrigin: subscription.skippedOrigin, now: now, maxReplayBytes: .max)
+            let start = try s.core.start(request, sub: subscription.id, skipOrigin: subscription.skippedOrigin, now: now)
             let live = !(request.once && start.replayed > 0) && subscription.connection.outbox.register(subscription)
             if live {
                 subscription.after = start.revision
@@ -238,9 +255,33 @@ final class Repository: DurabilityListener, DurableLine, Sendable {
                 }
                 subscribers.add(1, ordering: .relaxed)
             }
-            return (start, s.ledger.current, live)
+            var started = Started(start: start, sequence: s.ledger.current, registered: live)
+            guard let keys = start.state?.keys else { return started }
+            if keys.count <= Self.keysReadAtOnce {
+                started.keys = keys.sorted()
+                started.next = s.core.writeMembers(of: started.keys, from: 0, reader: nil, maxBytes: firstBytes, first: true, into: &started.members)
+                if started.next < keys.count { started.reader = s.core.openReader() }
+            } else {
+                (started.keys, started.sorted) = (keys, false)
+                started.reader = s.core.openReader()
+            }
+            return started
         }
     }
+
+    /// Writes members of a start's state (`keys` from `start`, read with `reader`: see
+    /// `RepositoryCore.writeMembers`); returns the next key.
+    func readMembers(of keys: KeyList, from start: Int, reader: UInt64, maxBytes: Int, first: Bool, into sink: inout [UInt8]) -> Int {
+        state.withLock { s in s.core.writeMembers(of: keys, from: start, reader: reader, maxBytes: maxBytes, first: first, into: &sink) }
+    }
+
+    /// Closes a start's reader.
+    func closeReader(_ reader: UInt64) {
+        state.withLock { s in s.core.closeReader(reader) }
+    }
+
+    /// How many readers are open (in-process tests look).
+    var openReaders: Int { state.withLock { $0.core.openReaders } }
 
     /// A subscription on `shard` ended (the shard stopped routing it).
     func subscriberLeft(_ shard: LoopShard) {

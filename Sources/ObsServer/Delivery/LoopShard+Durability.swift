@@ -28,7 +28,9 @@ extension LoopShard {
         for item in news {
             switch item {
             case .durable(let line, let sequence): release(line, through: sequence)
-            case .failed(let line, let undone, let error): fail(line, undone: undone, error)
+            case .failed(let line, let undone, let error):
+                fail(line, undone: undone, error)
+                checkSyncs(failed: (line, undone, error))
             }
         }
     }

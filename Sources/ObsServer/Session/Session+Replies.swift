@@ -178,11 +178,13 @@ extension Session {
     // MARK: Reads in etcd mode
 
     /// The repositories a request reads (nil: it reads no repository state).
-    static func readScope(_ command: Command) -> SharedScope? {
+    func readScope(_ command: Command) -> SharedScope? {
         switch command {
         case .get(let repo, _), .list(let repo, _, _): .repository(repo)
         case .subscribe(let request): .repository(request.repo)
         case .repos: .all
+        // A `sync` reads its subscription's repository (an unknown `sub` is answered at once).
+        case .sync(let sub): outbox.live[sub].map { .repository($0.repository.name) }
         default: nil
         }
     }

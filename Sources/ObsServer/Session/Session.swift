@@ -60,11 +60,15 @@ final class Session {
         case cluster
         /// This session wrote while a loop's delivery backlog was at its limit.
         case delivery
+        /// A `sync` waits for its subscription's events (Session+Sync.swift).
+        case sync
     }
 
     private(set) var waits: Set<Wait> = []
     /// Whether the connection must hold its further requests for now.
     var holdsInput: Bool { !waits.isEmpty }
+    /// The `sync` waiting for its subscription's events, if one is (Session+Sync.swift).
+    var pendingSync: PendingSync?
     /// Writes waiting for the shared store, by token: their reply slots and what they need.
     var pendingWrites: [UInt64: PendingWrite] = [:]
     private var nextToken: UInt64 = 0
@@ -142,6 +146,7 @@ final class Session {
 
     /// Ends every subscription; called when the connection closes.
     func close() {
+        pendingSync = nil
         for subscription in outbox.close() { shard.unroute(subscription) }
         for (_, pending) in pendingWrites where pending.held { hub.release(pending.repository.name) }
         pendingWrites.removeAll()
@@ -165,7 +170,7 @@ final class Session {
             }
             guard permits(repo, needed, op: request.command.op, id: id) else { return }
         }
-        if let shared = hub.shared, let scope = Self.readScope(request.command) {
+        if let shared = hub.shared, let scope = readScope(request.command) {
             return afterLinearizing(scope, shared) { $0.perform(request) }
         }
         perform(request)
@@ -222,9 +227,8 @@ final class Session {
             reply(id, EmptyReply())
         case .stats:
             stats(id)
-        case .sync:
-            // Decoded (ObsProtocol), not served yet: answered as before the op was known.
-            fail(id: id, ProtocolError(.unknownOp, "unknown op \"sync\""))
+        case .sync(let sub):
+            sync(id, sub)
         case .lease(.grant(let ttl)):
             grant(id, ttl: ttl.map(Int64.init))
         case .lease(.keepalive(let lease)):
