@@ -36,7 +36,7 @@ extension Session {
             b.writeMember(",\"overflows\":", count(s.overflows))
             b.writeMember(",\"writersHeld\":", count(s.writersHeld))
             b.writeMember(",\"repositoriesHeld\":", UInt64(hub.heldCount))
-            b.writeMember(",\"leases\":", UInt64(hub.leaseCount))
+            b.writeMember(",\"leases\":", UInt64(hub.leases.count))
             b.writeMember(",\"errors\":", count(s.errors))
             b.writeMember(",\"denied\":", count(s.denied))
             b.writeMember(",\"uptimeSeconds\":", UInt64(max(0, uptime.components.seconds)))

@@ -170,8 +170,8 @@ final class Session {
             }
             guard permits(repo, needed, op: request.command.op, id: id) else { return }
         }
-        if let shared = hub.shared, let scope = readScope(request.command) {
-            return afterLinearizing(scope, shared) { $0.perform(request) }
+        if let barrier = hub.readBarrier, let scope = readScope(request.command) {
+            return afterLinearizing(scope, barrier) { $0.perform(request) }
         }
         perform(request)
     }
