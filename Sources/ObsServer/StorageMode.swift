@@ -1,4 +1,4 @@
-// ObsServer — the storage mode, decided once where the server is assembled (`ObsServer.run`
+// ObsServer — the storage mode, decided once where the server is assembled (`Server.run`
 // makes a `StorageMode` from the storage it opened; `Hub.init` builds its parts from it), and
 // nowhere else: what decides writes (`LocalSequencer` or `SharedSequencer`), who keeps the
 // leases (`LocalLeases`, `SharedLeases` or `NoLeases`), whether reads wait for a shared

@@ -27,7 +27,7 @@ final class InProcessDaemon: Sendable {
         let configuration = ServerConfiguration(
             listener: .path(socketPath), socketMode: 0o600, policy: .open, storage: .custom(storage), threads: threads)
         let (started, continuation) = AsyncStream<Void>.makeStream()
-        let server = ObsServer(configuration: configuration, logger: Logger(label: "obsd-in-process"), observer: Started(continuation: continuation))
+        let server = Server(configuration: configuration, logger: Logger(label: "obsd-in-process"), observer: Started(continuation: continuation))
         let task = Task { try await server.run() }
         var iterator = started.makeAsyncIterator()
         guard await iterator.next() != nil else { throw TestFailure("the in-process daemon did not start") }

@@ -12,7 +12,7 @@ import ObservableKit
 
 final class SharedDelivery: SharedStorageSink, @unchecked Sendable {
     // @unchecked Sendable: `hub` is set once by `attach(to:)`, before the store is started
-    // (ObsServer.run) and so before any delivery; the rest are `let`s of Sendable types.
+    // (Server.run) and so before any delivery; the rest are `let`s of Sendable types.
     // unowned(unsafe): the hub owns this object and outlives the store's deliveries (the
     // store is closed before the hub is released).
     private unowned(unsafe) var hub: Hub!

@@ -25,7 +25,7 @@ extension Session {
             b.writeMember(",\"pid\":", UInt64(max(0, peer.pid)))
             b.writeMember(",\"privileged\":", privileged)
             b.writeByte(UInt8(ascii: "}"))
-            b.writeMember(",\"server\":", "obsd/\(ObsServer.version)")
+            b.writeMember(",\"server\":", "obsd/\(Server.version)")
             guard privileged else { return }
             b.writeMember(",\"connectionsTotal\":", count(s.connectionsTotal))
             b.writeMember(",\"connectionsRefused\":", count(s.connectionsRefused))

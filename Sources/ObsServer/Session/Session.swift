@@ -181,7 +181,7 @@ final class Session {
         let id = request.id
         switch request.command {
         case .hello:
-            reply(id, HelloReply(server: "obsd/\(ObsServer.version)", maxLine: maxLine))
+            reply(id, HelloReply(server: "obsd/\(Server.version)", maxLine: maxLine))
         case .ping:
             reply(id, EmptyReply())
         case .get(let repo, let key):

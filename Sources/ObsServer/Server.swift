@@ -21,7 +21,7 @@ import Glibc
 #endif
 
 /// The obsd server.
-public final class ObsServer: Service, Sendable {
+public final class Server: Service, Sendable {
     /// The daemon's version, reported by `hello`.
     public static let version = ObsRelease.version
 
