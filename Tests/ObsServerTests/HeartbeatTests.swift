@@ -24,18 +24,25 @@ import Testing
         }
         let (events, reported) = AsyncStream<Heartbeat.Event>.makeStream()
         let (ticks, tick) = AsyncStream<Void>.makeStream()
+        // Told each time the heartbeat waits for a tick (its round's tasks are queued by then).
+        let (waits, waiting) = AsyncStream<Void>.makeStream()
         let heartbeat = Task {
             var next = ticks.makeAsyncIterator()
             await Heartbeat(loops: loops, interval: .zero).run(waiting: {
+                waiting.yield()
                 guard await next.next() != nil else { throw CancellationError() }
             }) { reported.yield($0) }
         }
         var next = events.makeAsyncIterator()
+        var waited = waits.makeAsyncIterator()
+
+        await waited.next()
         for loop in loops { await drained(loop) }
         tick.yield()
         #expect(await next.next() == .beat, "every loop ran its task: a beat")
 
         // The next round's tasks run; then loop 1 blocks.
+        await waited.next()
         for loop in loops { await drained(loop) }
         let wedge = Wedge()
         await withCheckedContinuation { (c: CheckedContinuation<Void, Never>) in
@@ -46,10 +53,12 @@ import Testing
         }
         tick.yield()
         #expect(await next.next() == .beat, "the round that ran before the wedge is a beat")
+        await waited.next()
         await drained(loops[0])
         tick.yield()
         #expect(await next.next() == .stalled, "loop 1 has not run its task: a stall")
 
+        await waited.next()
         wedge.release()
         await drained(loops[1])
         tick.yield()
