@@ -238,9 +238,7 @@ extension SharedLeases {
         case .failure(let failure): return .failure(ProtocolError(.internal, failure.message))
         case .success(nil): return .failure(LeaseRefusal.notFound(id).protocolError)
         case .success(let lease?):
-            guard lease.owner.uid == peer.uid || peer.uid == 0 else {
-                return .failure(LeaseRefusal.forbidden(id, owner: lease.owner.uid).protocolError)
-            }
+            if let refusal = LeaseRefusal.naming(id, owner: lease.owner, by: peer) { return .failure(refusal.protocolError) }
             return .success(lease)
         }
     }

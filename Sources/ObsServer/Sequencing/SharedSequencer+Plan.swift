@@ -169,7 +169,7 @@ extension SharedSequencer {
         var found: [SharedLease] = []
         for id in write.leases.sorted() {
             guard let lease = store.liveLease(id) else { return .failure(.notFound(id)) }
-            guard lease.owner.uid == write.peer.uid || write.peer.uid == 0 else { return .failure(.forbidden(id, owner: lease.owner.uid)) }
+            if let refusal = LeaseRefusal.naming(id, owner: lease.owner, by: write.peer) { return .failure(refusal) }
             found.append(lease)
         }
         return .success(found)
