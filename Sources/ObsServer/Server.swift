@@ -128,7 +128,7 @@ public final class Server: Service, Sendable {
         if let shared = mode.shared, let delivery = hub.delivery { shared.start(delivering: delivery) }
         // Leases a persisting store kept: restored, and the deletions a restart owes made,
         // before anything is served.
-        hub.leases.restore(time: WallClock.unixSeconds())
+        hub.leases.restore(time: WallClock.unixSeconds(), in: hub)
         let (repositories, keys) = hub.listed().reduce(into: (0, 0)) { $0.0 += 1; $0.1 += $1.summary.keys }
         logger.info(
             "storage ready",

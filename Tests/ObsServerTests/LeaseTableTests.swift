@@ -41,7 +41,7 @@ import TestSupport
     @Test func restoredTTLsStartWhenTheDaemonServes() throws {
         let storage = LeasesOnlyStorage(PersistedLeases(nextID: 8, live: [7: .init(id: 7, owner: owner, ttl: 5)]))
         let server = try TestServer(storage: storage)
-        server.hub.leases.restore(time: 0)
+        server.hub.leases.restore(time: 0, in: server.hub)
         server.advanceTime(by: .seconds(6))  // loading
         server.hub.leases.startClocks(now: server.clock.now)
         let c = try TestConnection(server)

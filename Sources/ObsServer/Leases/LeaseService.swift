@@ -23,10 +23,10 @@ protocol LeaseService: AnyObject, Sendable {
     /// Answers `revoke` from `session` (on its loop): once the lease's keys are deleted.
     func revoke(_ id: JSONValue, _ lease: UInt64, for session: Session)
     /// `connection` closed: the leases bound to it end (`closed`).
-    func connectionClosed(_ connection: ConnectionID, time: Int64)
+    func connectionClosed(_ connection: ConnectionID, time: Int64, in hub: Hub)
     /// Restores what storage kept, making the deletions a restart owes: once, after the hub
     /// loaded and before it serves.
-    func restore(time: Int64)
+    func restore(time: Int64, in hub: Hub)
     /// Starts every restored TTL in full: once, when the daemon serves.
     func startClocks(now: UInt64)
     /// Live leases (`stats`): every daemon's when a shared store keeps them.
@@ -36,8 +36,8 @@ protocol LeaseService: AnyObject, Sendable {
     func reattached(in repository: Repository, to leases: Set<UInt64>)
     /// The shared store moved attachments of `repo`'s keys.
     func moved(_ moves: [AttachmentMove], in repo: String)
-    /// The shared store says `lease` ended.
-    func ended(_ lease: SharedLease, reason: SharedLeaseReason)
+    /// The shared store says `lease` ended: what it held here is deleted through `hub`.
+    func ended(_ lease: SharedLease, reason: SharedLeaseReason, in hub: Hub)
     /// The shared store can no longer vouch for `ids`.
     func lost(_ ids: [UInt64])
 }
@@ -46,7 +46,7 @@ extension LeaseService {
     // What only one kind of store reports: the others never hear of it.
     func reattached(in repository: Repository, to leases: Set<UInt64>) {}
     func moved(_ moves: [AttachmentMove], in repo: String) {}
-    func ended(_ lease: SharedLease, reason: SharedLeaseReason) {}
+    func ended(_ lease: SharedLease, reason: SharedLeaseReason, in hub: Hub) {}
     func lost(_ ids: [UInt64]) {}
 }
 
@@ -59,8 +59,8 @@ final class NoLeases: LeaseService {
     func keepAlive(_ id: JSONValue, _ lease: UInt64, for session: Session) { session.fail(id: id, LeaseRefusal.notFound(lease).protocolError) }
     func revoke(_ id: JSONValue, _ lease: UInt64, for session: Session) { session.fail(id: id, LeaseRefusal.notFound(lease).protocolError) }
     func attach(to hub: Hub) {}
-    func connectionClosed(_ connection: ConnectionID, time: Int64) {}
-    func restore(time: Int64) {}
+    func connectionClosed(_ connection: ConnectionID, time: Int64, in hub: Hub) {}
+    func restore(time: Int64, in hub: Hub) {}
     func startClocks(now: UInt64) {}
     var count: Int { 0 }
 }

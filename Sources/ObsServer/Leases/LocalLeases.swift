@@ -15,11 +15,7 @@ import ObsProtocol
 import ObsStore
 import ObservableKit
 
-final class LocalLeases: LeaseService, @unchecked Sendable {
-    // @unchecked Sendable: `hub` is set once by `attach(to:)`, before the daemon serves or
-    // storage commits anything, and only read after. unowned(unsafe): the hub owns this
-    // service and outlives every call into it.
-    private unowned(unsafe) var hub: Hub!
+final class LocalLeases: LeaseService {
     /// Every lease, its grants and ends stored with the revisions.
     let table: LeaseTable
     /// Expires leases with a TTL (on the first loop).
@@ -32,12 +28,11 @@ final class LocalLeases: LeaseService, @unchecked Sendable {
 
     /// Once, when the hub is assembled.
     func attach(to hub: Hub) {
-        self.hub = hub
         clock.attach(to: hub)
-        table.whenStorageFails { [unowned self] ended, rewrite in
+        table.whenStorageFails { [weak hub, clock] ended, rewrite in
             // Grants storage failed have ended (their keys go now); ends it failed are written
             // again a second later.
-            for lease in ended { self.hub.end(lease, time: WallClock.unixSeconds()) }
+            for lease in ended { hub?.end(lease, time: WallClock.unixSeconds()) }
             if !rewrite.isEmpty { clock.rewrite(rewrite) }
         }
     }
@@ -79,7 +74,7 @@ final class LocalLeases: LeaseService, @unchecked Sendable {
         }
         // A local store decides at once.
         let collected = Locked<[LeaseDeletion]>([])
-        hub.end(ended, time: session.shard.loop.wallSeconds) { deletions in collected.withLock { $0 = deletions } }
+        session.hub.end(ended, time: session.shard.loop.wallSeconds) { deletions in collected.withLock { $0 = deletions } }
         let deletions = collected.withLock { $0 }
         guard let ended = ended.sequence else {
             return session.fail(id: id, ProtocolError(.internal, "lease \(lease) ended, but the daemon is stopping and could not record it"))
@@ -101,14 +96,14 @@ final class LocalLeases: LeaseService, @unchecked Sendable {
         }
     }
 
-    func connectionClosed(_ connection: ConnectionID, time: Int64) {
+    func connectionClosed(_ connection: ConnectionID, time: Int64, in hub: Hub) {
         for ended in table.connectionClosed(connection) { hub.end(ended, time: time) }
     }
 
     /// Every key attached to a lease that is not a live TTL lease is deleted: a
     /// connection-bound one's (`closed`), one that ended before the stop — its deletion a kill
     /// interrupted, or storage failed — with the reason it ended for.
-    func restore(time: Int64) {
+    func restore(time: Int64, in hub: Hub) {
         var repos: [UInt64: Set<String>] = [:]
         for repository in hub.allRepositories() {
             for lease in repository.attachedLeases { repos[lease, default: []].insert(repository.name) }

@@ -17,11 +17,7 @@ import ObsValues
 import ObservableKit
 import Synchronization
 
-final class SharedLeases: LeaseService, @unchecked Sendable {
-    // @unchecked Sendable: `hub` is set once by `attach(to:)`, before the store delivers
-    // anything or the daemon serves, and only read after; the rest is a `let` or in `state`.
-    // unowned(unsafe): the hub owns this service and outlives every call into it.
-    private unowned(unsafe) var hub: Hub!
+final class SharedLeases: LeaseService {
     let store: any SharedStorage
 
     private struct State {
@@ -40,9 +36,6 @@ final class SharedLeases: LeaseService, @unchecked Sendable {
     init(store: any SharedStorage) {
         self.store = store
     }
-
-    /// Once, when the hub is assembled.
-    func attach(to hub: Hub) { self.hub = hub }
 
     // MARK: Connections
 
@@ -152,7 +145,8 @@ extension SharedLeases {
     var count: Int { store.liveLeaseCount }
 
     // The store keeps the leases: nothing to restore, and its TTLs run in the store.
-    func restore(time: Int64) {}
+    func attach(to hub: Hub) {}
+    func restore(time: Int64, in hub: Hub) {}
     func startClocks(now: UInt64) {}
 
     func grant(_ id: JSONValue, ttl: Int64?, for session: Session) {
@@ -245,7 +239,7 @@ extension SharedLeases {
 
     /// The store says lease `lease` ended: deletes the keys still attached to it here (every
     /// daemon does; one deletion per repository goes through), then lets the store forget it.
-    func ended(_ lease: SharedLease, reason: SharedLeaseReason) {
+    func ended(_ lease: SharedLease, reason: SharedLeaseReason, in hub: Hub) {
         let ended = EndedLease(id: lease.id, owner: lease.owner, end: LeaseEnd.Reason(rawValue: reason.rawValue), repos: Set(keys(of: lease.id).keys))
         hub.end(ended, time: WallClock.unixSeconds()) { deletions in
             self.store.leaseFinished(lease.id)
@@ -261,7 +255,7 @@ extension SharedLeases {
 
     /// A connection closed: the leases bound to it end (`closed`) in the store, retried while
     /// it cannot be reached and this daemon still vouches for them.
-    func connectionClosed(_ connection: ConnectionID, time: Int64) {
+    func connectionClosed(_ connection: ConnectionID, time: Int64, in hub: Hub) {
         for lease in unbind(connection) { endBound(lease) }
     }
 

@@ -9,13 +9,11 @@ import ObsCore
 import ObsProtocol
 import ObsStore
 import ObservableKit
+import Synchronization
 
-final class SharedDelivery: SharedStorageSink, @unchecked Sendable {
-    // @unchecked Sendable: `hub` is set once by `attach(to:)`, before the store is started
-    // (Server.run) and so before any delivery; the rest are `let`s of Sendable types.
-    // unowned(unsafe): the hub owns this object and outlives the store's deliveries (the
-    // store is closed before the hub is released).
-    private unowned(unsafe) var hub: Hub!
+final class SharedDelivery: SharedStorageSink {
+    /// The hub, once assembled (weak: the hub owns this object). Read once per delivery.
+    private let link = Mutex<WeakHub>(WeakHub())
     private let sequencer: SharedSequencer
     private let leases: any LeaseService
 
@@ -25,9 +23,12 @@ final class SharedDelivery: SharedStorageSink, @unchecked Sendable {
     }
 
     /// Once, when the hub is assembled.
-    func attach(to hub: Hub) { self.hub = hub }
+    func attach(to hub: Hub) { link.withLock { $0.hub = hub } }
+
+    private var hub: Hub? { link.withLock { $0.hub } }
 
     func deliver(repo name: String, revisions: [SharedRevision], attachments: [SharedAttachment], replacing: Bool) {
+        guard let hub else { return }  // stopping
         // Attachments alone need a repository this daemon holds (they are of keys that exist).
         let repository: Repository
         if revisions.isEmpty {
@@ -48,9 +49,17 @@ final class SharedDelivery: SharedStorageSink, @unchecked Sendable {
         leases.moved(moves, in: name)
     }
 
-    func historyLost(_ reason: String) { hub.historyLost(reason) }
+    func historyLost(_ reason: String) { hub?.historyLost(reason) }
 
-    func leaseEnded(_ lease: SharedLease, reason: SharedLeaseReason) { leases.ended(lease, reason: reason) }
+    func leaseEnded(_ lease: SharedLease, reason: SharedLeaseReason) {
+        guard let hub else { return }
+        leases.ended(lease, reason: reason, in: hub)
+    }
 
     func leasesLost(_ ids: [UInt64]) { leases.lost(ids) }
+}
+
+/// A weak reference to the hub, for `Mutex`.
+struct WeakHub: Sendable {
+    weak var hub: Hub?
 }
