@@ -114,7 +114,8 @@ public final class ObsServer: Service, Sendable {
         let hub: Hub
         do {
             loops = try (0..<max(1, threads)).map { i throws(SocketError) in try EventLoop(index: i, delivery: delivery, busyPoll: config.busyPollNanoseconds) }
-            let limits = HistoryLimits(count: config.historyLimit, maxBytes: config.historyMaxBytes, maxAge: config.historyMaxAge?.components.seconds)
+            let limits = HistoryLimits(
+                count: config.historyLimit, maxBytes: config.historyMaxBytes, maxAge: config.historyMaxAge?.components.seconds, tombstones: config.historyTombstones)
             hub = try Hub(
                 shards: loops.map(\.shard), historyLimits: limits, storage: storage, runtime: runtime,
                 onHistoryLost: { [weak self] reason in self?.historyLost(reason) })
