@@ -185,7 +185,7 @@ public struct Setting: Sendable {
         integer("limits.max-keys-per-request", "OBSD_MAX_KEYS_PER_REQUEST", "max-keys-per-request", 1...10_000_000, \.maxKeysPerRequest,
                 "n", "Most keys in one subscribe or operations in one batch."),
         integer("limits.max-start-bytes", "OBSD_MAX_START_BYTES", "max-start-bytes", 0...(1 << 50), \.maxStartBytes, "bytes",
-                "Most bytes of large subscription starts (snapshots, since replays) being sent at once, daemon-wide; past it another is overloaded (one alone always may start)."),
+                "Most bytes of history copied for large since replays being sent at once, daemon-wide; past it another plain since is overloaded (one alone always may start; a catchup never is)."),
         choice("access.default", "OBSD_ACCESS_DEFAULT", "access-default", ["none", "read", "write"], \.accessDefault, "policy",
                "What peers no access rule matches may do: none, read or write."),
         choice("log.level", "OBSD_LOG_LEVEL", "log-level", logLevels, \.logLevel, "level",

@@ -81,9 +81,10 @@ public final class ObsServer: Service, Sendable {
         case .inMemory:
             return InMemoryStorage()
         case .disk(let directory, let sync):
-            let options = DiskStorage.Options(
+            var options = DiskStorage.Options(
                 directory: directory, sync: sync, historyLimit: configuration.historyLimit,
                 historyMaxBytes: configuration.historyMaxBytes, historyMaxAge: configuration.historyMaxAge)
+            options.tombstoneLimit = configuration.historyTombstones
             return try DiskStorage(options: options, logger: logger)
         case .custom(let storage):
             return storage

@@ -11,8 +11,11 @@
 // the old snapshot is then streamed block by block into the new one, each entry a changed key
 // supersedes left out, the changed keys written after; the history trimmed to the limits;
 // the lease attachments the log moved applied to each repository's, the leases the log
-// granted and ended to the snapshot's. Memory holds only what changed since the last
-// snapshot (and each repository's attachments, one at a time), never a copy of the whole state.
+// granted and ended to the snapshot's; the tombstones, the old snapshot's but those of keys
+// the log changed, then the log's deletions (each key's last, in revision order), the oldest
+// beyond the configured bound forgotten — the old ones read twice, to count what stays and
+// to copy it, rather than held. Memory holds only what changed since the last snapshot (and
+// each repository's attachments, one at a time), never a copy of the whole state.
 // Once the new snapshot is durable and in place, the log segments it covers are deleted.
 //
 // A snapshot that cannot be written (a full disk) is logged, once a minute, and retried a few
@@ -240,7 +243,8 @@ final class Checkpointer {
         let input = try SnapshotInput(path: directory + "/" + SnapshotFormat.fileName)
         var block = try input.next()
         guard block.kind == .head else { throw input.malformed(block.at, "it begins with a \(block.kind.name) block, not HEAD") }
-        _ = try input.payload()
+        var head = PayloadReader(try input.payload())
+        guard let version = head.u32() else { throw input.malformed(block.at, "a HEAD block cut short") }
         block = try input.next()
         var leases = PersistedLeases()
         var referenced = Set<UInt64>()
@@ -296,6 +300,14 @@ final class Checkpointer {
             if let i { attachments = changes[i].attachments(after: attachments) }
             try writer.attachments(attachments)
             referenced.formUnion(attachments.values)
+            var tombstones: [Int] = []
+            while block.kind == .tombstones {
+                guard version >= SnapshotFormat.tombstonesSince else { throw input.malformed(block.at, "tombstones in a snapshot of version \(version)") }
+                tombstones.append(block.at)
+                block = try input.next()
+            }
+            // An older snapshot's repository: no deletion at or below its revision is known.
+            try writeTombstones(old: tombstones, floor: revision, new: i.map { changes[$0] }, input, writer)
         }
         _ = try input.payload()
         for repository in changes where !repository.written {
@@ -305,6 +317,8 @@ final class Checkpointer {
             let attachments = repository.attachments(after: [:])
             try writer.attachments(attachments)
             referenced.formUnion(attachments.values)
+            // The log holds it from its first revision: every deletion is known.
+            try writeTombstones(old: [], floor: 0, new: repository, input, writer)
         }
         for frame in leaseFrames {
             switch frame {
@@ -338,6 +352,73 @@ final class Checkpointer {
         }
         for revision in old[start...] { try revision.body.withUnsafeBytes { raw in Result { () throws(StorageError) in try writer.history(body: raw) } }.get() }
         try new?.forEachRetained { (body) throws(StorageError) in try writer.history(body: body) }
+    }
+
+    /// Writes a repository's tombstones: those of the old snapshot (its TOMB blocks at `old`;
+    /// none: no deletion at or below `floor` known) but for the keys the log changed since,
+    /// then the log's deletions, oldest first, at most `tombstoneLimit` — the oldest beyond
+    /// it forgotten, the floor raised to the newest of them. The old blocks are read twice,
+    /// once to count what stays and once to copy it, rather than held in memory.
+    private func writeTombstones(old: [Int], floor: UInt64, new: Changes?, _ input: SnapshotInput, _ writer: SnapshotWriter) throws(StorageError) {
+        var floor = floor
+        var kept = 0
+        if let first = old.first {
+            var reader = PayloadReader(try input.payload(again: first))
+            guard let stored = reader.u64() else { throw input.malformed(first, "a TOMB block cut short") }
+            floor = stored
+            for at in old {
+                try Self.forEachTombstone(in: try input.payload(again: at), input, at: at) { key, _ in
+                    if new?.table.contains(key: key) != true { kept += 1 }
+                }
+            }
+        }
+        // The log's: each deleted key's last deletion (a key written since is no tombstone).
+        var deleted: [(key: [UInt8], revision: UInt64)] = []
+        new?.table.forEach { record in
+            if record.isDeletion { deleted.append((Array(record.keyBytes), record.revision)) }
+        }
+        deleted.sort { $0.revision < $1.revision || ($0.revision == $1.revision && $0.key.lexicographicallyPrecedes($1.key)) }
+        // The oldest `forgotten` go; written from the first kept on, once the floor is known.
+        var forgotten = max(0, kept + deleted.count - options.tombstoneLimit)
+        var begun = false
+        func keep(_ key: UnsafeRawBufferPointer, _ revision: UInt64) throws(StorageError) {
+            if forgotten > 0 {
+                forgotten -= 1
+                floor = max(floor, revision)
+                return
+            }
+            if !begun {
+                try writer.beginTombstones(floor: floor)
+                begun = true
+            }
+            try writer.tombstone(key: key, revision: revision)
+        }
+        if kept > 0 {
+            for at in old {
+                try Self.forEachTombstone(in: try input.payload(again: at), input, at: at) { (key, revision) throws(StorageError) in
+                    if new?.table.contains(key: key) != true { try keep(key, revision) }
+                }
+            }
+        }
+        for (key, revision) in deleted {
+            try key.withUnsafeBytes { raw in Result { () throws(StorageError) in try keep(raw, revision) } }.get()
+        }
+        if !begun { try writer.beginTombstones(floor: floor) }
+        try writer.endTombstones()
+    }
+
+    /// Calls `body` with each tombstone of an old snapshot's TOMB block.
+    private static func forEachTombstone(
+        in payload: UnsafeRawBufferPointer, _ input: SnapshotInput, at: Int, _ body: (UnsafeRawBufferPointer, UInt64) throws(StorageError) -> Void
+    ) throws(StorageError) {
+        var reader = PayloadReader(payload)
+        guard reader.u64() != nil, let count = reader.u32() else { throw input.malformed(at, "a TOMB block cut short") }
+        for _ in 0..<count {
+            guard let length = reader.u16(), let key = reader.take(Int(length)), let revision = reader.u64() else {
+                throw input.malformed(at, "a tombstone that does not decode")
+            }
+            try body(key, revision)
+        }
     }
 
     /// The leases an old snapshot's LEAS block holds.

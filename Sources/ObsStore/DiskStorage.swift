@@ -10,12 +10,14 @@
 //   writes a new one — the old one with the log since folded in — and deletes the log
 //   segments it covers.
 // - Start-up (Snapshot.swift, WriteAheadLog.swift): the snapshot, read in large blocks
-//   straight into flat tables, then the log after it replayed on top. A torn tail, or what
-//   lies after the end of the last segment, is cut off and reported; a damaged record in
-//   the middle, a snapshot torn, damaged, foreign or missing, a log segment missing, cut
-//   short or emptied, each refuses start-up with the file and the cause. A data directory an
-//   earlier obsd wrote (SQLite, `obsd.db`: SQLiteSchema.swift) is read once, written as a
-//   snapshot, removed.
+//   straight into flat tables, then the log after it replayed on top (Recovery.swift) —
+//   each repository's tombstones too. A torn tail, or what lies after the end of the last
+//   segment, is cut off and reported; a damaged record in the middle, a snapshot torn,
+//   damaged, foreign or missing, a log segment missing, cut short or emptied, each refuses
+//   start-up with the file and the cause. A repository given a new epoch (a copied
+//   snapshot, a repaired log) loses its tombstones: which keys were deleted before it is
+//   no longer known. A data directory an earlier obsd wrote (SQLite, `obsd.db`:
+//   SQLiteSchema.swift) is read once, written as a snapshot, removed.
 //
 // Durability callbacks come from the committer thread and must not block (the daemon
 // hands them to its event loop); `append` never calls back.
@@ -73,6 +75,9 @@ public final class DiskStorage: Storage {
         public var historyMaxBytes: Int
         /// History older than this is dropped (nil: no age limit).
         public var historyMaxAge: Duration?
+        /// Deletions remembered per repository (tombstones, for catch-ups: `Tombstones`):
+        /// the most recent this many, in memory, in the snapshot and replayed from the log.
+        public var tombstoneLimit: Int = Tombstones.defaultLimit
         /// How often the checkpointer looks at how far the log is ahead of the snapshot.
         public var checkpointInterval: Duration = .milliseconds(200)
         /// The snapshot is rewritten once the log after it holds this many bytes and half its
@@ -327,7 +332,9 @@ extension DiskStorage {
         let migrated = repositories.map { repository in
             // Keys that no longer exist are attached to nothing.
             let attached = (attachments[repository.name] ?? [:]).filter { repository.state[$0.key] != nil }
-            return LoadedRepository(name: repository.name, epoch: repository.epoch, state: repository.state, history: repository.history, attachments: attached)
+            return LoadedRepository(
+                name: repository.name, epoch: repository.epoch, state: repository.state, history: repository.history, attachments: attached,
+                tombstones: repository.tombstones)
         }
         return (migrated, leases)
     }

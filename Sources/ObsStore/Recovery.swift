@@ -3,7 +3,10 @@
 // into its repository's flat table and its history kept as a snapshot keeps it (one buffer,
 // decoded a revision at a time when the server takes it), no object per value, so a replay
 // of a million changes does not leave the allocator holding them; the attachments a write
-// moved applied to its repository's; leases granted and ended applied to the leases.
+// moved applied to its repository's; each deletion of a key remembered in its repository's
+// tombstones (within the configured bound), each key created again forgetting its own — a
+// repository the snapshot did not hold starts with none unknown, the log holding its every
+// revision; leases granted and ended applied to the leases.
 
 import ObsValues
 import ObservableKit
@@ -16,6 +19,7 @@ struct Recovery {
         var state: FlatTable
         var history: LoadedHistory
         var attachments: [Key: UInt64]
+        var tombstones: Tombstones
         /// The weight appended to `history` since it was last trimmed, and kept then.
         var weight = 0
     }
@@ -30,7 +34,11 @@ struct Recovery {
     private(set) var leases: PersistedLeases
 
     init(repositories: [LoadedRepository], leases: PersistedLeases, renewEpochs: Bool, options: DiskStorage.Options) {
-        self.builders = repositories.map { Builder(name: $0.name, epoch: $0.epoch, state: $0.state, history: $0.history, attachments: $0.attachments) }
+        self.builders = repositories.map { repository in
+            var tombstones = repository.tombstones
+            tombstones.setLimit(options.tombstoneLimit)
+            return Builder(name: repository.name, epoch: repository.epoch, state: repository.state, history: repository.history, attachments: repository.attachments, tombstones: tombstones)
+        }
         self.leases = leases
         self.renewEpochs = renewEpochs
         self.options = options
@@ -42,7 +50,7 @@ struct Recovery {
         builders.map { b in
             var history = b.history
             history.retain(limit: options.historyLimit, maxBytes: options.historyMaxBytes)
-            return LoadedRepository(name: b.name, epoch: b.epoch, state: b.state, history: history, attachments: b.attachments)
+            return LoadedRepository(name: b.name, epoch: b.epoch, state: b.state, history: history, attachments: b.attachments, tombstones: b.tombstones)
         }
     }
 
@@ -79,7 +87,11 @@ struct Recovery {
         } else {
             guard let name = String(validating: record.repo, as: UTF8.self) else { throw malformed(log, position) }
             let epoch = renewEpochs ? Epoch.random() : String(decoding: record.epoch, as: UTF8.self)
-            builders.append(Builder(name: name, epoch: epoch, state: FlatTable(), history: LoadedHistory(repo: name), attachments: [:]))
+            // Its log begins at its first revision: every deletion in it is known (floor 0).
+            builders.append(
+                Builder(
+                    name: name, epoch: epoch, state: FlatTable(), history: LoadedHistory(repo: name), attachments: [:],
+                    tombstones: Tombstones(limit: options.tombstoneLimit)))
             index = builders.count - 1
             byName[name] = index
             last = (Array(record.repo), index)
@@ -97,9 +109,11 @@ struct Recovery {
             try LogRecord.checkChanges(record.changes)
             weight = try record.forEachChange { key, _, new in
                 if let new {
-                    builders[index].state.set(key: key, value: new.bytes, isPlain: new.plain, revision: record.revision)
-                } else {
-                    builders[index].state.remove(key: key)
+                    let (created, position) = builders[index].state.withRecord(key: key) { found, position in (found == nil, position) }
+                    builders[index].state.set(key: key, value: new.bytes, isPlain: new.plain, revision: record.revision, at: position)
+                    if created, !builders[index].tombstones.isEmpty { builders[index].tombstones.remove(Self.key(key)) }
+                } else if builders[index].state.remove(key: key) {
+                    builders[index].tombstones.deleted(Self.key(key), at: record.revision)
                 }
             }
         } catch {
@@ -117,6 +131,9 @@ struct Recovery {
             builders[index].weight = builders[index].history.retain(limit: options.historyLimit, maxBytes: options.historyMaxBytes)
         }
     }
+
+    /// A key read from the log (its UTF-8 checked by `checkChanges`).
+    private static func key(_ bytes: UnsafeRawBufferPointer) -> Key { Key(String(decoding: bytes, as: UTF8.self)) }
 
     private func malformed(_ log: String, _ position: UInt64) -> StorageError {
         StorageError(.corrupt, "\(log): a record before position \(position) has a valid checksum but no meaning to this obsd; refusing to start")

@@ -93,6 +93,7 @@ enum Launch {
         var options = DiskStorage.Options(
             directory: directory, sync: .always, historyLimit: s.historyLimit, historyMaxBytes: s.historyMaxBytes,
             historyMaxAge: s.historyMaxAgeSeconds > 0 ? .seconds(s.historyMaxAgeSeconds) : nil)
+        options.tombstoneLimit = s.historyTombstones
         options.repairLog = true
         let storage = try DiskStorage(options: options, logger: logger)
         let notices = storage.notices

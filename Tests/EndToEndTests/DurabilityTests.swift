@@ -176,9 +176,9 @@ import Glibc
 
         // A byte flipped inside: damaged, with the offset of its block.
         var flipped = original
-        // The last byte of the last entry, before the 24-byte LEAS block (no lease) and the
-        // 32-byte end block.
-        flipped[flipped.count - 57] ^= 0x01
+        // The last byte of the last entry, before the repository's 24-byte TOMB block (no
+        // tombstone), the 24-byte LEAS block (no lease) and the 32-byte end block.
+        flipped[flipped.count - 81] ^= 0x01
         try flipped.write(to: URL(fileURLWithPath: snapshot))
         result = try d.runToCompletion()
         #expect(result.status != 0)

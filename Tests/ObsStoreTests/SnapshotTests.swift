@@ -1,8 +1,10 @@
 // Tests of the snapshot: random writes over several repositories with snapshots taken while
-// they go on, checked against a model after a clean stop and after a crash at any point; a
-// snapshot torn, damaged, foreign or missing, and log segments missing, refused with the
-// file and the cause; a leftover partial snapshot removed; an earlier obsd's SQLite state
-// migrated with its log replayed on top; the CRC-32C instruction against the tables.
+// they go on, checked against a model (entries, history, tombstones) after a clean stop and
+// after a crash at any point; a snapshot torn, damaged, foreign or missing, and log segments
+// missing, refused with the file and the cause; a leftover partial snapshot removed; an
+// earlier obsd's SQLite state migrated with its log replayed on top (knowing no deletion
+// before it); the CRC-32C instruction against the tables. (Tombstones on their own:
+// TombstoneStorageTests.)
 
 import Foundation
 import ObsProtocol
@@ -12,10 +14,13 @@ import Testing
 
 @testable import ObsStore
 
-/// What a model of the store expects: per repository, its entries and its revisions.
+/// What a model of the store expects: per repository, its entries, its revisions and the
+/// revision of the last deletion of each absent key (its tombstones: all of them, the bound
+/// far away).
 private struct Model {
     var entries: [String: [Key: Entry<CanonicalJSON>]] = [:]
     var revisions: [String: UInt64] = [:]
+    var deletions: [String: [Key: UInt64]] = [:]
 
     /// A random revision of one of `repos` (sets and deletions of a few of 60 keys).
     mutating func next(_ repos: [String], _ rng: inout SeededGenerator) -> RevisionRecord {
@@ -31,16 +36,20 @@ private struct Model {
             if old != nil, Int.random(in: 0..<4, using: &rng) == 0 {
                 changes.append(Change(key: key, old: old, new: nil))
                 entries[repo]![key] = nil
+                deletions[repo, default: [:]][key] = revision
             } else {
                 let value = stringValue(Int(revision), size: Int.random(in: 1...200, using: &rng))
                 changes.append(Change(key: key, old: old, new: value))
                 entries[repo, default: [:]][key] = Entry(value: value, revision: revision)
+                deletions[repo]?[key] = nil
             }
         }
         return RevisionRecord(repo: repo, changeSet: ChangeSet(revision: revision, changes: changes), time: 1_700_000_000, writer: nil)
     }
 
-    func check(_ loaded: [LoadedRepository], historyLimit: Int, sourceLocation: SourceLocation = #_sourceLocation) {
+    /// `everyDeletionKnown`: the store never started a new epoch (a copied snapshot does: it
+    /// knows only the deletions above the revision it was taken at).
+    func check(_ loaded: [LoadedRepository], historyLimit: Int, everyDeletionKnown: Bool = true, sourceLocation: SourceLocation = #_sourceLocation) {
         #expect(Set(loaded.map(\.name)) == Set(revisions.keys), sourceLocation: sourceLocation)
         for repository in loaded {
             #expect(repository.state.revision == revisions[repository.name], sourceLocation: sourceLocation)
@@ -48,6 +57,11 @@ private struct Model {
             let revision = revisions[repository.name] ?? 0
             let expected = Array(max(1, Int(revision) - historyLimit + 1)...Int(revision)).map(UInt64.init)
             #expect(repository.history.map(\.revision) == expected, "\(repository.name)", sourceLocation: sourceLocation)
+            let tombstones = Dictionary(uniqueKeysWithValues: repository.tombstones.entries.map { ($0.key, $0.revision) })
+            let floor = repository.tombstones.floor
+            if everyDeletionKnown { #expect(floor == 0, "\(repository.name): every deletion is known", sourceLocation: sourceLocation) }
+            let known = (deletions[repository.name] ?? [:]).filter { $0.value > floor }
+            #expect(tombstones == known, "\(repository.name)'s tombstones above \(floor)", sourceLocation: sourceLocation)
         }
     }
 }
@@ -87,7 +101,7 @@ private func expectRefusal(_ dir: String, naming path: String, _ words: String..
         let repos = ["a", "b", "c"]
         let listeners = Dictionary(uniqueKeysWithValues: repos.map { ($0, ListenerStub()) })
         let storage = try open(storeOptions(dir))
-        var crashes: [(copy: String, model: Model)] = []
+        var crashes: [(copy: String, model: Model, killed: Bool)] = []
         var checkpoints = 0
         for step in 1...1_500 {
             let record = model.next(repos, &rng)
@@ -99,7 +113,8 @@ private func expectRefusal(_ dir: String, naming path: String, _ words: String..
                 #expect(waitFor { repos.allSatisfy { listeners[$0]!.durable == model.revisions[$0] ?? 0 } })
                 #expect(waitFor { storage.counters!.checkpoints.load(ordering: .relaxed) > checkpoints }, "no snapshot taken while writing")
                 checkpoints = storage.counters!.checkpoints.load(ordering: .relaxed)
-                crashes.append((try crashCopy(dir), model))
+                // Left in place by a kill, or copied (a new epoch) — every other time.
+                crashes.append((step % 1000 == 0 ? try killedCopy(dir) : try crashCopy(dir), model, step % 1000 == 0))
             }
         }
         storage.close()
@@ -109,10 +124,10 @@ private func expectRefusal(_ dir: String, naming path: String, _ words: String..
         model.check(try reopened.load(), historyLimit: 30)
         #expect(reopened.notices.isEmpty, "a clean stop leaves nothing to replay: \(reopened.notices)")
         reopened.close()
-        for (copy, expected) in crashes {
+        for (copy, expected, killed) in crashes {
             defer { try? FileManager.default.removeItem(atPath: copy) }
             let recovered = try open(storeOptions(copy))
-            expected.check(try recovered.load(), historyLimit: 30)
+            expected.check(try recovered.load(), historyLimit: 30, everyDeletionKnown: killed)
             recovered.close()
         }
     }
@@ -209,6 +224,7 @@ private func expectRefusal(_ dir: String, naming path: String, _ words: String..
         let migrated = try open(options(dir))
         let loaded = try #require(try migrated.load().first)
         #expect(loaded.state.revision == 2 && loaded.state[Key("k")]?.value == CanonicalJSON(.string("kept")))
+        #expect(loaded.tombstones.floor == 1 && loaded.tombstones.isEmpty, "no deletion before the migrated state is known")
         #expect(loaded.state[Key("k2")]?.value == CanonicalJSON(.string("logged")))
         #expect(migrated.notices.contains { $0.contains("obsd.db") && $0.contains("SQLite") }, "\(migrated.notices)")
         migrated.close()
