@@ -140,9 +140,12 @@ extension ClusterStorage {
             success.append(
                 .put(key: layout.logKey(repo, record.revision), value: Codec.log(record, writeID: group.writeID, lease: group.leaseEnds[record.revision])))
         }
+        // The trim stops before the group's own records, which the watch delivers (etcd refuses
+        // a txn that puts a key one of its deletions covers): a group of more revisions than
+        // the limit leaves a few more in the log, until the next commit trims them.
         let keep = UInt64(max(1, configuration.historyLimit))
-        if !group.records.isEmpty, last > keep {
-            success.append(.deleteRange(key: layout.logPrefix(repo), rangeEnd: layout.logKey(repo, last - keep + 1)))
+        if let first = group.records.first?.revision, last > keep, min(last - keep + 1, first) > 1 {
+            success.append(.deleteRange(key: layout.logPrefix(repo), rangeEnd: layout.logKey(repo, min(last - keep + 1, first))))
         }
         return (compare, success, failure)
     }
