@@ -166,7 +166,10 @@ let package = Package(
                 "ObsServer", "ObsCore", "ObsStore", "ObsProtocol", "ObservableKit", "CLinux", "TestSupport",
                 .product(name: "Logging", package: "swift-log"),
             ]),
-        .target(name: "TestSupport", dependencies: ["ObsStore", "ObsProtocol"], path: "Tests/TestSupport"),
+        // Test support; InProcessDaemon runs the daemon (ObsServer) in the test process.
+        .target(
+            name: "TestSupport", dependencies: ["ObsStore", "ObsProtocol", "ObsServer", .product(name: "Logging", package: "swift-log")],
+            path: "Tests/TestSupport"),
         // ObsEtcd against a real 3-member etcd cluster on loopback (TestSupport's EtcdCluster).
         .testTarget(name: "ObsEtcdTests", dependencies: ["ObsEtcd", "TestSupport"]),
         // ObsCluster's encodings and key layout, without a cluster; and two real obsd daemons
