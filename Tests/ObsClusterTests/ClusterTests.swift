@@ -5,7 +5,8 @@
 // than the change log keeps (this file); etcd losing its quorum, its leader killed under a
 // write loop, a daemon killed -9, an etcd compaction, starting while etcd is down
 // (ClusterFailureTests.swift); a watch resumed behind a compaction and a wiped prefix
-// (ClusterCatchUpTests.swift); leases across daemons (ClusterLeaseTests.swift).
+// (ClusterCatchUpTests.swift); leases across daemons (ClusterLeaseTests.swift); catch-ups
+// across daemons, from the tombstones kept in etcd (ClusterTombstoneTests.swift).
 //
 // Each test starts its own cluster and daemons and stops every process by PID in a `defer`.
 // Tests await events and replies; the waits' bounds are failure guards only. The suite runs
