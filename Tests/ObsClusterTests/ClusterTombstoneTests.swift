@@ -1,6 +1,9 @@
 // ObsClusterTests, tombstones in etcd: a catch-up past the history is a `diff` on any daemon of
-// a cluster — one that started after some of the deletions, one restarted after all of them —
-// listing what another daemon deleted, and not the keys it re-created; etcd holds what every daemon remembers (a tomb key per deletion,
+// a cluster — one that started after some of the deletions, one restarted after all of them,
+// one whose watch resumed behind an etcd compaction, one that had to stop and restart because
+// the change log no longer reached back — listing what another daemon deleted (the contract's
+// example on the wire, CatchUpScenario, written through A and caught up through B), and not
+// the keys it re-created; etcd holds what every daemon remembers (a tomb key per deletion,
 // lease ends' included, none for a key written again) within the bound, the floor raised past
 // it, so that a catch-up from before the floor is a `snapshot` on every daemon; and deletions
 // etcd cannot vouch for (a floor key behind the counter, as a daemon that keeps no tombstones
@@ -242,6 +245,121 @@ extension ClusterTests {
 
 
 extension ClusterTests {
+    /// Subscribes `c` to `repo` from `seen` of `epoch` with `catchup` and reads the reply, the
+    /// `catchup` event (its line as sent, and parsed) and `synced`.
+    func catchUpOnTheWire(_ c: WireConnection, repo: String = "r", since seen: UInt64, epoch: String) throws -> (
+        reply: JSONObject, line: String, event: JSONObject, synced: JSONObject
+    ) {
+        let id = try c.request(["op": "subscribe", "repo": .string(repo), "since": .int(Int64(seen)), "epoch": .string(epoch), "catchup": true])
+        let reply = try c.receive()
+        guard reply["id"] == id, reply.ok else { throw ClusterTestFailure("the catch-up was refused: \(reply)") }
+        guard let line = try c.receiveLine() else { throw ClusterTestFailure("the connection closed after \(reply)") }
+        guard case .object(let event) = try JSONParser.parse(line) else { throw ClusterTestFailure("not an object: \(line)") }
+        return (reply, String(decoding: line, as: UTF8.self), event, try c.receive())
+    }
+
+    /// The contract's example written through A (CatchUpScenario, as CatchUpTests writes it on
+    /// one daemon), caught up through B: B's `catchup` is a `diff` listing exactly the keys
+    /// changed and the keys deleted through A — and still is once B has restarted.
+    @Test func aCatchUpThroughBOfWritesAndDeletionsThroughAIsADiffAndStillIsOnceBRestarted() async throws {
+        let pair = try await ClusterPair.start(extra: ["--history-limit", "2"])
+        defer { pair.stop() }
+        let a = try WireConnection(path: pair.a.socketPath)
+        let (seen, epoch) = try CatchUpScenario.write(a)
+        for restarted in [false, true] {
+            if restarted { try await pair.b.launch(afterStopping: true) }
+            let b = try WireConnection(path: pair.b.socketPath)
+            let plain = try b.call(["op": "subscribe", "repo": "r", "since": .int(Int64(seen)), "epoch": .string(epoch)])
+            #expect(plain.errorCode == "compacted", "B keeps 2 revisions, restarted \(restarted): \(plain)")
+            let (reply, line, event, synced) = try catchUpOnTheWire(b, since: seen, epoch: epoch)
+            let sub = reply["sub"]?.int64Value ?? -1
+            #expect(reply["catchup"]?.stringValue == "diff" && reply["rev"]?.int64Value == CatchUpScenario.revision, "restarted \(restarted): \(reply)\n\(pair.diagnostics)")
+            #expect(reply["epoch"]?.stringValue == epoch)
+            #expect(line.hasPrefix(#"{"event":"catchup","sub":\#(sub),"repo":"r","from":3,"rev":8,"values":{"#), "restarted \(restarted): \(line)")
+            #expect(event["values"] == CatchUpScenario.values, "restarted \(restarted): \(line)")
+            #expect(event["deleted"]?.arrayValue == CatchUpScenario.deleted, "what A deleted, restarted \(restarted): \(line)")
+            #expect(event["by"] == nil && event["lease"] == nil)
+            #expect(synced["event"]?.stringValue == "synced" && synced["rev"]?.int64Value == CatchUpScenario.revision, "\(synced)")
+            if restarted {
+                // Then live: A's next write reaches B's subscription.
+                #expect(try CatchUpScenario.set(a, "lang", "de") == 9)
+                let live = try b.receive()
+                #expect(live["event"]?.stringValue == "change" && live["rev"]?.int64Value == 9 && live["sub"]?.int64Value == sub, "\(live)")
+            }
+        }
+    }
+
+    /// B cut off while A deletes; etcd compacted: B's watch resumes behind the compaction and
+    /// catches up from the change log, its tombstones with it — a catch-up through B is a diff.
+    @Test func deletionsBMissedBehindAnEtcdCompactionAreListedByItsDiff() async throws {
+        let etcd = try await EtcdCluster.start()
+        let a = ClusterDaemon(name: "A", endpoints: Array(etcd.clientURLs.prefix(2)), prefix: "/obsd-test/", extra: ["--history-limit", "3"])
+        let b = ClusterDaemon(name: "B", endpoints: [etcd.clientURLs[2]], prefix: "/obsd-test/", extra: ["--history-limit", "3"])
+        defer {
+            b.signal(SIGCONT)
+            a.stop()
+            b.stop()
+            for i in etcd.members.indices { etcd.kill(i) }
+        }
+        try await a.launch()
+        try await b.launch()
+        let clientA = try await a.client()
+        let clientB = try await b.client()
+        let log = EventLog(try await clientB.subscribe(to: "c"))
+        _ = try await clientA.apply((1...4).map { .set(Key("k\($0)"), int($0)) }, in: "c")  // 1
+        let epoch = try await clientA.list("c").epoch
+        #expect(await log.wait(forRevision: 1))
+
+        try await cutOffCompactAndReconnect(etcd, b: b) {
+            try await clientA.delete("k1", in: "c")  // 2
+            try await clientA.delete("k2", in: "c")  // 3
+            try await clientA.set("k3", to: int(30), in: "c")  // 4
+        }
+        #expect(await log.wait(forRevision: 4, timeout: .seconds(30)), "\(b.log.suffix(3000))")
+        #expect(b.log.contains("catching up from the change log"), "the watch did not resume behind the compaction")
+        for i in 5...7 { try await clientA.set("x", to: int(i), in: "c") }  // 5…7: B's history starts at 5
+        #expect(await log.wait(forRevision: 7))
+        let resumed = try await resume(clientB, "c", since: 1, epoch: epoch)
+        #expect(resumed.mode == .diff, "\(resumed)\n\(b.log.suffix(3000))")
+        #expect(resumed.diff?.deleted == ["k1", "k2"] && resumed.diff?.values == ["k3": int(30), "x": int(7)], "\(resumed)")
+    }
+
+    /// B cut off for longer than the change log reaches, while A deletes; etcd compacted: B
+    /// stops, and restarted it reads the tomb keys — a catch-up through B is a diff.
+    @Test func deletionsBeyondTheChangeLogAreListedByTheDiffOfADaemonThatHadToRestart() async throws {
+        let etcd = try await EtcdCluster.start()
+        let a = ClusterDaemon(name: "A", endpoints: Array(etcd.clientURLs.prefix(2)), prefix: "/obsd-test/", extra: ["--history-limit", "3"])
+        let b = ClusterDaemon(name: "B", endpoints: [etcd.clientURLs[2]], prefix: "/obsd-test/", extra: ["--history-limit", "3"])
+        defer {
+            b.signal(SIGCONT)
+            a.stop()
+            b.stop()
+            for i in etcd.members.indices { etcd.kill(i) }
+        }
+        try await a.launch()
+        try await b.launch()
+        let clientA = try await a.client()
+        let clientB = try await b.client()
+        let log = EventLog(try await clientB.subscribe(to: "c"))
+        _ = try await clientA.apply((1...4).map { .set(Key("k\($0)"), int($0)) }, in: "c")  // 1
+        let epoch = try await clientA.list("c").epoch
+        #expect(await log.wait(forRevision: 1))
+
+        // Six revisions missed, three kept in the change log.
+        try await cutOffCompactAndReconnect(etcd, b: b) {
+            try await clientA.delete("k1", in: "c")  // 2
+            try await clientA.delete("k2", in: "c")  // 3
+            try await clientA.set("k3", to: int(30), in: "c")  // 4
+            for i in 5...7 { try await clientA.set("x", to: int(i), in: "c") }  // 5…7
+        }
+        let stopped = await eventually(timeout: .seconds(30)) { () async -> Bool in !b.isRunning }
+        #expect(stopped && b.log.contains("no longer holds them all"), "\(b.log.suffix(3000))")
+        try await b.launch()
+        let resumed = try await resume(try await b.client(), "c", since: 1, epoch: epoch)
+        #expect(resumed.mode == .diff, "\(resumed)\n\(b.log.suffix(3000))")
+        #expect(resumed.diff?.deleted == ["k1", "k2"] && resumed.diff?.values == ["k3": int(30), "x": int(7)], "\(resumed)")
+    }
+
     /// A lease's end is a commit too: each of its revisions (at most `leaseEndKeys` keys, each
     /// deletion taking its tomb key) leaves a tomb key per key, and a daemon restarted after
     /// it lists them all.
