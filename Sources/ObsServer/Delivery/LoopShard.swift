@@ -175,7 +175,7 @@ final class LoopShard: @unchecked Sendable {
     init(loop: IOLoop, budget: DeliveryBudget = DeliveryBudget()) {
         self.loop = loop
         self.budget = budget
-        loop.onTick = { [unowned(unsafe) self] in self.tick() }
+        loop.onTick = { [unowned self] in self.tick() }
     }
 
     /// Set once by the hub that owns this shard, before it serves.
