@@ -124,16 +124,18 @@ DOCC_TARGETS := ObsClient ObservableKit
 docs: deps
 	$(SWIFT) package generate-documentation $(foreach t,$(DOCC_TARGETS),--target $(t)) --warnings-as-errors
 
-# The sanitizers on the suites that exercise the daemon's unsafe references (`Unmanaged`,
-# `unowned(unsafe)`, `_withUnsafeGuaranteedRef`: the loops, shards, outboxes and history in
-# ObsServerTests, ObsCoreTests and ObsStoreTests) and its locks (ObservableKitTests too).
-# AddressSanitizer's leak check is off: the in-process tests leave their servers' loops,
-# connections and sessions referring to each other at exit (the daemon keeps its own for the
-# life of the process), which it would report as leaks; use-after-free, overflows and
-# races are what these targets are for.
+# The sanitizers. AddressSanitizer on the suites that exercise the daemon's unsafe references
+# (`Unmanaged`, `unowned(unsafe)`, `_withUnsafeGuaranteedRef`: the loops, shards, outboxes and
+# history in ObsServerTests, ObsCoreTests and ObsStoreTests) and its locks (ObservableKitTests);
+# its leak check is off: the in-process tests leave their servers' loops, connections and
+# sessions referring to each other at exit (the daemon keeps its own for the life of the
+# process), which it would report as leaks. ThreadSanitizer on ObservableKitTests only: the
+# daemon's modules lock with Synchronization's `Mutex`, which on Linux is a futex
+# ThreadSanitizer does not see, so it reports every access under one as a race (it did:
+# `Hub.hold` and `Hub.release`, both inside `repositories.withLock`).
 SANITIZED_SUITES := ObsServerTests|ObsCoreTests|ObsStoreTests|ObservableKitTests
 tsan: deps
-	$(SWIFT) test --scratch-path .build-tsan --sanitize=thread --filter '$(SANITIZED_SUITES)'
+	$(SWIFT) test --scratch-path .build-tsan --sanitize=thread --filter ObservableKitTests
 
 asan: deps
 	ASAN_OPTIONS=detect_leaks=0 $(SWIFT) test --scratch-path .build-asan --sanitize=address --filter '$(SANITIZED_SUITES)'
