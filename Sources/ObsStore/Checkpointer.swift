@@ -253,6 +253,7 @@ final class Checkpointer {
             try writeHistory(old: [], new: repository, writer)
             try writeEntries(repository.table, writer)
         }
+        Failpoints.hit("checkpoint.commit")  // test-only (Failpoints.swift)
         try writer.commit()
         return try SnapshotLoader.fileSize(writer.path)
     }
