@@ -236,7 +236,7 @@ class ConnCheck:
                                  [self.ref(r.ln), self.ref(r.rln)], f"got {vals.get(k)!r}, the model holds {st[k]}")
                     return
         ep = r.rep.get("epoch")
-        if ep is not None and ep != h.hid and not h.hid.startswith("?"):
+        if ep is not None and ep != h.hid.split("#")[0] and not h.hid.startswith("?"):
             self.res.add("durability", f"list reports another epoch than its history's: {h.repo}", [self.ref(r.rln)])
 
     def check_write(self, h, r):
@@ -807,8 +807,14 @@ class SubCheck:
         i = bisect.bisect_right(own, self.told)
         j = bisect.bisect_left(own, rev)
         for r in own[i:j]:
-            for k, o, n in self.selected_changes(self.h.revs[r]):
-                self.seen_new[k] = n
+            # After its own write a key holds what the write set (or nothing, deleted) — so the
+            # request says it even where no subscriber saw the revision.
+            w = self.h.writer_of[r]
+            ops = w.req.get("ops") if w.req.get("op") == "batch" else [w.req]
+            for o in ops or []:
+                k = o.get("key")
+                if isinstance(k, str) and self.sel(k):
+                    self.seen_new[k] = canon(o["value"]) if (o.get("op") or w.req.get("op")) == "set" else None
 
     def changes_of(self, m):
         return self.cc.V.changes_of(m)

@@ -71,10 +71,12 @@ class KeyHistory:
 
     __slots__ = ("revs", "vals", "krevs")
 
-    def __init__(self):
+    def __init__(self, unknown=False):
+        # A history that begins from nothing (revision 0) knows every key absent there; one that
+        # begins elsewhere (after a fork, a new epoch over kept state) does not.
         self.revs = [0]
-        self.vals = [None]
-        self.krevs = [0]
+        self.vals = [UNKNOWN if unknown else None]
+        self.krevs = [UNKNOWN if unknown else 0]
 
     def add(self, rev, val, krev):
         if self.revs[-1] == rev:
@@ -155,7 +157,7 @@ class History:
     def key(self, k):
         h = self.keys.get(k)
         if h is None:
-            h = self.keys[k] = KeyHistory()
+            h = self.keys[k] = KeyHistory(unknown=self.known_from != 0)
         return h
 
     def state_at(self, key, rev):

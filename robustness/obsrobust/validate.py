@@ -150,7 +150,19 @@ class Ctx:
         self.pids = {}  # client -> pid
         self.lease_names = []  # (conn, Req, lease id, kind)
         self.conn_ends = {}  # conn name -> (t_end, kind, daemon, inc)
+        self.staged = {}  # (repo, epoch, daemon, inc) -> History of what that incarnation showed
+        self.rev_range = {}  # (repo, daemon, inc) -> [lowest reply rev, ref, highest rev told, ref]
+        self.forks = {}  # (repo, epoch, daemon) -> [inc where the history went back under the same epoch]
         self.max_line = 65536
+
+    def stage(self, repo, epoch, daemon, inc):
+        """What the subscribers of every key of one incarnation saw, before it is merged into
+        its history (once forks are known)."""
+        k = (repo, epoch, daemon, inc)
+        h = self.staged.get(k)
+        if h is None:
+            h = self.staged[k] = History(repo, epoch)
+        return h
 
     def hist(self, repo, hid):
         h = self.histories.get((repo, hid))
@@ -159,6 +171,25 @@ class Ctx:
         return h
 
     def hid(self, repo, daemon, inc):
+        e = self.base_hid(repo, daemon, inc)
+        forks = self.forks.get((repo, e, daemon))
+        if forks:
+            n = sum(1 for f, rev in forks if f <= inc)
+            if n:
+                return f"{e}#fork{n}"
+        return e
+
+    def owner(self, repo, daemon, inc, rev):
+        """The history a revision `rev` seen by incarnation `inc` belongs to: after forks, a
+        revision up to where a fork parted from the history before it is that history's."""
+        e = self.base_hid(repo, daemon, inc)
+        forks = [f for f in self.forks.get((repo, e, daemon), []) if f[0] <= inc]
+        n = len(forks)
+        while n > 0 and rev <= forks[n - 1][1]:
+            n -= 1
+        return f"{e}#fork{n}" if n else e
+
+    def base_hid(self, repo, daemon, inc):
         e = self.epoch_of.get((repo, daemon, inc))
         if e is not None:
             return e
@@ -231,6 +262,19 @@ def scan(conn, ctx):
             ctx.pids[conn.client] = note["pid"]
     subs = {}
     last_obs = {}
+
+    def told(repo, rev, ln, reply):
+        """What this incarnation told of a repository: the lowest revision a reply reported
+        (its state when it first served), the highest anything reported."""
+        k = (repo, conn.daemon, incn)
+        rr = ctx.rev_range.get(k)
+        if rr is None:
+            rr = ctx.rev_range[k] = [None, None, -1, None]
+        if reply and (rr[0] is None or rev < rr[0]):
+            rr[0], rr[1] = rev, (conn.file, ln)
+        if rev > rr[2]:
+            rr[2], rr[3] = rev, (conn.file, ln)
+
     for r in conn.reqs:
         if r.rep is not None:
             res.ops += 1
@@ -247,12 +291,14 @@ def scan(conn, ctx):
             w = Write(conn, r, oc, rev, old)
             ctx.writes.append(w)
             if rev is not None:
+                told(w.repo, rev, r.rln, True)
                 ctx.obs.append((w.repo, conn.daemon, incn, r.rt, rev, "write", r.t))
             for lid in lease_ids(obj):
                 ctx.lease_names.append((conn, r, lid, gen))
         elif op in ("get", "list") and r.rep is not None and r.rep.get("ok"):
             repo = obj.get("repo")
             if op == "list":
+                told(repo, r.rep["rev"], r.rln, True)
                 ctx.obs.append((repo, conn.daemon, incn, r.rt, r.rep["rev"], "list", r.t))
                 if "epoch" in r.rep:
                     note_epoch(ctx, repo, conn.daemon, incn, r.rep["epoch"], r.rep["rev"], (conn.file, r.rln))
@@ -260,6 +306,7 @@ def scan(conn, ctx):
                 ctx.obs.append((repo, conn.daemon, incn, r.rt, r.rep.get("rev", 0), "get", None))
         elif op == "repos" and r.rep is not None and r.rep.get("ok"):
             for e in r.rep.get("repos", []):
+                told(e["name"], e["rev"], r.rln, True)
                 ctx.obs.append((e["name"], conn.daemon, incn, r.rt, e["rev"], "repos", r.t))
                 note_epoch(ctx, e["name"], conn.daemon, incn, e["epoch"], e["rev"], (conn.file, r.rln))
         elif op == "grant":
@@ -293,6 +340,7 @@ def scan(conn, ctx):
                 ep = r.rep.get("epoch")
                 if ep is not None:
                     note_epoch(ctx, repo, conn.daemon, incn, ep, r.rep.get("rev", 0), (conn.file, r.rln))
+                told(repo, r.rep["rev"], r.rln, True)
                 ctx.obs.append((repo, conn.daemon, incn, r.rt, r.rep["rev"], "subscribe", r.t))
                 subs[r.rep["sub"]] = (spec, ep)
             continue
@@ -309,18 +357,19 @@ def scan(conn, ctx):
             if lt is None or t - lt >= 5_000_000:
                 last_obs[repo] = t
                 ctx.obs.append((repo, conn.daemon, incn, t, rev, ev, None))
+                told(repo, rev, ln, False)
         if ep is None:
             continue
         if ev == "change" and "from" not in obj and is_full(spec) and not spec.get("coalesce"):
-            add_revision(ctx, ctx.hist(repo, ep), obj, (conn.file, ln), t, (conn.daemon, incn))
+            add_revision(ctx, ctx.stage(repo, ep, conn.daemon, incn), obj, (conn.file, ln), t, (conn.daemon, incn))
         elif ev == "snapshot" and is_full(spec):
-            h = ctx.hist(repo, ep)
+            h = ctx.stage(repo, ep, conn.daemon, incn)
             h.snapshots.append((obj["rev"], {k: canon(v) for k, v in obj.get("values", {}).items()}, (conn.file, ln)))
     # Final reads (h-final) are full states too.
     if conn.client.startswith("final"):
         for r in conn.reqs:
             if r.ok and isinstance(r.obj, dict) and r.obj.get("op") == "list" and "prefix" not in r.obj and "epoch" in r.rep:
-                h = ctx.hist(r.obj["repo"], r.rep["epoch"])
+                h = ctx.stage(r.obj["repo"], r.rep["epoch"], conn.daemon, incn)
                 h.snapshots.append((r.rep["rev"], {k: canon(v) for k, v in r.rep.get("values", {}).items()}, (conn.file, r.rln)))
 
 
@@ -411,7 +460,96 @@ def describe_changes(ch, lease=None):
     return s
 
 
-# After pass 1: distribute, replay
+# After pass 1: forks, merge, distribute, replay
+
+
+def find_forks(ctx):
+    """A history that went back under the same epoch: an incarnation whose first replies report
+    a revision below one an earlier incarnation (same data directory, same epoch) had told. The
+    acknowledged revisions above it are lost, and the revision numbers will be handed out again:
+    one durability violation, and from there on the repository's revisions are checked as a
+    history of their own (so one loss is reported once, not as every later revision)."""
+    if ctx.mode != "local":
+        return
+    res = ctx.result
+    for daemon, incs in ctx.tl.incs.items():
+        repos = sorted({k[0] for k in ctx.rev_range if k[1] == daemon})
+        for repo in repos:
+            top = None  # (rev, ref, inc, epoch, gen)
+            for inc in incs:
+                rr = ctx.rev_range.get((repo, daemon, inc["inc"]))
+                e = ctx.base_hid(repo, daemon, inc["inc"])
+                if rr is None:
+                    continue
+                res.checked["durability"] += 1
+                if top is not None and top[3] == e and top[4] == inc["gen"] and rr[0] is not None and rr[0] < top[0]:
+                    res.add("durability", f"acknowledged revisions lost, the epoch kept: {repo} back from revision {top[0]} to {rr[0]}",
+                            [top[1], rr[1]],
+                            f"incarnation {top[2]} told revision {top[0]}; after {incarnation_end(ctx, daemon, inc['inc'])}, "
+                            f"incarnation {inc['inc']} answered at revision {rr[0]} under the same epoch {e} — revisions "
+                            f"{rr[0] + 1}–{top[0]} are gone and their numbers will be handed out again")
+                    ctx.forks.setdefault((repo, e, daemon), []).append((inc["inc"], rr[0]))
+                    top = None
+                if rr[2] >= 0 and (top is None or rr[2] > top[0] or top[3] != e or top[4] != inc["gen"]):
+                    top = (rr[2], rr[3], inc["inc"], e, inc["gen"])
+
+
+def incarnation_end(ctx, daemon, inc):
+    """How the incarnation before `inc` ended, and the faults in between (for a report)."""
+    incs = ctx.tl.incs.get(daemon, [])
+    prev = [i for i in incs if i["inc"] < inc]
+    cur = [i for i in incs if i["inc"] == inc]
+    if not prev or not cur:
+        return "a restart"
+    p = prev[-1]
+    kinds = [f["kind"] for f in ctx.tl.faults if (p.get("stop_t") or p["spawn"]) - NS <= f["t0"] <= cur[0]["spawn"]]
+    return f"{p.get('how') or 'an end'} ({', '.join(kinds) or 'no fault'})"
+
+
+def merge_staged(ctx):
+    for (repo, epoch, daemon, inc), st in sorted(ctx.staged.items(), key=lambda x: (x[0][0], x[0][2], x[0][3])):
+        own = ctx.epoch_of.get((repo, daemon, inc)) == epoch
+        h = ctx.hist(repo, ctx.hid(repo, daemon, inc) if own else epoch)
+        for rev in sorted(st.revs):
+            c = st.revs[rev]
+            # After a fork, revisions up to where the histories part are the earlier history's
+            # (a replay of them there must match what was seen before the fork).
+            target = ctx.hist(repo, ctx.owner(repo, daemon, inc, rev)) if own else h
+            old = target.revs.get(rev)
+            if target is not h:
+                if old is None:
+                    target.revs[rev] = c
+                else:
+                    merge_revision(ctx, target, rev, old, c)
+                continue
+            if old is None:
+                h.revs[rev] = c
+                if rev > h.max_rev:
+                    h.max_rev = rev
+            else:
+                merge_revision(ctx, h, rev, old, c)
+        h.snapshots.extend(st.snapshots)
+    ctx.staged = None
+
+
+def merge_revision(ctx, h, rev, old, c):
+    if old.t_seen > c.t_seen:
+        old.t_seen = c.t_seen
+    if old.changes == c.changes and (old.lease is None) != (c.lease is None):
+        ctx.result.add("watch", f"an event of a lease's end without its lease: {h.repo} revision {rev}",
+                       [old.src, c.src], f"{describe_changes(c.changes, c.lease or old.lease)} seen with and without lease")
+        if old.lease is None:
+            old.lease, old.src = c.lease, c.src
+        return
+    if old.changes != c.changes or old.lease != c.lease or (old.by is not None and c.by is not None and old.by != c.by):
+        crossed = old.inc is not None and old.inc != c.inc and ctx.mode == "local"
+        ctx.result.add("durability" if crossed else "watch",
+                       f"a revision reused after a restart with other changes: {h.repo} revision {rev}" if crossed else
+                       f"two subscribers of every key saw a revision differently: {h.repo} revision {rev}",
+                       [old.src, c.src], f"{describe_changes(old.changes, old.lease)} vs {describe_changes(c.changes, c.lease)}"
+                       + (f"; by pid {old.by} vs {c.by}" if old.by != c.by else ""))
+    if old.by is None:
+        old.by = c.by
 
 
 def distribute(ctx):
@@ -734,11 +872,16 @@ def index_content(h):
     h.key_changes = kc
     h.gaps_all = gaps
     own = {}
-    for r in sorted(h.revs):
-        w = h.revs[r].writer
-        if isinstance(w, Write):
-            own.setdefault(w.conn, []).append(r)
+    writers = {}
+    for r, c in h.revs.items():
+        if isinstance(c.writer, Write):
+            writers[r] = c.writer
+    for r, ws in h.acked.items():
+        writers.setdefault(r, ws[0])
+    for r in sorted(writers):
+        own.setdefault(writers[r].conn, []).append(r)
     h.own_revs = own
+    h.writer_of = writers
     first = {}
     for rev, ws in h.acked.items():
         for w in ws:
@@ -921,8 +1064,13 @@ def check_leases(ctx):
                         res.add("lease", f"a lease with a TTL not_found before its TTL passed: lease {lid}",
                                 [(conn.file, r.ln), (conn.file, r.rln)] + l.refs[:2],
                                 f"kept alive (request sent) {ms(r.rt - max(renew))} before this reply, TTL {l.ttl} s")
-    # Keys that outlived their lease.
+    # Keys that outlived their lease (in a history that went on to the end of the run: not one
+    # a fork left behind).
+    forked_from = {(repo, base) for (repo, e, d), forks in ctx.forks.items()
+                   for base in [e] + [f"{e}#fork{n}" for n in range(1, len(forks))]}
     for (repo, hid), h in ctx.histories.items():
+        if (repo, hid) in forked_from:
+            continue
         gen = ctx.hist_gen.get((repo, hid), 0)
         last = h.last_obs_t
         for k, lid in h.attach.items():
@@ -1062,8 +1210,10 @@ def validate_run(run_dir, log):
             note = json.loads(data)
             if "pid" in note:
                 ctx.pids[client] = ctx.tl.proxy_pid or note["pid"]
+    find_forks(ctx)
     for w in ctx.writes:
         ctx.hist_gen[(w.repo, ctx.hid(w.repo, w.daemon, w.inc))] = ctx.gen_of(w.daemon, w.inc)
+    merge_staged(ctx)
     distribute(ctx)
     for h in ctx.histories.values():
         h.last_obs_t = max((o[0] for o in h.obs), default=None)
