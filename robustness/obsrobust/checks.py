@@ -534,9 +534,26 @@ class SubCheck:
             return key.startswith(self.prefix)
         return True
 
-    def own(self, content):
-        w = content.writer
-        return w is not None and not isinstance(w, tuple) and w.conn == self.conn_name
+    def own(self, rev):
+        """Whether revision `rev` was written by this subscription's connection."""
+        w = self.h.writer_of.get(rev)
+        return w is not None and w.conn == self.conn_name
+
+    def own_changes(self, upto):
+        """This connection's own revisions in (told, upto), each as [(key, value after)] for the
+        keys it selects — from the write requests, which say what a key holds after them."""
+        own = self.h.own_revs.get(self.conn_name)
+        if not own:
+            return []
+        i = bisect.bisect_right(own, self.told)
+        j = bisect.bisect_left(own, upto)
+        out = []
+        for r in own[i:j]:
+            w = self.h.writer_of[r]
+            ops = w.req.get("ops") if w.req.get("op") == "batch" else [w.req]
+            out.append((r, [(o["key"], canon(o["value"]) if (o.get("op") or w.req.get("op")) == "set" else None)
+                            for o in ops or [] if isinstance(o.get("key"), str) and self.sel(o["key"])]))
+        return out
 
     def selected_changes(self, content):
         return tuple(c for c in content.changes if self.sel(c[0]))
@@ -575,7 +592,7 @@ class SubCheck:
                     return None, unc
                 r = best
                 c = h.revs[r]
-            if (not self.echo and self.own(c)) or not self.selected_changes(c):
+            if (not self.echo and self.own(r)) or not self.selected_changes(c):
                 x = r
                 continue
             return r, unc
@@ -781,7 +798,7 @@ class SubCheck:
             if lease != content.lease:
                 self.res.add("watch", f"an event's lease is not its revision's: {h.repo} sub {self.sid} revision {rev}",
                              self.refs(ln) + [content.src], f"event {lease}, revision {content.lease}")
-            if not self.echo and self.own(content):
+            if not self.echo and self.own(rev):
                 self.res.add("watch", f"echo: false delivered the connection's own write: {h.repo} sub {self.sid} revision {rev}",
                              self.refs(ln) + content.writer.refs())
             self.check_by(m, content, ln)
@@ -801,20 +818,11 @@ class SubCheck:
     def pass_own(self, rev):
         """echo: false skips this connection's own revisions: their news are the previous
         news of what follows."""
-        own = self.h.own_revs.get(self.conn_name)
-        if not own:
-            return
-        i = bisect.bisect_right(own, self.told)
-        j = bisect.bisect_left(own, rev)
-        for r in own[i:j]:
-            # After its own write a key holds what the write set (or nothing, deleted) — so the
-            # request says it even where no subscriber saw the revision.
-            w = self.h.writer_of[r]
-            ops = w.req.get("ops") if w.req.get("op") == "batch" else [w.req]
-            for o in ops or []:
-                k = o.get("key")
-                if isinstance(k, str) and self.sel(k):
-                    self.seen_new[k] = canon(o["value"]) if (o.get("op") or w.req.get("op")) == "set" else None
+        # After its own write a key holds what the write set (or nothing, deleted) — so the
+        # request says it even where no subscriber saw the revision.
+        for r, kvs in self.own_changes(rev):
+            for k, v in kvs:
+                self.seen_new[k] = v
 
     def changes_of(self, m):
         return self.cc.V.changes_of(m)
@@ -845,18 +853,12 @@ class SubCheck:
         """echo: false with coalesce: the subscription's own writes count as received."""
         if self.echo or self.view is UNKNOWN or self.view is None:
             return
-        h = self.h
-        for r in range(self.told + 1, upto + 1):
-            c = h.revs.get(r)
-            if c is None:
-                self.view = UNKNOWN
-                return
-            if self.own(c):
-                for k, o, n in self.selected_changes(c):
-                    if n is None:
-                        self.view.pop(k, None)
-                    else:
-                        self.view[k] = n
+        for r, kvs in self.own_changes(upto + 1):
+            for k, v in kvs:
+                if v is None:
+                    self.view.pop(k, None)
+                else:
+                    self.view[k] = v
 
     def coalesced(self, m, t, ln):
         h = self.h

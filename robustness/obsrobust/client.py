@@ -420,6 +420,9 @@ class Watcher:
 
     def subscribed(self, r, s, req, rep):
         if rep is None:
+            # The connection ended before the reply: resume it on the next one.
+            if not s.done and s not in self.parked:
+                self.parked.append(s)
             return
         if rep.get("ok"):
             s.sub = rep["sub"]
@@ -546,6 +549,8 @@ class Auditor(Watcher):
 
     def audit_subscribed(self, r, s, req, rep):
         if rep is None:
+            if s not in self.parked:
+                self.parked.append(s)
             return
         if rep.get("ok"):
             s.sub = rep["sub"]
@@ -748,6 +753,20 @@ class Leaser:
         if c.in_flight > 8:
             return
         x = rng.random()
+        if self.cross and x < 0.004 and self.leases and self.other is not None and self.other.alive:
+            # A large batch naming a lease from one connection, its revoke from another at once
+            # (issue 32 item 1: the race that leaves keys on a dead lease).
+            lid = rng.choice(list(self.leases))
+            repo = rng.choice(r.repos)
+            self.seq += 1
+            ops = [{"op": "set", "key": f"L/{r.name}/r{i:03d}", "value": f"r/{self.seq}/{i}", "lease": lid}
+                   for i in range(rng.randrange(200, 800))]
+            self.other.request({"op": "batch", "repo": repo, "ops": ops}, self.wrote)
+            c.request({"op": "revoke", "lease": lid}, self.revoked(lid))
+            del self.leases[lid]
+            self.ended.append(lid)
+            r.ops += 2
+            return
         if x < 0.04 and len(self.leases) < 6:
             req = {"op": "grant"}
             if rng.random() < 0.6:

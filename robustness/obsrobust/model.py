@@ -147,6 +147,9 @@ class History:
         self.attach = {}  # key -> lease id or None, after replay (final)
         self.attach_log = {}  # key -> [(rev, seq, lease|None|UNKNOWN, t)]
         self.epochs = set()
+        self.by_only = {}  # rev -> (pid, ref): writers seen by a subscription of some keys
+        self.by_pending = {}
+        self.lease_end_checks = []
         self.final_rev = 0
         # For R_lo / R_hi
         self._lo_t = []

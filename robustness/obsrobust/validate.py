@@ -362,6 +362,10 @@ def scan(conn, ctx):
             continue
         if ev == "change" and "from" not in obj and is_full(spec) and not spec.get("coalesce"):
             add_revision(ctx, ctx.stage(repo, ep, conn.daemon, incn), obj, (conn.file, ln), t, (conn.daemon, incn))
+        elif ev == "change" and "from" not in obj and isinstance(obj.get("by"), dict) and "rev" in obj:
+            # Who wrote a revision, from any subscription with writers (to tell writes apart).
+            st = ctx.stage(repo, ep, conn.daemon, incn)
+            st.by_only[obj["rev"]] = (obj["by"].get("pid"), (conn.file, ln))
         elif ev == "snapshot" and is_full(spec):
             h = ctx.stage(repo, ep, conn.daemon, incn)
             h.snapshots.append((obj["rev"], {k: canon(v) for k, v in obj.get("values", {}).items()}, (conn.file, ln)))
@@ -529,6 +533,21 @@ def merge_staged(ctx):
             else:
                 merge_revision(ctx, h, rev, old, c)
         h.snapshots.extend(st.snapshots)
+        for rev, (pid, ref) in st.by_only.items():
+            target = ctx.hist(repo, ctx.owner(repo, daemon, inc, rev)) if own else h
+            c = target.revs.get(rev)
+            if c is None:
+                target.by_pending[rev] = pid
+            elif c.by is None:
+                c.by = pid
+            elif c.by != pid:
+                ctx.result.add("watch", f"two subscribers saw different writers of a revision: {repo} revision {rev}",
+                               [c.src, ref], f"by pid {c.by} and {pid}")
+    for h in ctx.histories.values():
+        for rev, pid in h.by_pending.items():
+            c = h.revs.get(rev)
+            if c is not None and c.by is None:
+                c.by = pid
     ctx.staged = None
 
 
@@ -606,11 +625,12 @@ def replay(ctx, h):
     amb_i = 0
     noops = {}
     noop_keys = {}
-    for w in h.noops:
+    for w in sorted(h.noops, key=lambda w: w.t):
         noops.setdefault(w.rev, []).append(w)
         for k in touched_keys(w.req)[:1]:
             noop_keys.setdefault(k, []).append(w)
     attach = {}  # key -> lease id | None | UNKNOWN
+    unknown_attach = [False]  # after a gap or a re-base: keys not written since have unknown attachments
     amb_until = {}  # key -> the time until which an unknown write may still move its attachment
     snap_i = 0
     prev_created = 0
@@ -644,6 +664,7 @@ def replay(ctx, h):
                     known = True
                     for k in set(attach) | set(values):
                         set_attach(k, UNKNOWN, srev, 0)
+                    unknown_attach[0] = True
                     for rr in range(r, srev + 1):
                         h.created[rr] = max(prev_created, h.created.get(rr, 0))
                         prev_created = h.created[rr]
@@ -690,6 +711,7 @@ def replay(ctx, h):
                 h.key(k).add(r, UNKNOWN, UNKNOWN)
             for k in list(attach):
                 set_attach(k, UNKNOWN, r, 0)
+            unknown_attach[0] = True
             h.created[r] = max(prev_created, w.t if w else 0)
             prev_created = h.created[r]
             continue
@@ -743,6 +765,8 @@ def replay(ctx, h):
             expect = sorted((k for k, l in attach.items() if l == lid and sget(k)[0] is not None), key=lambda k: k.encode())
             got = [k for k, o, n in content.changes]
             amb = {k for k, l in attach.items() if l is UNKNOWN}
+            if unknown_attach[0]:
+                amb |= {k for k, o, n in content.changes if k not in attach}
             if any(n is not None for k, o, n in content.changes):
                 res.add("lease", f"a lease's end sets a value: {h.repo} revision {r}", [content.src])
             if got != sorted(got, key=lambda k: k.encode()):
@@ -750,11 +774,9 @@ def replay(ctx, h):
             extra = [k for k in got if k not in expect and k not in amb]
             left = [k for k in expect if k not in got]
             if extra or left:
-                res.add("lease", f"a lease's end deletes other keys than those attached to it: {h.repo} revision {r} lease {lid}",
-                        [content.src] + lease_refs(ctx, h, lid) + attach_refs(h, extra + left),
-                        f"deleted {got}; attached to lease {lid} before: {expect}"
-                        + (f"; deleted though not attached to it: {extra}" if extra else "")
-                        + (f"; attached to it but left: {left}" if left else ""))
+                # Decided once the revisions are indexed: a lease's end made late (at start-up,
+                # after a crash or a failing disk) deletes what was attached when it ended.
+                h.lease_end_checks.append((r, lid, got, expect, extra, left, content.src))
             for k in got:
                 attach[k] = None
                 h.attach_log.setdefault(k, []).append((r, None))
@@ -810,7 +832,11 @@ def replay(ctx, h):
         # Writes answered `changed: false` at this revision move attachments (a set naming a lease).
         for nw in noops.get(r, []):
             ch = write_changes(nw.req, sget)
-            if ch is UNKNOWN or ch is None or ch[0] == "conflict":
+            if ch is UNKNOWN:
+                for k in touched_keys(nw.req):
+                    set_attach(k, UNKNOWN, r, nw.t)
+                continue
+            if ch is None or ch[0] == "conflict":
                 continue
             for k, lid in ch[1]:
                 if concurrent_noops(noops.get(r, []), nw, k):
@@ -824,6 +850,25 @@ def replay(ctx, h):
     h.final_rev = r
     h.attach = attach
     h.amb_until = amb_until
+
+
+def check_lease_end_keys(ctx, h):
+    res = ctx.result
+    for r, lid, got, expect, extra, left, src in h.lease_end_checks:
+        late = False
+        spawn = made_by(ctx, h, r)
+        decided = decided_by(ctx, h, r)
+        if spawn is not None and decided is not None and decided != spawn:
+            late = True
+        if late:
+            # Keys attached to the lease at some point before its end revision may go with it.
+            extra = [k for k in extra if not any(l == lid and rr < r for rr, l in h.attach_log.get(k, []))]
+        if extra or left:
+            res.add("lease", f"a lease's end deletes other keys than those attached to it: {h.repo} revision {r} lease {lid}",
+                    [src] + lease_refs(ctx, h, lid) + attach_refs(h, extra + left),
+                    f"deleted {got}; attached to lease {lid} before: {expect}"
+                    + (f"; deleted though not attached to it: {extra}" if extra else "")
+                    + (f"; attached to it but left: {left}" if left else ""))
 
 
 def concurrent_noops(ws, w, key):
@@ -1220,8 +1265,17 @@ def validate_run(run_dir, log):
         replay(ctx, h)
         index_content(h)
         h.index_observations()
+    for h in ctx.histories.values():
+        check_lease_end_keys(ctx, h)
     check_epochs(ctx)
     check_leases(ctx)
+    # The suite's own health: the auditors must see (nearly) every revision, or the validators
+    # decide little. A run where they did not is a failed run, not a passed one.
+    total = sum(h.final_rev for h in ctx.histories.values())
+    unknown = sum(len(h.gaps_all) for h in ctx.histories.values())
+    if total and unknown > 0.05 * total:
+        res.add("suite", f"the auditors missed {unknown} of {total} revisions", [],
+                "more than 5 %: the validators could not decide what depends on them")
     mod = sys.modules[__name__]
     for path in files:
         for conn in H.connections(path):
