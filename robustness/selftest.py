@@ -114,6 +114,14 @@ def main():
     os.makedirs(out)
     print(f"robustness self-test: seed {seed}, run directory {out}", flush=True)
     failed = 0
+    # What the daemon does not do yet (catch-up, sync): their validators on hand-written histories.
+    from obsrobust import synthetic
+    for name, ok, what in synthetic.run_cases(os.path.join(out, "synthetic"), validate.validate_run):
+        if ok:
+            print(f"{'passed' if what == 'clean' else 'caught'}: synthetic: {name}{'' if what == 'clean' else ' → ' + what}", flush=True)
+        else:
+            failed += 1
+            print(f"WRONG: synthetic: {name}: {what}", flush=True)
     for sc in SCENARIOS:
         if args.only and sc["name"] != args.only:
             continue

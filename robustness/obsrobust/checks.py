@@ -398,10 +398,10 @@ class ConnCheck:
             self.res.add("watch", f"a catch-up from another history or the future not by snapshot: {h.repo} since {since}", refs,
                          f"catchup {mode}; asked epoch {ep}, the repository's {r.rep.get('epoch')}; revision {R0}")
             return None
-        if not foreign and since <= R0 and R0 - since < 20000 and h.known_from is not None and since >= h.known_from \
-                and mode != "replay" and lo >= since:
+        if not foreign and since <= R0 and R0 - since < 0.4 * self.ctx.history_limit and h.known_from is not None \
+                and since >= h.known_from and mode != "replay" and lo >= since:
             self.res.add("watch", f"a catch-up by {mode} though the history holds every revision above since: {h.repo} since {since}",
-                         refs, f"revision {R0}; the history keeps the last 50,000")
+                         refs, f"revision {R0}; the history keeps the last {self.ctx.history_limit}")
         return mode
 
     def sync_reply(self, r):
@@ -430,7 +430,7 @@ class ConnCheck:
         if ep is not None and ep != h.hid:
             return  # another history: compacted is right
         lo, hi = self.window(h, r, True)
-        if since <= lo and hi - since < 20000 and h.known_from is not None and since >= h.known_from and lo > 0:
+        if since <= lo and hi - since < 0.4 * self.ctx.history_limit and h.known_from is not None and since >= h.known_from and lo > 0:
             self.res.add("watch", f"since within the history answered compacted: {h.repo} since {since}",
                          [self.ref(r.ln), self.ref(r.rln)],
                          f"the repository was at revision {lo} or more, the history holds the last 50,000 revisions")

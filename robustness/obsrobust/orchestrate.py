@@ -367,7 +367,7 @@ class Mode:
         end = start + int(self.seconds * 1e9)
         drain = 4_000_000_000
         with open(os.path.join(self.out, "plan.json"), "w") as f:
-            json.dump({"seed": self.seed, "mode": self.mode, "seconds": self.seconds, "known_open": sorted(self.known_open), "features": self.features,
+            json.dump({"seed": self.seed, "mode": self.mode, "seconds": self.seconds, "known_open": sorted(self.known_open), "features": self.features, "history_limit": 50000,
                        "faults": schedule, "start_ns": start, "end_ns": end}, f, indent=1)
         clients = self.start_clients(start, end, end + drain)
         self.flog.add(event="traffic", phase="start", t=start)

@@ -141,6 +141,7 @@ class Ctx:
         with open(os.path.join(run_dir, "plan.json")) as f:
             self.plan = json.load(f)
         self.mode = self.plan["mode"]
+        self.history_limit = self.plan.get("history_limit", 50000)
         self.histories = {}
         self.epoch_of = {}  # (repo, daemon, inc) -> epoch
         self.epoch_refs = {}
@@ -865,7 +866,7 @@ def check_lease_end_keys(ctx, h):
             extra = [k for k in extra if not any(l == lid and rr < r for rr, l in h.attach_log.get(k, []))]
         if extra or left:
             res.add("lease", f"a lease's end deletes other keys than those attached to it: {h.repo} revision {r} lease {lid}",
-                    [src] + lease_refs(ctx, h, lid) + attach_refs(h, extra + left),
+                    [src] + lease_refs(ctx, h, lid) + attach_refs(h, extra + left, r),
                     f"deleted {got}; attached to lease {lid} before: {expect}"
                     + (f"; deleted though not attached to it: {extra}" if extra else "")
                     + (f"; attached to it but left: {left}" if left else ""))
@@ -893,13 +894,19 @@ def lease_refs(ctx, h, lid):
     return []
 
 
-def attach_refs(h, keys):
+def attach_refs(h, keys, before=None):
+    """The writes that last attached `keys` (before revision `before`), for a report."""
     out = []
     for k in keys[:2]:
         for rr, lid in reversed(h.attach_log.get(k, [])):
+            if before is not None and rr >= before:
+                continue
             rv = h.revs.get(rr)
-            if rv is not None and isinstance(rv.writer, Write):
-                out.extend(rv.writer.refs())
+            w = rv.writer if rv is not None and isinstance(rv.writer, Write) else None
+            if w is None:
+                w = next((n for n in h.noops if n.rev == rr and k in touched_keys(n.req)), None)
+            if w is not None:
+                out.extend(w.refs())
                 break
     return out
 
