@@ -78,12 +78,13 @@ def main():
             json.dump(m.problems, f)
         result = validate.validate_run(mdir, lambda s: print(s, flush=True))
         total.add(result)
-    print(total.summary_line(), flush=True)
     if total.violations == 0 and not args.keep:
         shutil.rmtree(out, ignore_errors=True)
     elif total.violations:
         print(f"robustness: the run is kept in {out}; replay it with `make robustness SEED={seed}` "
               f"(or python3 robustness/run.py --seed {seed} ...)", flush=True)
+    # The last line, always this one.
+    print(total.summary_line(), flush=True)
     return 0 if total.violations == 0 else 1
 
 

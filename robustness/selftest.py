@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The robustness suite's validators, each seen to fail (issue 33, item 5): short runs against
 the real obsd with a defect injected on purpose, each of which must be caught by the right
-validator. Part of `make test` (`make robustness-selftest`).
+validator. Part of `make test` (`make robustness-short` runs it first).
 
 - a mutating proxy (obsrobust/proxy.py) between the clients and the daemon drops an event,
   duplicates one, swaps two, rewrites an `old`, a coalesced `new`, a snapshot's value, an
@@ -10,7 +10,9 @@ validator. Part of `make test` (`make robustness-selftest`).
 - the daemon's test-only failpoints acknowledge a write that never reached the log
   (`wal.write=drop`), then kill -9 — acknowledged writes lost; the data directory copied (a
   restored backup) — a new epoch where the suite expected none; every TTL ending 1.5 s early
-  (`lease.expire=early(1500)`).
+  (`lease.expire=early(1500)`);
+- hand-written histories of catch-ups and `sync` replies (obsrobust/synthetic.py), which the
+  daemon does not do yet: the right ones pass, the wrong ones are caught.
 
 Each expectation names the validator, the violation's title, and the client whose history
 must show it. Exit status 0 when every defect was caught.

@@ -972,4 +972,4 @@ class SubCheck:
             self.res.add("watch", f"not delivered by the end of the run: {h.repo} sub {self.sid} revision {nxt}",
                          self.refs() + ([h.revs[nxt].src] if nxt in h.revs else []),
                          f"the subscription got revision {self.told} last; revision {nxt} ({self.V_desc(nxt)}) had been told to "
-                         f"a client before the traffic stopped, and the subscriber read for 4 s more")
+                         f"a client before the traffic stopped, and the subscriber read for 6 s more")

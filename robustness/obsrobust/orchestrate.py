@@ -365,7 +365,7 @@ class Mode:
         clients = None
         start = now_ns() + 1_000_000_000
         end = start + int(self.seconds * 1e9)
-        drain = 4_000_000_000
+        drain = 6_000_000_000
         with open(os.path.join(self.out, "plan.json"), "w") as f:
             json.dump({"seed": self.seed, "mode": self.mode, "seconds": self.seconds, "known_open": sorted(self.known_open), "features": self.features, "history_limit": 50000,
                        "faults": schedule, "start_ns": start, "end_ns": end}, f, indent=1)
