@@ -173,25 +173,22 @@ class ConnCheck:
                      f"and {hi}")
 
     def check_get_lease(self, h, r, key, lo, hi):
+        """`get` reports the key's lease: checked where the attachment is one and the same
+        throughout the read's window."""
         if not r.ok:
             return
         log = h.attach_log.get(key)
         if not log:
             return
-        # Only where the key's attachment stays the same across the whole window.
-        i = bisect.bisect_right([x[0] for x in log], hi) - 1
+        revs = [x[0] for x in log]
+        i = bisect.bisect_right(revs, lo) - 1
+        j = bisect.bisect_right(revs, hi)
+        vals = {log[k][1] for k in range(max(i, 0), j)}
         if i < 0:
+            vals.add(None)
+        if len(vals) != 1 or UNKNOWN in vals or h.amb_until.get(key, 0) > r.t:
             return
-        if any(x[0] >= lo for x in log[i:i + 1]) and i > 0 and log[i - 1][1] != log[i][1]:
-            return
-        at, lid = log[i]
-        if lid is UNKNOWN or any(x[1] is UNKNOWN for x in log[max(0, i - 1):i + 1]):
-            return
-        if at >= lo and i > 0 and log[i - 1][1] != lid:
-            return
-        # Writes answered no-op inside the window may move it too.
-        if h.amb_until.get(key, 0) > r.t:
-            return
+        lid = vals.pop()
         got = r.rep.get("lease")
         if got != lid and not self.noop_moved(h, key, r):
             self.res.checked["lease"] += 1
