@@ -1,11 +1,12 @@
 # obsd — developer entry points. The README's two commands are `make run` and `make test`.
 
 SWIFT ?= swift
+PYTHON ?= python3
 RELEASE := .build/release
 empty :=
 space := $(empty) $(empty)
 
-.PHONY: all build run test unit-test release-e2e docs tsan fuzz fuzz-smoke bench bench-calibrate soak deps test-deps etcd install uninstall clean robustness robustness-short
+.PHONY: all build run test unit-test release-e2e python-test docs tsan fuzz fuzz-smoke bench bench-calibrate soak deps test-deps etcd install uninstall clean robustness robustness-short
 
 # Install layout (make install PREFIX=/usr DESTDIR=/tmp/pkg).
 PREFIX ?= /usr/local
@@ -46,6 +47,8 @@ deps:
 
 test-deps: deps etcd
 	$(call apt_install,$(TEST_DEB_PACKAGES))
+	@$(PYTHON) -c 'import pytest' 2>/dev/null || $(PYTHON) -m pip install pytest
+	@$(PYTHON) -c 'import mypy' 2>/dev/null || $(PYTHON) -m pip install mypy
 
 # etcd and etcdctl, for the suites that run an etcd cluster (Tests/TestSupport/EtcdCluster.swift
 # starts its own members on free ports), the walk-through of docs/SEVERAL-HOSTS.md and
@@ -73,7 +76,7 @@ run: build
 # replayed, the example apps and a package outside the repository built against the
 # client library), the documentation without a warning, the observation core under
 # ThreadSanitizer, thirty seconds of fuzzing, then the robustness suite's self-test and short run.
-test: unit-test release-e2e docs tsan fuzz-smoke robustness-short
+test: unit-test release-e2e python-test docs tsan fuzz-smoke robustness-short
 
 # Some suites run on their own after the others, one after another: the soak (its fast
 # subscribers must never fall a queue behind, which is a statement about obsd, not about a
@@ -105,6 +108,13 @@ release-e2e: test-deps
 	$(SWIFT) build -c release --product obsctl
 	$(SWIFT) build --build-tests
 	OBSD_BUILD_DIR=$(RELEASE) $(SWIFT) test --skip-build --filter '$(subst $(space),|,$(strip $(RELEASE_SUITES)))'
+
+# The Python client (clients/python): its pytest suite against the debug obsd, each test
+# starting its own daemon in a temporary directory; mypy --strict and `pip install` of the
+# package are tests of the suite.
+python-test: test-deps
+	$(SWIFT) build --product obsd
+	OBSD_BIN=$(CURDIR)/.build/debug/obsd $(PYTHON) -m pytest -q clients/python/tests
 
 # The DocC catalogs of the library products (Sources/ObsClient/ObsClient.docc,
 # Sources/ObservableKit/ObservableKit.docc) with their API reference, built with

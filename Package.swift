@@ -124,6 +124,8 @@ let package = Package(
             name: "obsctl",
             dependencies: [
                 "ObsClient",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Subprocess", package: "swift-subprocess"),
             ]),

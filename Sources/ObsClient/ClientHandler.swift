@@ -3,7 +3,8 @@
 // Matches replies to requests (the daemon replies in request order), routes events to
 // their subscription's stream, and ends streams exactly as the contract says: after the
 // `unsubscribe` reply, after a `once` subscription's change, on `overflow` (with the
-// revision to resume from), or when the connection closes. Bounds what the application
+// revision to resume from), or when the connection closes. A `sync` reply may leave a mark
+// in its subscription's stream, where it arrived: after every event it covers. Bounds what the application
 // leaves unconsumed (FlowControl.swift): it stops reading the socket while no reply is
 // awaited, and while one is, cuts the subscription holding the most events off with
 // `overflowed`. After `overflow` the daemon is closing the connection: the client closes it
@@ -23,6 +24,9 @@ struct OutboundRequest: Sendable {
         case subscribe(SubscriptionStream, since: UInt64?, initial: Bool)
         /// On success, end this subscription's stream.
         case unsubscribe(UInt64)
+        /// A `sync` of this subscription: on success, with a mark, put the mark in its stream
+        /// where the reply arrived (after every event the reply covers).
+        case sync(UInt64, mark: UInt64?)
         /// On success, report the write's effect (before the reply is handed on, so before
         /// any later message of the connection is routed).
         case write(@Sendable (JSONObject) -> Void)
@@ -175,6 +179,21 @@ final class ClientHandler: ChannelDuplexHandler {
                     streams.removeValue(forKey: sub)?.stream.continuation.finish()
                 case .write(let report):
                     report(members)
+                case .sync(let sub, let mark):
+                    let synced: SyncReply
+                    do {
+                        synced = try SyncReply(decoding: members)
+                    } catch {
+                        throw ObsClientError.protocolViolation(error.description)
+                    }
+                    guard let route = streams[sub] else {
+                        // Cut off here meanwhile (the daemon had not seen the unsubscribe yet).
+                        request.reply.fail(ObsClientError.server(ProtocolError(.notFound, "subscription \(sub) ended before its sync reply")))
+                        return
+                    }
+                    // Every event through the reply's revision was handed on: resume from there.
+                    if let delivered = route.delivered, delivered < synced.revision { streams[sub]?.delivered = synced.revision }
+                    if let mark { route.stream.yield(.syncMark(mark: mark, revision: synced.revision)) }
                 }
                 request.reply.succeed(members)
             case .failure(let error):
@@ -200,6 +219,8 @@ final class ClientHandler: ChannelDuplexHandler {
             deliver(.snapshot(revision: snapshot.revision, values: snapshot.values), at: snapshot.revision, to: snapshot.subscription, context: context)
         case .synced(let synced):
             deliver(.synced(revision: synced.revision), at: synced.revision, to: synced.subscription, context: context)
+        case .catchUp(let catchUp):
+            deliver(.catchUp(catchUp), at: catchUp.revision, to: catchUp.subscription, context: context)
         case .progress(let progress):
             // Everything it selects through this revision was handed on: resume from there.
             guard let route = streams[progress.subscription], let delivered = route.delivered, delivered < progress.revision else { return }

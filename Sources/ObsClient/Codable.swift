@@ -113,10 +113,17 @@ public struct TypedChange<T: Sendable>: Sendable {
     public let isSnapshot: Bool
     /// Who wrote the change, when the watch asked for `writers` (nil for a snapshot).
     public let by: Writer?
-    /// For a change coalesced from several revisions, the first of them.
+    /// For a change coalesced from several revisions, the first of them; for a catch-up, the
+    /// first revision it covers.
     public let from: UInt64?
+    /// The key's changes since the watch's position, as one, after a reconnection past the
+    /// daemon's history (a ``WatchEvent/catchUp(_:)`` that listed the key): `old` is the value
+    /// the watch last delivered, `new` the value at `revision`.
+    public let isCatchUp: Bool
 
-    public init(key: Key, revision: UInt64, old: T?, new: T?, isSnapshot: Bool, by: Writer? = nil, from: UInt64? = nil) {
+    public init(
+        key: Key, revision: UInt64, old: T?, new: T?, isSnapshot: Bool, by: Writer? = nil, from: UInt64? = nil, isCatchUp: Bool = false
+    ) {
         self.key = key
         self.revision = revision
         self.old = old
@@ -124,6 +131,7 @@ public struct TypedChange<T: Sendable>: Sendable {
         self.isSnapshot = isSnapshot
         self.by = by
         self.from = from
+        self.isCatchUp = isCatchUp
     }
 }
 
@@ -142,6 +150,14 @@ public struct TypedWatch<T: Decodable & Sendable>: AsyncSequence, Sendable {
         var base: Watch.AsyncIterator
         let key: Key
         var current: T?
+        /// The key's value as last delivered (nil: absent), to tell a catch-up that left it as
+        /// it was.
+        var currentJSON: JSONValue?
+
+        init(base: Watch.AsyncIterator, key: Key) {
+            self.base = base
+            self.key = key
+        }
 
         /// The next value of the key; throws `undecodable` for one that is not a `T`.
         public mutating func next() async throws -> TypedChange<T>? {
@@ -150,14 +166,25 @@ public struct TypedWatch<T: Decodable & Sendable>: AsyncSequence, Sendable {
                 case .snapshot(let revision, let values, _):
                     let old = current
                     current = try values[key].map { value throws(ObsClientError) in try value.decode(as: T.self, key: key) }
+                    currentJSON = values[key]
                     return TypedChange(key: key, revision: revision, old: old, new: current, isSnapshot: true)
                 case .change(let changes):
                     guard let change = changes.change(for: key) else { continue }
                     let old = try change.old.map { value throws(ObsClientError) in try value.decode(as: T.self, key: key) }
                     current = try change.new.map { value throws(ObsClientError) in try value.decode(as: T.self, key: key) }
+                    currentJSON = change.new
                     return TypedChange(
                         key: key, revision: changes.revision, old: old, new: current, isSnapshot: false, by: changes.by,
                         from: changes.from)
+                case .catchUp(let diff):
+                    let value = diff.entries.first { $0.key == key }?.value
+                    guard value != nil || diff.deleted.contains(key), value != currentJSON else { continue }
+                    let old = current
+                    current = try value.map { value throws(ObsClientError) in try value.decode(as: T.self, key: key) }
+                    currentJSON = value
+                    return TypedChange(
+                        key: key, revision: diff.revision, old: old, new: current, isSnapshot: false, from: Swift.min(diff.from + 1, diff.revision),
+                        isCatchUp: true)
                 }
             }
             return nil

@@ -30,4 +30,6 @@
 @_exported import struct ObsProtocol.RepositoryInfo
 @_exported import struct ObsProtocol.Stats
 @_exported import struct ObsProtocol.ChangeEvent
+@_exported import struct ObsProtocol.CatchUpEvent
+@_exported import struct ObsProtocol.CatchUpMode
 @_exported import struct ObsProtocol.LeaseEnd

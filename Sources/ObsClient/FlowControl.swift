@@ -21,11 +21,15 @@ import Synchronization
 
 /// What a subscription's stream carries: its events, and — for a subscription that asked
 /// for `progress` (a `Watch`'s) — the revisions the daemon says it is complete through, in
-/// their place among the events. `Subscription`'s public iterator hands out the events only.
+/// their place among the events; and where the reply to a `sync` of it arrived (a mirror's
+/// `sync`, see WatchMonitor.swift). `Subscription`'s public iterator hands out the events only.
 enum SubscriptionItem: Sendable {
     case event(SubscriptionEvent)
     /// Every selected change through this revision has been delivered (a `progress` event).
     case progress(UInt64)
+    /// The reply to the `sync` marked `mark` arrived here: every event of the subscription
+    /// through `revision` precedes it.
+    case syncMark(mark: UInt64, revision: UInt64)
 }
 
 /// One subscription's event stream, as the handler feeds it.

@@ -16,9 +16,12 @@
 // an event read on a later connection is in the stamps' history and compares by revision
 // (a `since` replay repeats older revisions); and anything read on an earlier connection
 // than a stamp is older. A coalesced event (changes at `revision`, covering `from` onward)
-// is applied the same way: each of its keys is at `revision`. A snapshot replaces
-// everything except the values this process wrote after it was taken — on its connection at
-// a later revision, or on a later connection — which the daemon will not echo.
+// is applied the same way: each of its keys is at `revision`, and so is a catch-up (the keys
+// that changed after the watch's position, as they are at `revision`; the deleted ones
+// removed), of which only the keys whose value it changes count as written. A snapshot
+// replaces everything except the values this process wrote after it was taken — on its
+// connection at a later revision, or on a later connection — which the daemon will not echo;
+// the keys it wrote are those whose value (or lease end) it changed.
 //
 // A deleted key keeps its stamp as a tombstone, so that an older message read late does not
 // bring it back. Tombstones are bounded (`maxTombstones`): past the bound the oldest half
@@ -69,13 +72,17 @@ struct MirrorState: Sendable {
         self.selection = selection
     }
 
-    /// Applies an event received on connection `connection` (`ObsClient.serial`). Returns
-    /// the keys it wrote, or nil for a snapshot (everything).
-    mutating func apply(_ event: WatchEvent, connection: UInt64) -> [Key]? {
+    /// Applies an event received on connection `connection` (`ObsClient.serial`). Returns the
+    /// keys it wrote: for a snapshot, those whose value (or lease end) it changed.
+    mutating func apply(_ event: WatchEvent, connection: UInt64) -> [Key] {
         switch event {
         case .snapshot(let at, let snapshot, _):
+            let (before, endsBefore) = (values, leaseEnds)
             applySnapshot(at: at, snapshot, connection: connection)
-            return nil
+            var changed = Swift.Set(endsBefore.keys)
+            for (key, value) in values where before[key] != value { changed.insert(key) }
+            for key in before.keys where values[key] == nil { changed.insert(key) }
+            return Array(changed)
         case .change(let event):
             let stamp = Stamp(revision: event.revision, connection: connection, own: false)
             var written: [Key] = []
@@ -87,7 +94,28 @@ struct MirrorState: Sendable {
             }
             advance(to: stamp)
             return written
+        case .catchUp(let event):
+            // State, not history: a key it lists may hold the value it had, a deleted key may
+            // never have existed here; neither is a change.
+            let stamp = Stamp(revision: event.revision, connection: connection, own: false)
+            var written: [Key] = []
+            for (key, value) in event.entries where selection.matches(key) {
+                let before = values[key]
+                if set(key, value, stamp), before != value { written.append(key) }
+            }
+            for key in event.deleted where selection.matches(key) {
+                let existed = values[key] != nil
+                if set(key, nil, stamp), existed { written.append(key) }
+            }
+            advance(to: stamp)
+            return written
         }
+    }
+
+    /// Records that the values are those of `revision` (of the history of connection
+    /// `connection`): a `sync` found every selected change through it applied.
+    mutating func markCurrent(at revision: UInt64, connection: UInt64) {
+        advance(to: Stamp(revision: revision, connection: connection, own: false))
     }
 
     /// Applies a write of this process; returns the selected keys it wrote.

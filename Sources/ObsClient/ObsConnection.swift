@@ -230,9 +230,17 @@ public final class ObsConnection: Sendable {
     ///   - selection: the keys: some, a prefix, or all of them.
     ///   - initial: first deliver a `snapshot` of the selected keys.
     ///   - since: first replay every selected change above this revision, then `synced`.
-    ///     Fails with `compacted` if the daemon's history no longer reaches back that far.
+    ///     Fails with `compacted` if the daemon's history no longer reaches back that far
+    ///     (unless `catchUp`).
     ///   - epoch: with `since`, the epoch revision `since` belongs to (the ``Subscription/epoch``
-    ///     of the subscription being resumed); another epoch fails with `compacted`.
+    ///     of the subscription being resumed); another epoch fails with `compacted` (unless
+    ///     `catchUp`).
+    ///   - catchUp: with `since`: never fail with `compacted`. Past the daemon's history the
+    ///     subscription starts with one ``SubscriptionEvent/catchUp(_:)`` (the keys that
+    ///     changed, as they are now); from another history, or when the daemon no longer
+    ///     knows the deletions since, with a ``SubscriptionEvent/snapshot(revision:values:)``
+    ///     that replaces everything held; ``Subscription/catchUp`` says which. A daemon
+    ///     without catch-up ignores it and may still fail with `compacted`.
     ///   - once: end after the first `change`.
     ///   - options: `coalesce` (state rather than every change while this client lags),
     ///     `writers` (events carry `by`), `echo: false` (no events for this connection's
@@ -240,36 +248,54 @@ public final class ObsConnection: Sendable {
     /// - Returns: the subscription, an async sequence of its events. Iterating it ends
     ///   after ``Subscription/cancel()``, after a `once` change, or throws when the
     ///   connection ends.
-    /// - Throws: `badRequest` without asking the daemon for `once` with `coalesce`.
+    /// - Throws: `badRequest` without asking the daemon for `once` with `coalesce`, for
+    ///   `catchUp` without `since`, and for `catchUp` with `once`.
     public func subscribe(
         to repository: String, selecting selection: Selection = .all, initial: Bool = false, since: UInt64? = nil,
-        epoch: String? = nil, once: Bool = false, options: SubscriptionOptions = .default
+        epoch: String? = nil, catchUp: Bool = false, once: Bool = false, options: SubscriptionOptions = .default
     ) async throws(ObsClientError) -> Subscription {
         try await subscribe(
-            to: repository, selecting: selection, initial: initial, since: since, epoch: epoch, once: once, options: options, progress: false)
+            to: repository, selecting: selection, initial: initial, since: since, epoch: epoch, catchUp: catchUp, once: once,
+            options: options, progress: false)
     }
 
     /// Subscribes; with `progress`, the subscription asks for `progress` events and its stream
     /// carries them as items (a `Watch` resumes from them).
     func subscribe(
-        to repository: String, selecting selection: Selection, initial: Bool, since: UInt64?, epoch: String?, once: Bool,
-        options: SubscriptionOptions, progress: Bool
+        to repository: String, selecting selection: Selection, initial: Bool, since: UInt64?, epoch: String?, catchUp: Bool = false,
+        once: Bool, options: SubscriptionOptions, progress: Bool
     ) async throws(ObsClientError) -> Subscription {
         if once && options.coalesce {
             throw .server(
                 ProtocolError(.badRequest, "\"coalesce\" and \"once\" cannot be used together: a once subscription has nothing to coalesce"))
         }
+        if catchUp && since == nil {
+            throw .server(ProtocolError(.badRequest, "\"catchup\" goes with \"since\": it says how to resume after that revision"))
+        }
+        if catchUp && once {
+            throw .server(
+                ProtocolError(.badRequest, "\"catchup\" and \"once\" cannot be used together: a once subscription ends at its first change, and a catch-up is not one"))
+        }
         let (events, continuation) = AsyncThrowingStream.makeStream(of: SubscriptionItem.self, throwing: (any Error).self)
         let stream = SubscriptionStream(continuation: continuation, once: once, progress: progress, flow: flow)
         let request = SubscribeRequest(
             repo: repository, selection: selection, initial: initial, since: since, epoch: epoch, once: once, coalesce: options.coalesce,
-            writers: options.writers, echo: options.echo, progress: progress)
+            writers: options.writers, echo: options.echo, progress: progress, catchup: catchUp)
         let reply = try await call(.subscribe(request), as: SubscribeReply.self, purpose: .subscribe(stream, since: since, initial: initial))
         let sub = reply.subscription
         stream.setOnCancel { [weak self] in self?.sendUnsubscribe(sub) }
         return Subscription(
-            id: sub, repository: repository, revision: reply.revision, epoch: reply.epoch, options: options, events: events, stream: stream,
-            client: self)
+            id: sub, repository: repository, revision: reply.revision, epoch: reply.epoch, catchUp: catchUp ? reply.catchup : nil,
+            options: options, events: events, stream: stream, client: self)
+    }
+
+    /// Sends `sync` for subscription `sub` of this connection: the repository's revision R when
+    /// the daemon read it, replied after every event of the subscription through R. With
+    /// `mark`, the reply's place among the subscription's events is marked in its stream
+    /// (`SubscriptionItem.syncMark`); a subscription whose stream ended on this side before the
+    /// reply arrived fails with `notFound`, as one the daemon no longer has.
+    func sync(_ sub: UInt64, mark: UInt64?) async throws(ObsClientError) -> UInt64 {
+        try await call(.sync(sub: sub), as: SyncReply.self, purpose: .sync(sub, mark: mark)).revision
     }
 
     /// Ends subscription `id`. Its sequence finishes; no event follows.

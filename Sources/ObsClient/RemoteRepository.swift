@@ -2,8 +2,12 @@
 // selected keys of one repository into an `@Observable` object on the main actor, from one
 // resumable watch: each revision is applied in one assignment, so an observer of any of
 // its properties is notified once per revision — a batch of several keys included — and
-// not at all for a write that changed nothing. Works with SwiftUI on Apple platforms and
-// with `withObservationTracking` everywhere.
+// not at all for a write that changed nothing. Reading one key (`mirror["theme"]`) observes
+// that key alone: its observer is notified only by a step that changed it — so a catch-up
+// after a resume, or a snapshot that replaced the state, notifies the observers of the keys
+// it changed and nobody else. `sync()` waits until the mirror shows every write acknowledged
+// before the call. Works with SwiftUI on Apple platforms and with `withObservationTracking`
+// everywhere.
 //
 // By default the watch coalesces (a mirror wants state: while it lags, the daemon sends
 // one event per catch-up, never cuts it off) and has no echo (the session's own writes are
@@ -30,7 +34,16 @@ public enum RemoteWriteResult: Sendable, Equatable {
 /// let ui = RemoteRepository("ui")                           // every key of "ui", on ObsSession.shared
 /// // SwiftUI: Text(ui["theme"]?.stringValue ?? "default")  — redrawn when theme changes
 /// try await ui.set("theme", to: "dark")                     // returns once ui shows it
+/// try await ui.sync()                                       // ui shows every write acknowledged so far
 /// ```
+///
+/// An observer of ``contents``, ``values`` or ``revision`` is notified once per step the
+/// mirror takes; one that reads keys through ``subscript(_:)``, ``value(_:as:)`` or
+/// ``leaseEnd(of:)`` only by a step that changed one of those keys. After a reconnection the
+/// mirror resumes where it was: the daemon replays what it missed, or — past its history —
+/// sends the keys that changed since, which the mirror applies in place; only a daemon that
+/// lost or replaced the history sends the whole state again, which replaces the mirror's
+/// (and notifies the keys whose values differ).
 ///
 /// The mirror subscribes with `SubscriptionOptions.mirror` unless told otherwise: changes
 /// coalesce while it lags (it is notified of the state, not of every intermediate value,
@@ -39,7 +52,7 @@ public enum RemoteWriteResult: Sendable, Equatable {
 /// rather than echoed back. Pass `options: .default` to receive every revision as an event.
 @MainActor @Observable
 public final class RemoteRepository {
-    /// The mirrored state: changes as a whole, once per revision.
+    /// The mirrored state: changes as a whole, once per step.
     public struct Contents: Sendable, Equatable {
         /// The revision the values are at (0 before the first snapshot).
         public var revision: UInt64 = 0
@@ -50,7 +63,7 @@ public final class RemoteRepository {
         /// For the selected keys that went away because the lease they were attached to ended:
         /// which lease, and why (`expired`, `revoked`, `closed`) — until the key is written
         /// again. Only a deletion the mirror received as its own event says so: not one
-        /// folded into a coalesced event, nor one missed across a resync.
+        /// folded into a coalesced event or a catch-up, nor one missed across a resync.
         public var leaseEnds: [Key: LeaseEnd] = [:]
     }
 
@@ -60,8 +73,11 @@ public final class RemoteRepository {
     public let selection: Selection
     /// The options of the mirror's subscriptions.
     public let options: SubscriptionOptions
-    /// The mirrored state.
-    public private(set) var contents = Contents()
+    /// The mirrored state. Its observers are notified once per step that changed it.
+    public var contents: Contents {
+        access(keyPath: \.contents)
+        return stored
+    }
     /// The session's connection state.
     public private(set) var connection: ConnectionState
     /// Why the mirror stopped following the daemon for good (`forbidden` when access was
@@ -70,6 +86,10 @@ public final class RemoteRepository {
 
     @ObservationIgnored private let session: ObsSession
     @ObservationIgnored private let link: MirrorLink
+    /// `contents`, observed through `contents` (as a whole) and `keyObservers` (per key).
+    @ObservationIgnored private var stored = Contents()
+    /// The observers of single keys: each registered under the key path `\.[observing: key]`.
+    @ObservationIgnored private let keyObservers = ObservationRegistrar()
 
     /// Starts mirroring `selection` of repository `name` through `session`.
     ///
@@ -88,7 +108,7 @@ public final class RemoteRepository {
         self.link = MirrorLink(selection: selection)
         link.start(
             session: session, watch: session.watch(name, selecting: selection, initial: true, options: options),
-            update: { [weak self] state, _ in self?.publish(state) },
+            update: { [weak self] state, update in self?.publish(state, update) },
             state: { [weak self] state in self?.connection = state },
             end: { [weak self] error in self?.failure = error })
     }
@@ -100,15 +120,47 @@ public final class RemoteRepository {
     /// The revision the values are at.
     public var revision: UInt64 { contents.revision }
 
-    /// The value of `key`, or nil if it does not exist (or is not selected).
-    public subscript(key: Key) -> JSONValue? { contents.values[key] }
+    /// The value of `key`, or nil if it does not exist (or is not selected). An observer of it
+    /// is notified only when `key` changes.
+    public subscript(key: Key) -> JSONValue? {
+        observe(key)
+        return stored.values[key]
+    }
 
     /// Why `key` went away, if it did because its lease ended (see ``Contents/leaseEnds``).
-    public func leaseEnd(of key: Key) -> LeaseEnd? { contents.leaseEnds[key] }
+    /// An observer of it is notified only when `key` changes.
+    public func leaseEnd(of key: Key) -> LeaseEnd? {
+        observe(key)
+        return stored.leaseEnds[key]
+    }
 
-    /// The value of `key` decoded as `T`, or nil if it does not exist.
+    /// The value of `key` decoded as `T`, or nil if it does not exist. An observer of it is
+    /// notified only when `key` changes.
     public func value<T: Decodable>(_ key: Key, as type: T.Type = T.self) throws(ObsClientError) -> T? {
-        try contents.values[key].map { value throws(ObsClientError) in try value.decode(as: T.self, key: key) }
+        observe(key)
+        return try stored.values[key].map { value throws(ObsClientError) in try value.decode(as: T.self, key: key) }
+    }
+
+    /// Waits until the mirror shows every write acknowledged (to anyone) before the call, and
+    /// returns the revision it then shows.
+    ///
+    /// A mirror follows the daemon's events, which may still be on their way: its contents
+    /// can be older than a `get` sent now would say. After `sync()`, a read from the mirror is
+    /// as fresh as that `get` — for another process's writes too. It asks the daemon which
+    /// revision it is at (the `sync` operation, whose reply follows every event of the
+    /// mirror's subscription up to that revision) and returns once the mirror has applied
+    /// them. Across a reconnection it asks again on the resumed subscription. A daemon
+    /// without the operation (`unknown_op`) is asked for the repository's revision instead,
+    /// and the mirror waits until its events, or the daemon's `progress` events (sent within
+    /// about a second), bring it there.
+    ///
+    /// - Returns: the revision the daemon reported: the mirror shows every write acknowledged
+    ///   up to it.
+    /// - Throws: the reason the mirror stopped following the daemon (`cancelled` after
+    ///   ``stop()``), or `cancelled` when the waiting task is cancelled.
+    @discardableResult
+    public func sync() async throws(ObsClientError) -> UInt64 {
+        try await link.sync()
     }
 
     /// Sets `key` to `value`; with `ifRevision`, only if the key's revision is still that (0:
@@ -137,8 +189,22 @@ public final class RemoteRepository {
     /// Stops following the daemon; the contents stay as they are.
     public func stop() { link.stop() }
 
-    private func publish(_ state: MirrorState) {
+    /// One step: one notification for the observers of `contents`, and one for those of each
+    /// key it changed; none for a step that changed nothing.
+    private func publish(_ state: MirrorState, _ update: MirrorUpdate) {
         let next = Contents(revision: state.revision, values: state.values, isLoaded: state.isLoaded, leaseEnds: state.leaseEnds)
-        if next != contents { contents = next }  // one notification per revision, none for nothing
+        guard next != stored else { return }
+        let keys = update.changed
+        for key in keys { keyObservers.willSet(self, keyPath: \.[observing: key]) }
+        withMutation(keyPath: \.contents) { stored = next }
+        for key in keys { keyObservers.didSet(self, keyPath: \.[observing: key]) }
     }
+
+    /// Registers an access to `key` alone with the observation being tracked.
+    private func observe(_ key: Key) {
+        keyObservers.access(self, keyPath: \.[observing: key])
+    }
+
+    /// The key path a key's observers are registered under (it reads nothing).
+    private nonisolated subscript(observing key: Key) -> Bool { false }
 }

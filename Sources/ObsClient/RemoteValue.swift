@@ -1,8 +1,8 @@
 // ObsClient — one remote key as a typed Swift Observation model: `RemoteValue<Value>`
 // holds the key's current value as `Value`, kept current from a resumable watch, with
-// typed writes and an optimistic read-modify-write (`update`) over compare-and-set. Like
-// `RemoteRepository`, it watches with `SubscriptionOptions.mirror` (coalesced, no echo)
-// unless told otherwise.
+// typed writes, an optimistic read-modify-write (`update`) over compare-and-set, and `sync`.
+// Like `RemoteRepository`, it watches with `SubscriptionOptions.mirror` (coalesced, no echo)
+// unless told otherwise, and is notified only by a step that changed its key.
 
 import Observation
 import ObsProtocol
@@ -121,11 +121,20 @@ public final class RemoteValue<Value: Codable & Sendable> {
         return try await set(next, ifRevision: entry?.revision ?? 0)
     }
 
+    /// Waits until the value shows every write acknowledged (to anyone) before the call, and
+    /// returns the revision the repository was at (see ``RemoteRepository/sync()``).
+    @discardableResult
+    public func sync() async throws(ObsClientError) -> UInt64 {
+        try await link.sync()
+    }
+
     /// Stops following the daemon; the value stays as it is.
     public func stop() { link.stop() }
 
+    /// Publishes a step that changed the key (or the first snapshot); none other — a catch-up
+    /// or a snapshot after a reconnection that left the key as it was notifies nobody.
     private func publish(_ state: MirrorState, _ update: MirrorUpdate) {
-        if case .keys(let written) = update, !written.contains(key) { return }
+        if current.isLoaded, !update.changed.contains(key) { return }
         let json = state.values[key]
         var next = Current(exists: json != nil, revision: state.revision, isLoaded: true, leaseEnd: state.leaseEnds[key])
         do {

@@ -46,12 +46,17 @@ public enum SubscriptionEvent: Sendable {
     case change(ChangeEvent<JSONValue>)
     /// The `since` replay is complete up to `revision`; what follows is live.
     case synced(revision: UInt64)
+    /// For a subscription made with `catchUp` that resumed past the daemon's history (its
+    /// ``Subscription/catchUp`` is `.diff`): the selected keys that changed after
+    /// `since`, as they are at the event's revision; `synced` follows.
+    case catchUp(CatchUpEvent<JSONValue>)
 
     /// The revision the event is at.
     public var revision: UInt64 {
         switch self {
         case .snapshot(let r, _), .synced(let r): return r
         case .change(let c): return c.revision
+        case .catchUp(let c): return c.revision
         }
     }
 }

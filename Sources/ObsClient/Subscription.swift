@@ -17,20 +17,29 @@ public struct Subscription: AsyncSequence, Sendable {
     public let epoch: String
     /// The options it was made with.
     public let options: SubscriptionOptions
+    /// For a subscription made with `catchUp`: how the daemon brings it up to ``revision``
+    /// before `synced` — `.replay` (the replayed changes), `.diff`
+    /// (one ``SubscriptionEvent/catchUp(_:)``) or `.snapshot` (one
+    /// ``SubscriptionEvent/snapshot(revision:values:)`` that replaces everything held). Nil
+    /// without `catchUp`, and from a daemon without catch-up, which replays as a plain `since`
+    /// (or fails with `compacted`).
+    public let catchUp: CatchUpMode?
     /// The serial number of the connection it is on.
     var connection: UInt64 { client.serial }
     private let events: AsyncThrowingStream<SubscriptionItem, any Error>
     private let stream: SubscriptionStream
-    private let client: ObsConnection
+    /// The connection it is on.
+    let client: ObsConnection
 
     init(
-        id: UInt64, repository: String, revision: UInt64, epoch: String, options: SubscriptionOptions,
+        id: UInt64, repository: String, revision: UInt64, epoch: String, catchUp: CatchUpMode? = nil, options: SubscriptionOptions,
         events: AsyncThrowingStream<SubscriptionItem, any Error>, stream: SubscriptionStream, client: ObsConnection
     ) {
         self.id = id
         self.repository = repository
         self.revision = revision
         self.epoch = epoch
+        self.catchUp = catchUp
         self.options = options
         self.events = events
         self.stream = stream
@@ -59,7 +68,7 @@ public struct Subscription: AsyncSequence, Sendable {
             return nil
         }
 
-        /// The next event or `progress` revision (a `Watch` resumes from the latter too).
+        /// The next event, `progress` revision or sync mark (a `Watch` resumes from the latter two too).
         mutating func nextItem() async throws -> SubscriptionItem? {
             let item = try await base.next()
             if item != nil { stream.consumed() }

@@ -1,12 +1,15 @@
 // ObsClient — watches that survive reconnection. A `Watch` is an async sequence of one
 // selection's changes that outlives connections: after the session reconnects, it
-// resubscribes with `since` = the last revision it delivered and the epoch that revision
-// belongs to, so the stream continues with no gap and no duplicate. Its subscriptions ask
-// for `progress`, so that position keeps up with a busy repository while the selected keys
-// are quiet, and never falls out of the daemon's history for that; when the daemon cannot
-// replay that far (`compacted`: its history moved on, or it is another history — it
-// restarted without its data, its data was replaced), it resubscribes with a snapshot and
-// says so (`resync`).
+// resubscribes with `since` = the last revision it delivered, the epoch that revision
+// belongs to, and `catchup`, so the stream continues with no gap and no duplicate. Its
+// subscriptions ask for `progress`, so that position keeps up with a busy repository while
+// the selected keys are quiet. It never starts over on its own: when the daemon's history
+// no longer reaches back to the position, the daemon sends the keys that changed since, as
+// they are now (a `catchUp` event); when the position is in another history (the daemon
+// restarted without its data, its data was replaced) or the daemon no longer knows the
+// deletions since, a snapshot, which the watch says is one (`resync`). Only a daemon without
+// catch-up answers `compacted`: then the watch resubscribes with a snapshot, as it did
+// before catch-up existed.
 
 import ObsProtocol
 import ObservableKit
@@ -22,12 +25,19 @@ public enum WatchEvent: Sendable {
     /// event (`from` set), which leaves a reader that applies it at the state of its
     /// `revision`.
     case change(ChangeEvent<JSONValue>)
+    /// After a reconnection whose missed revisions the daemon's history no longer holds (in
+    /// the same history): the selected keys that changed after the watch's position, as they
+    /// are at the event's `revision`. Set each of its `values`, remove each of its `deleted`,
+    /// and you hold the selected state at `revision`; a key it does not list did not change.
+    /// Their earlier values are not known (a key it lists may even hold the value it had).
+    case catchUp(CatchUpEvent<JSONValue>)
 
     /// The revision the event is at.
     public var revision: UInt64 {
         switch self {
         case .snapshot(let revision, _, _): return revision
         case .change(let changes): return changes.revision
+        case .catchUp(let diff): return diff.revision
         }
     }
 }
@@ -39,8 +49,9 @@ extension ObsSession {
     ///   - repository: the repository.
     ///   - selection: the keys: some, a prefix, or all of them.
     ///   - initial: start with a `snapshot` of the selected keys.
-    ///   - since: start after this revision instead (replaying what followed it); with
-    ///     `initial`, `since` wins unless the daemon cannot replay that far.
+    ///   - since: start after this revision instead (replaying what followed it, or — past
+    ///     the daemon's history — with a ``WatchEvent/catchUp(_:)``); `initial` is then not
+    ///     used.
     ///   - epoch: the epoch `since` belongs to (as a subscription or an earlier watch
     ///     reported it); if the repository's history is another one, the watch starts with a
     ///     resync snapshot instead of a replay.
@@ -106,6 +117,8 @@ public struct Watch: AsyncSequence, Sendable {
         public private(set) var epoch: String?
         /// The serial number of the connection of the current subscription (0 before the first).
         private(set) var connection: UInt64 = 0
+        /// Told where the watch is, for a mirror's `sync` (set by the mirror).
+        var monitor: WatchMonitor?
         private var subscription: Subscription.AsyncIterator?
         /// The epoch of a subscription whose snapshot has not arrived: it becomes `epoch` with
         /// the snapshot's revision. Until then `position` is still in the old history, and a
@@ -123,11 +136,12 @@ public struct Watch: AsyncSequence, Sendable {
 
         /// The next event; after a reconnection, the first of the resumed subscription.
         public mutating func next() async throws -> WatchEvent? {
+            monitor?.consumed(position: position, epoch: epoch)  // the consumer applied what it was handed
             while !finished {
                 do throws(ObsClientError) {
                     if subscription == nil { try await open() }
                     guard let event = try await nextEvent() else {
-                        finished = true  // the consuming task was cancelled
+                        finish(.cancelled)  // the consuming task was cancelled
                         return nil
                     }
                     switch event {
@@ -140,20 +154,36 @@ public struct Watch: AsyncSequence, Sendable {
                     case .change(let changes):
                         position = changes.revision
                         return .change(changes)
+                    case .catchUp(let diff):
+                        position = diff.revision
+                        if diff.isEmpty {  // nothing selected changed: nothing to hand on
+                            monitor?.consumed(position: position, epoch: epoch)
+                            continue
+                        }
+                        return .catchUp(diff)
                     case .synced(let revision):
                         position = revision
-                    case .progress(let revision):
+                        monitor?.consumed(position: position, epoch: epoch)
+                    case .progress(let revision), .syncMark(_, let revision):
                         if let current = position, revision > current, snapshotEpoch == nil { position = revision }
+                        monitor?.consumed(position: position, epoch: epoch)
+                        if case .syncMark(let mark, _) = event { monitor?.reached(mark: mark) }
                     }
                 } catch where error.code == .connectionClosed || error.code == .overflowed {
                     subscription = nil  // the session reconnects; resume from `position`
                     snapshotEpoch = nil
+                    monitor?.lost()
                 } catch {
-                    finished = true
+                    finish(error)
                     throw error
                 }
             }
             return nil
+        }
+
+        private mutating func finish(_ error: ObsClientError) {
+            finished = true
+            monitor?.end(error)
         }
 
         private mutating func nextEvent() async throws(ObsClientError) -> WatchItem? {
@@ -161,11 +191,13 @@ public struct Watch: AsyncSequence, Sendable {
                 switch try await subscription?.nextItem() {
                 case nil: return nil
                 case .progress(let revision)?: return .progress(revision)
+                case .syncMark(let mark, let revision)?: return .syncMark(mark, revision)
                 case .event(let event)?:
                     switch event {
                     case .snapshot(let revision, let values): return .snapshot(revision, values)
                     case .change(let change): return .change(change)
                     case .synced(let revision): return .synced(revision)
+                    case .catchUp(let diff): return .catchUp(diff)
                     }
                 }
             } catch let error as ObsClientError {
@@ -175,8 +207,9 @@ public struct Watch: AsyncSequence, Sendable {
             }
         }
 
-        /// Subscribes on the session's current connection: from `position` when there is
-        /// one, else as asked; with a snapshot when the daemon cannot replay from there.
+        /// Subscribes on the session's current connection: from `position` with `catchup` when
+        /// there is one, else as asked; with a snapshot when the daemon has no catch-up and
+        /// cannot replay from there.
         private mutating func open() async throws(ObsClientError) {
             let client = try await watch.core.client()
             let repo = watch.repository, selection = watch.selection, options = watch.options
@@ -184,9 +217,18 @@ public struct Watch: AsyncSequence, Sendable {
             if let position {
                 do {
                     subscription = try await client.subscribe(
-                        to: repo, selecting: selection, initial: false, since: position, epoch: epoch, once: false, options: options, progress: true)
-                    epoch = subscription.epoch  // the daemon replays from `position`: it is in this history
+                        to: repo, selecting: selection, initial: false, since: position, epoch: epoch, catchUp: true, once: false,
+                        options: options, progress: true)
+                    if subscription.catchUp == .snapshot {
+                        // Another history, or the deletions since are no longer known: a snapshot
+                        // follows, to be handed on as a resync.
+                        resyncing = true
+                        snapshotEpoch = subscription.epoch
+                    } else {
+                        epoch = subscription.epoch  // a replay or a diff from `position`: it is in this history
+                    }
                 } catch where error.code == .compacted {
+                    // A daemon without catch-up: start again from its complete state.
                     resyncing = true
                     subscription = try await client.subscribe(
                         to: repo, selecting: selection, initial: true, since: nil, epoch: nil, once: false, options: options, progress: true)
@@ -203,14 +245,18 @@ public struct Watch: AsyncSequence, Sendable {
             }
             connection = subscription.connection
             self.subscription = subscription.makeAsyncIterator()
+            monitor?.opened(subscription.client, subscription: subscription.id)
+            monitor?.consumed(position: position, epoch: epoch)
         }
     }
 }
 
-/// What a watch's subscription hands its iterator: an event, or a `progress` revision.
+/// What a watch's subscription hands its iterator: an event, a `progress` revision, or a sync mark.
 private enum WatchItem {
     case snapshot(UInt64, [Key: JSONValue])
     case change(ChangeEvent<JSONValue>)
+    case catchUp(CatchUpEvent<JSONValue>)
     case synced(UInt64)
     case progress(UInt64)
+    case syncMark(UInt64, UInt64)
 }

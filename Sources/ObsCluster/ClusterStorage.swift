@@ -109,9 +109,9 @@ public final class ClusterStorage: SharedStorage {
     }
 
     /// Never used: shared storage commits through `commit`.
-    public func append(_ record: RevisionRecord, listener: any DurabilityListener) -> Bool { false }
+    public func append(_ frame: LogFrame, sequence: UInt64, listener: any DurabilityListener) -> Bool { false }
 
-    public func discard(_ listener: any DurabilityListener, after revision: UInt64) {}
+    public func discard(_ listener: any DurabilityListener, after sequence: UInt64) {}
 
     public func close() {
         tasks.withLock { tasks in

@@ -24,6 +24,8 @@ public struct DaemonSettings: Sendable, Equatable {
     public var historyLimit = 10_000
     public var historyMaxAgeSeconds = 0
     public var historyMaxBytes = 64 << 20
+    /// `history.tombstones`: deleted keys remembered per repository, for catch-ups (ObsStore's `Tombstones.defaultLimit`).
+    public var historyTombstones = 100_000
     public var maxLine = 1 << 20
     public var queueBytes = 16 << 20
     public var queueEvents = 100_000
@@ -155,6 +157,8 @@ public struct Setting: Sendable {
                 "Bytes of history kept per repository (keys and old and new values); the newest revision stays whatever its size."),
         integer("history.max-age-seconds", "OBSD_HISTORY_MAX_AGE", "history-max-age", 0...Int(Int32.max), \.historyMaxAgeSeconds, "s",
                 "Drop history older than this; 0: no age limit."),
+        integer("history.tombstones", "OBSD_HISTORY_TOMBSTONES", "history-tombstones", 100_000...100_000_000, \.historyTombstones, "n",
+                "Deleted keys remembered per repository (the newest deletions), so a `catchup` past the history still lists what was deleted; from before the oldest remembered it is a snapshot."),
         integer("limits.max-line", "OBSD_MAX_LINE", "max-line", 64...(1 << 30), \.maxLine, "bytes", "Longest request line in bytes."),
         integer("limits.queue-bytes", "OBSD_QUEUE_BYTES", "queue-bytes", 4096...(1 << 34), \.queueBytes, "bytes",
                 "Outgoing queue limit per connection in bytes."),
@@ -181,7 +185,7 @@ public struct Setting: Sendable {
         integer("limits.max-keys-per-request", "OBSD_MAX_KEYS_PER_REQUEST", "max-keys-per-request", 1...10_000_000, \.maxKeysPerRequest,
                 "n", "Most keys in one subscribe or operations in one batch."),
         integer("limits.max-start-bytes", "OBSD_MAX_START_BYTES", "max-start-bytes", 0...(1 << 50), \.maxStartBytes, "bytes",
-                "Most bytes of large subscription starts (snapshots, since replays) being sent at once, daemon-wide; past it another is overloaded (one alone always may start)."),
+                "Most bytes of history copied for large since replays being sent at once, daemon-wide; past it another plain since is overloaded (one alone always may start; a catchup never is)."),
         choice("access.default", "OBSD_ACCESS_DEFAULT", "access-default", ["none", "read", "write"], \.accessDefault, "policy",
                "What peers no access rule matches may do: none, read or write."),
         choice("log.level", "OBSD_LOG_LEVEL", "log-level", logLevels, \.logLevel, "level",

@@ -1,11 +1,15 @@
-// ObsCore — a repository's keys, values and revision as the value core keeps them: the write
-// rules of ObservableKit's `KeyedState` (an equal value is not a change, `force` makes it one,
-// `ifRevision` is compare-and-set, a batch is atomic, shares one revision and may not write a
-// key twice, a write that changes nothing raises no revision) over ObsStore's `FlatTable` —
-// records in slabs, not a dictionary of per-key allocations — which is also what a snapshot
-// loads into. Values are compared where they lie; a value is copied out only when it is part
-// of a change (the change carries it to the history, the log and the events).
+// ObsCore — a repository's keys, values and revision as the value core keeps them, and the
+// daemon's write rules — the contract's, in one place: an equal value is not a change, `force`
+// makes it one, `ifRevision` is compare-and-set (0: the key must not exist), a delete of an
+// absent key changes nothing, a batch is atomic and shares one revision, a write that changes
+// nothing raises no revision — over ObsStore's `FlatTable` (records in slabs, not a dictionary
+// of per-key allocations; also what a snapshot loads into). Every write is decided here on its
+// operations' bytes, a single key's as a batch's: keys looked up and values compared where
+// they lie, nothing copied out. (That a batch names a key at most once is the request's rule:
+// the protocol's decoders refuse it.) ObservableKit's `KeyedState` keeps the same rules for
+// observation in process.
 
+import ObsProtocol
 import ObsStore
 import ObsValues
 import ObservableKit
@@ -31,42 +35,33 @@ public struct FlatState: Sendable {
     /// Calls `body` with every entry, read in place, in no particular order.
     public func forEach(_ body: (FlatRecord) -> Void) { table.forEach(body) }
 
-    /// The changes `ops` would make, in order, without making them: no key twice, every
-    /// `ifRevision` met (else `WriteError`, in the order `KeyedState.validate` reports them),
-    /// and operations that change nothing left out. Empty when nothing would change.
-    public func plan(_ ops: [WriteOp<CanonicalJSON>]) throws(WriteError) -> [Change<CanonicalJSON>] {
-        if ops.count > 1 {
-            var seen = Set<Key>(minimumCapacity: ops.count)
-            for op in ops where !seen.insert(op.key).inserted { throw .duplicateKey(op.key) }
-        }
-        var changes: [Change<CanonicalJSON>] = []
-        changes.reserveCapacity(ops.count)
-        for op in ops {
-            switch op {
-            case .set(let key, let value, let ifRevision, let force):
-                let outcome = table.withRecord(key) { record -> Outcome in
-                    if let ifRevision, ifRevision != (record?.revision ?? 0) { return .conflict(record?.revision ?? 0) }
-                    guard let record else { return .change(old: nil) }
-                    return !force && record.valueEquals(value) ? .unchanged : .change(old: record.value)
-                }
-                switch outcome {
-                case .conflict(let actual): throw .conflict(key: key, expected: ifRevision ?? 0, actual: actual)
-                case .unchanged: break
-                case .change(let old): changes.append(Change(key: key, old: old, new: value))
-                }
-            case .delete(let key, let ifRevision):
-                let outcome = table.withRecord(key) { record -> Outcome in
-                    if let ifRevision, ifRevision != (record?.revision ?? 0) { return .conflict(record?.revision ?? 0) }
-                    return record.map { .change(old: $0.value) } ?? .unchanged
-                }
-                switch outcome {
-                case .conflict(let actual): throw .conflict(key: key, expected: ifRevision ?? 0, actual: actual)
-                case .unchanged: break
-                case .change(let old): changes.append(Change(key: key, old: old, new: nil))
-                }
+    /// Decides each of `ops` on the current state without applying anything: `plans` (room for
+    /// one per operation) gets, in order, whether each changes its key, and what the key holds
+    /// now, read in place. Throws the first failed `ifRevision`, in operation order. `ops`
+    /// name each key at most once.
+    public func plan(_ ops: UnsafeBufferPointer<RawWriteOp>, into plans: UnsafeMutableBufferPointer<OpPlan>) throws(WriteError) {
+        for (i, op) in ops.enumerated() {
+            let plan = table.withRecord(key: op.key) { record, position -> OpPlan? in
+                let oldRevision = record?.revision ?? 0
+                if let ifRevision = op.ifRevision, ifRevision != oldRevision { return nil }
+                let old = record?.valueBytes
+                let oldIsPlain = record?.isPlain ?? true
+                let changes: Bool =
+                    if let value = op.value {
+                        // A set: of an equal value it changes nothing, unless forced.
+                        record == nil || op.force || !record!.valueEquals(canonical: value, isPlain: op.isPlain)
+                    } else {
+                        // A delete: of an absent key it changes nothing.
+                        record != nil
+                    }
+                return OpPlan(changes: changes, old: old, oldIsPlain: oldIsPlain, oldRevision: oldRevision, position: position)
             }
+            guard let plan else {
+                let actual = table.withRecord(key: op.key) { record, _ in record?.revision ?? 0 }
+                throw .conflict(key: Key(String(decoding: op.key, as: UTF8.self)), expected: op.ifRevision ?? 0, actual: actual)
+            }
+            plans[i] = plan
         }
-        return changes
     }
 
     /// What `changes` (planned on this state, a key at most once) replace: each key's entry
@@ -76,12 +71,6 @@ public struct FlatState: Sendable {
         changes.map { change in
             (change.key, change.old.map { Entry(value: $0, revision: table.withRecord(change.key) { $0?.revision ?? 0 }) })
         }
-    }
-
-    private enum Outcome {
-        case conflict(UInt64)
-        case unchanged
-        case change(old: CanonicalJSON?)
     }
 
     /// Installs a change set whose revision follows the current one. Returns `false`,
@@ -105,8 +94,13 @@ public struct FlatState: Sendable {
         table.revision = revision
     }
 
-    /// Sets (or, `value` nil, removes) the key whose bytes are `key` as it was at `revision`,
-    /// undoing a change (`UndoLog`).
+    /// Sets the repository's revision (after a write of several keys, installed one by one).
+    mutating func setRevision(_ revision: UInt64) {
+        table.revision = revision
+    }
+
+    /// Sets (or, `value` nil, removes) the key whose bytes are `key`, changed at `revision` —
+    /// a write of several keys, installed one by one, or a change undone (`UndoLog`).
     mutating func restore(key: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer?, isPlain: Bool, revision: UInt64) {
         if let value { table.set(key: key, value: value, isPlain: isPlain, revision: revision) } else { table.remove(key: key) }
     }

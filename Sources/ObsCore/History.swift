@@ -9,6 +9,7 @@
 // resuming after revision N is served from here if the history still reaches back to N + 1;
 // otherwise the answer is `compacted`.
 
+import ObsStore
 import ObsValues
 import ObservableKit
 
@@ -20,11 +21,14 @@ public struct HistoryLimits: Sendable, Equatable {
     public var maxBytes: Int
     /// Seconds (nil: no age limit).
     public var maxAge: Int64?
+    /// Deleted keys remembered (tombstones, for catch-ups: `Tombstones`).
+    public var tombstones: Int
 
-    public init(count: Int, maxBytes: Int, maxAge: Int64?) {
+    public init(count: Int, maxBytes: Int, maxAge: Int64?, tombstones: Int = Tombstones.defaultLimit) {
         self.count = count
         self.maxBytes = maxBytes
         self.maxAge = maxAge
+        self.tombstones = tombstones
     }
 }
 
@@ -101,6 +105,7 @@ public struct History: Sendable {
 
     /// Appends the next revision (`changes`, made at `info.revision`), dropping the oldest
     /// beyond the limits.
+    @_specialize(where C == RawChanges)
     public mutating func append<C: RecordChanges>(prefix: [UInt8], info: RevisionInfo, changes: C, tail: [UInt8] = []) {
         guard limits.count > 0 else { return }
         let place = makeRoom(RevisionRecordLayout.bound(prefix: prefix, changes: changes, tail: tail))._withUnsafeGuaranteedRef { chunk in

@@ -1,9 +1,10 @@
 // ObsCore — the changes of one revision as the record encoder (RevisionRecordLayout) and the
-// history read them: a list of `Change`s (batches, lease ends, revisions loaded or decided by
-// a shared store), or one change given as the bytes where they lie — the single-key write
-// path (RepositoryCore+Single.swift), which copies no value out and builds no array.
+// history read them: given as the bytes where they lie — every write (RepositoryCore.commit),
+// which copies no value out — or as a list of `Change`s (revisions loaded, or decided by a
+// shared store).
 
 import ObsProtocol
+import ObsStore
 import ObsValues
 import ObservableKit
 
@@ -36,32 +37,24 @@ extension Array: RecordChanges where Element == Change<CanonicalJSON> {
     }
 }
 
-/// One change given as bytes: the key's UTF-8, and the canonical encodings of the value before
-/// (nil: the key did not exist) and after (nil: deleted). Valid while the memory they point
-/// into is.
-public struct RawChange: RecordChanges {
-    public let key: UnsafeRawBufferPointer
-    public let old: UnsafeRawBufferPointer?
-    public let new: UnsafeRawBufferPointer?
+/// Changes given as the bytes where they lie (a plain struct, not a conditional conformance of
+/// `UnsafeBufferPointer`: the record encoder is specialized for it).
+public struct RawChanges: RecordChanges {
+    public let changes: UnsafeBufferPointer<RawChange>
 
     @inlinable
-    public init(key: UnsafeRawBufferPointer, old: UnsafeRawBufferPointer?, new: UnsafeRawBufferPointer?) {
-        self.key = key
-        self.old = old
-        self.new = new
-    }
+    public init(_ changes: UnsafeBufferPointer<RawChange>) { self.changes = changes }
 
-    @inlinable public var count: Int { 1 }
+    @inlinable public var count: Int { changes.count }
 
     @inlinable
-    public func withKeyBytes<R>(_ i: Int, _ body: (UnsafeRawBufferPointer) -> R) -> R { body(key) }
+    public func withKeyBytes<R>(_ i: Int, _ body: (UnsafeRawBufferPointer) -> R) -> R { body(changes[i].key) }
 
     @inlinable
-    public func byteCount(_ i: Int) -> Int { key.count + (old?.count ?? 0) + (new?.count ?? 0) }
+    public func byteCount(_ i: Int) -> Int { changes[i].key.count + (changes[i].old?.count ?? 0) + (changes[i].new?.count ?? 0) }
 
     @inlinable
     public func writeChange<S: JSONSink>(_ i: Int, into sink: inout S) {
-        EventEncoder.writeChange(&sink, keyUTF8: key, old: old, new: new) { sink, bytes in sink.writeBytes(bytes) }
+        EventEncoder.writeChange(&sink, keyUTF8: changes[i].key, old: changes[i].old, new: changes[i].new) { sink, bytes in sink.writeBytes(bytes) }
     }
-
 }

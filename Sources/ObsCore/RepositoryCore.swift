@@ -4,9 +4,15 @@
 //
 // A write is planned (the write rules, then the limits: nothing is applied when either
 // refuses) and committed as the next revision: installed in the keyed state, encoded once as
-// a record (RevisionRecordLayout) that the history keeps and the server delivers. A revision
-// not yet durable keeps what each key held before it, so a storage failure can undo it; its
-// record waits in `pending` until storage confirms it, and only then is it shown.
+// a record (RevisionRecordLayout) that the history keeps and the server delivers. A change
+// not yet durable — a revision, or lease attachments a write moved without making one — is
+// pending: it keeps what it replaced, so a storage failure can undo it; a revision's record
+// waits in `pending` until storage confirms it, and only then is it shown.
+//
+// Lease attachments (key → lease) live here too, with an index lease → keys, so a lease's
+// end finds its keys under the same lock as the writes that attach them; and tombstones —
+// the revision of the last deletion of each absent key — kept by every change and undo, so a
+// subscription resuming past the history can be caught up with a diff (`start`).
 
 import ObsProtocol
 import ObsStore
@@ -34,13 +40,11 @@ public enum WriteRefusal: Error, Sendable, Equatable {
     case revisionTooLarge(bytes: Int, limit: Int)
 }
 
-/// A planned write: what it would change, checked against the rules and limits.
+/// A planned write: what it would change, checked against the rules and limits (each
+/// operation's part is in the core, `plans`, until the state is mutated).
 public struct WritePlan: Sendable {
-    /// The changes, in application order (empty: the write changes nothing).
-    public let changes: [Change<CanonicalJSON>]
-    /// A single write's reply carries the value it replaced (the change's old value, or the
-    /// equal value it left in place).
-    public let previous: CanonicalJSON?
+    /// How many of its operations change their key (0: the write changes nothing).
+    public let changed: Int
     /// What the revision weighs (`RevisionInfo.weight`).
     public let weight: Int
     /// The write brings the repository into existence (its first revision).
@@ -56,14 +60,21 @@ public struct RepositoryCore: Sendable {
     /// The lease each attached key is attached to: not part of the state that revisions
     /// count, nor of the history (the contract's leases).
     public private(set) var attachments: [Key: UInt64] = [:]
+    /// The keys attached to each lease (the inverse of `attachments`).
+    private var attachedKeys: [UInt64: Set<Key>] = [:]
+    /// The revision of the last deletion of each absent key (bounded: `HistoryLimits.tombstones`).
+    public private(set) var tombstones: Tombstones
+    /// Readers of the state as it was at a revision, open while a large start streams
+    /// (StateReader.swift), by number.
+    var readers: [UInt64: StateReader] = [:]
+    var nextReader: UInt64 = 0
     /// The time of the newest revision: revisions are stamped no earlier, so their times
     /// never go back whatever the clock does.
     var lastTime: Int64
-    /// Revisions committed and not yet durable, oldest first: their records, and what each
-    /// changed key held before (to undo them).
+    /// Revisions committed and not yet durable, oldest first: their records.
     public private(set) var pending = RecordBatch<Void>()
-    /// Per pending revision: what its keys held before, and the lease attachments its write
-    /// moved (undone with it).
+    /// Per pending change (revision, or attachments moved alone), oldest first: what its keys
+    /// held before, and the lease attachments its write moved (undone with it).
     var undo = UndoLog()
     /// How every revision's body begins (`,"repo":<name>,"rev":`), encoded once.
     private let prefix: [UInt8]
@@ -90,7 +101,11 @@ public struct RepositoryCore: Sendable {
                 changes: record.changes, tail: record.leaseEnd.map(Self.tail) ?? [])
         }
         self.history = history
+        var tombstones = loaded?.tombstones ?? Tombstones()
+        tombstones.setLimit(historyLimits.tombstones)
+        self.tombstones = tombstones
         self.lastTime = loaded?.history.last?.time ?? .min
+        for (key, lease) in loaded?.attachments ?? [:] where data[key] != nil { setAttachment(key, to: lease) }
     }
 
     // MARK: Reading
@@ -121,48 +136,94 @@ public struct RepositoryCore: Sendable {
 
     // MARK: Writing
 
-    /// What `ops` would change — by the write rules first (a write that fails them, or
-    /// changes nothing, gets that answer whatever the limits), then the limits. Nothing is
-    /// applied.
-    public func plan(_ ops: [WriteOp<CanonicalJSON>], limits: WriteLimits) throws(WriteRefusal) -> WritePlan {
-        let changes: [Change<CanonicalJSON>]
-        do throws(WriteError) { changes = try data.plan(ops) } catch { throw .rules(error) }
-        let previous: CanonicalJSON? =
-            if ops.count != 1 { nil } else if let change = changes.first { change.old } else { data[ops[0].key]?.value }
-        guard !changes.isEmpty else { return WritePlan(changes: [], previous: previous, weight: 0, creates: false) }
+    /// Decides `ops` — by the write rules first (a write that fails them, or changes nothing,
+    /// gets that answer whatever the limits), then the limits — leaving each operation's part
+    /// in `plans` (the caller's room for one per operation, reused: a write allocates nothing
+    /// for it), read in place until the state is mutated. Nothing is applied. A single-key write and a batch alike: each key
+    /// looked up once, its value compared where it lies, nothing copied.
+    public func plan(_ ops: UnsafeBufferPointer<RawWriteOp>, limits: WriteLimits, into plans: UnsafeMutableBufferPointer<OpPlan>) throws(WriteRefusal) -> WritePlan {
+        do throws(WriteError) { try data.plan(ops, into: plans) } catch { throw .rules(error) }
+        var changed = 0
         var created = 0
         var removed = 0
         var weight = 0
-        for change in changes {
-            if change.old == nil { created += 1 }
-            if change.new == nil { removed += 1 }
-            weight += RevisionInfo.weight(of: change)
+        for i in 0..<ops.count where plans[i].changes {
+            changed += 1
+            if plans[i].old == nil { created += 1 }
+            if ops[i].value == nil { removed += 1 }
+            weight += ops[i].key.count + (plans[i].old?.count ?? 0) + (ops[i].value?.count ?? 0) + 32
         }
+        guard changed > 0 else { return WritePlan(changed: 0, weight: 0, creates: false) }
         if created > 0, data.count + created - removed > limits.maxKeys { throw .tooManyKeys(limit: limits.maxKeys) }
         if weight > limits.maxRevisionBytes { throw .revisionTooLarge(bytes: weight, limit: limits.maxRevisionBytes) }
-        return WritePlan(changes: changes, previous: previous, weight: weight, creates: data.revision == 0)
+        return WritePlan(changed: changed, weight: weight, creates: data.revision == 0)
     }
 
-    /// Commits a plan that changes something as the next revision: installs it, records it
-    /// in the history (with `tail`, a lease's end, in its event), and — `durable: false` —
-    /// keeps it pending with what it replaced until `confirm` or `undo`. Returns its info;
-    /// `withLastRecord` reads its record.
-    @discardableResult
-    public mutating func commit(
-        _ plan: WritePlan, time now: Int64, writer: Writer?, origin: UInt64, durable: Bool, tail: [UInt8] = [],
-        moves: [AttachmentMove] = []
-    ) -> RevisionInfo {
-        let revision = data.revision + 1
-        let time = max(now, lastTime)
-        let info = RevisionInfo(revision: revision, time: time, writer: writer, origin: origin, weight: plan.weight)
-        if !durable {
-            undo.begin(moves: moves)
-            for (key, entry) in data.entries(replacedBy: plan.changes) { undo.add(key, entry) }
+    /// The next revision's info for a write that changes something, made `now` (its time is
+    /// never before the revision before it).
+    public func nextRevision(_ plan: WritePlan, time now: Int64, writer: Writer?, origin: UInt64) -> RevisionInfo {
+        RevisionInfo(revision: data.revision + 1, time: max(now, lastTime), writer: writer, origin: origin, weight: plan.weight)
+    }
+
+    /// Calls `body` with the changes `ops`, planned as `plans`, make — as bytes in place (for
+    /// storage, which encodes them before `commit` installs them).
+    @inlinable
+    public static func withChanges<R>(
+        _ ops: UnsafeBufferPointer<RawWriteOp>, _ plans: UnsafeMutableBufferPointer<OpPlan>, changed: Int, _ body: (UnsafeBufferPointer<RawChange>) -> R
+    ) -> R {
+        withUnsafeTemporaryAllocation(of: RawChange.self, capacity: max(1, changed)) { buffer in
+            var n = 0
+            for i in 0..<ops.count where plans[i].changes {
+                buffer.initializeElement(
+                    at: n, to: RawChange(key: ops[i].key, old: plans[i].old, oldIsPlain: plans[i].oldIsPlain, new: ops[i].value, newIsPlain: ops[i].isPlain))
+                n += 1
+            }
+            defer { buffer.baseAddress!.deinitialize(count: n) }
+            return body(UnsafeBufferPointer(rebasing: buffer[..<n]))
         }
-        data.install(ChangeSet(revision: revision, changes: plan.changes))
-        lastTime = time
-        record(info, plan.changes, durable: durable, tail: tail)
-        return info
+    }
+
+    /// Commits `ops`, planned as `plan` and `plans` (a write that changes something), as
+    /// revision `info`: records it in the history (with `tail`, a lease's end, in its event) —
+    /// and, `durable: false`, keeps it pending with what its keys held and the attachment
+    /// `moves` its write made, until `confirm` or `undo` — then installs it. `withLastRecord`
+    /// reads its record. (The values `plans` point to are overwritten: read them before.)
+    public mutating func commit(
+        _ plan: WritePlan, _ ops: UnsafeBufferPointer<RawWriteOp>, _ plans: UnsafeMutableBufferPointer<OpPlan>, as info: RevisionInfo, durable: Bool, tail: [UInt8] = [],
+        moves: [AttachmentMove] = []
+    ) {
+        if !durable {
+            undo.begin(moves: moves, revision: true)
+            for i in 0..<ops.count where plans[i].changes {
+                // A key it creates gives up its tombstone: the undo puts it back.
+                let tombstone = plans[i].old == nil && !tombstones.isEmpty ? tombstones[Key(bytes: ops[i].key)] : nil
+                undo.add(key: ops[i].key, old: plans[i].old, isPlain: plans[i].oldIsPlain, revision: plans[i].oldRevision, tombstone: tombstone)
+            }
+        }
+        if !readers.isEmpty {
+            for i in 0..<ops.count where plans[i].changes {
+                keepForReaders(key: ops[i].key, old: plans[i].old, isPlain: plans[i].oldIsPlain, revision: plans[i].oldRevision)
+            }
+        }
+        // Recorded before the install, which may overwrite the old values where they lie.
+        Self.withChanges(ops, plans, changed: plan.changed) { record(info, RawChanges($0), durable: durable, tail: tail) }
+        if ops.count == 1 {
+            data.install(key: ops[0].key, value: ops[0].value, isPlain: ops[0].isPlain, revision: info.revision, at: plans[0].position)
+        } else {
+            // Each install may move what the next plan found: looked up again.
+            for i in 0..<ops.count where plans[i].changes {
+                data.restore(key: ops[i].key, value: ops[i].value, isPlain: ops[i].isPlain, revision: info.revision)
+            }
+            data.setRevision(info.revision)
+        }
+        for i in 0..<ops.count where plans[i].changes {
+            if ops[i].value == nil {
+                tombstones.deleted(Key(bytes: ops[i].key), at: info.revision)
+            } else if plans[i].old == nil, !tombstones.isEmpty {
+                tombstones.remove(Key(bytes: ops[i].key))
+            }
+        }
+        lastTime = info.time
     }
 
     // MARK: Leases
@@ -178,53 +239,75 @@ public struct RepositoryCore: Sendable {
     public func lease(of key: Key) -> UInt64? { attachments.isEmpty ? nil : attachments[key] }
 
     /// A key's move between leases: the lease it was attached to before, and after (nil: none).
-    public typealias AttachmentMove = (key: Key, from: UInt64?, to: UInt64?)
+    public typealias AttachmentMove = ObsStore.AttachmentMove
 
-    /// A write was accepted: each `set` attaches its key to the lease it names (`leases[i]`,
-    /// nil: none) — even when its value was equal — and each `delete` detaches. Returns the
-    /// moves, for the lease table — and for `commit`, when the write makes a revision, so
-    /// that undoing the revision moves its keys back.
-    public mutating func attach(_ ops: [WriteOp<CanonicalJSON>], leases: [UInt64?]) -> [AttachmentMove] {
+    /// A write was accepted: each `set` attaches its key to the lease it names (nil: none) —
+    /// even when its value was equal — and each `delete` detaches. Returns the moves, for
+    /// storage (they ride in the revision's frame, or in one of their own when the write makes
+    /// no revision) and for `commit`, so that undoing the write moves its keys back. (Nothing
+    /// to do, and no key made, when no key is attached and no operation names a lease.)
+    public mutating func attach(_ ops: UnsafeBufferPointer<RawWriteOp>) -> [AttachmentMove] {
+        guard !attachments.isEmpty || ops.contains(where: { $0.lease != nil }) else { return [] }
         var moves: [AttachmentMove] = []
-        for (i, op) in ops.enumerated() {
-            let key = op.key
-            let to: UInt64? = if case .set = op, i < leases.count { leases[i] } else { nil }
-            let from = attachments[key]
-            guard from != to else { continue }
-            attachments[key] = to
-            moves.append((key, from, to))
+        for op in ops {
+            let to: UInt64? = op.value == nil ? nil : op.lease
+            let key = Key(String(decoding: op.key, as: UTF8.self))
+            let from = setAttachment(key, to: to)
+            if from != to { moves.append((key, from, to)) }
         }
         return moves
     }
 
-    /// Of `keys`, those still attached to `lease` and existing, in byte order — what the
-    /// lease's end deletes.
-    public func attached(_ keys: Set<Key>, to lease: UInt64) -> [Key] {
-        keys.filter { attachments[$0] == lease && data[$0] != nil }.sorted()
+    /// Records attachments a write moved while making no revision (an equal value written
+    /// naming a lease): `durable: false` keeps them pending until `confirm` or `undo`, like a
+    /// revision.
+    public mutating func recordAttachments(_ moves: [AttachmentMove], durable: Bool) {
+        guard !durable else { return }
+        undo.begin(moves: moves, revision: false)
     }
 
-    /// Detaches `keys` (their lease ended).
-    public mutating func detach(_ keys: some Sequence<Key>) {
-        for key in keys { attachments[key] = nil }
+    /// The keys attached to `lease` that exist, in byte order — what its end deletes.
+    public func keys(attachedTo lease: UInt64) -> [Key] {
+        (attachedKeys[lease] ?? []).filter { data[$0] != nil }.sorted()
     }
 
-    /// Attaches `key` to `lease` (nil: to none) as a shared store decided it; returns the
-    /// lease it was attached to.
+    /// The leases keys are attached to (to find those attached to a lease that ended).
+    public var attachedLeases: Dictionary<UInt64, Set<Key>>.Keys { attachedKeys.keys }
+
+    /// Detaches `key` if it is attached to `lease` (a key that no longer exists).
+    public mutating func detach(_ key: Key, from lease: UInt64) {
+        if attachments[key] == lease { setAttachment(key, to: nil) }
+    }
+
+    /// Attaches `key` to `lease` (nil: to none) — a shared store decided it, or a write,
+    /// or its undo, moved it; returns the lease it was attached to.
     @discardableResult
     public mutating func setAttachment(_ key: Key, to lease: UInt64?) -> UInt64? {
-        guard let lease else { return attachments.isEmpty ? nil : attachments.removeValue(forKey: key) }
-        return attachments.updateValue(lease, forKey: key)
+        guard let lease else {
+            guard !attachments.isEmpty, let from = attachments.removeValue(forKey: key) else { return nil }
+            attachedKeys[from]?.remove(key)
+            if attachedKeys[from]?.isEmpty == true { attachedKeys[from] = nil }
+            return from
+        }
+        let from = attachments.updateValue(lease, forKey: key)
+        guard from != lease else { return from }
+        if let from {
+            attachedKeys[from]?.remove(key)
+            if attachedKeys[from]?.isEmpty == true { attachedKeys[from] = nil }
+        }
+        attachedKeys[lease, default: []].insert(key)
+        return from
     }
 
     /// What a tentative install replaced, to take it back.
     public typealias Tentative = [(key: Key, entry: Entry<CanonicalJSON>?)]
 
-    /// Installs `plan`'s changes as the next revision, recording nothing, so the next write of
-    /// a group can be planned on top of it (a shared store commits the group, or not);
+    /// Installs `changes` as the next revision, recording nothing, so the next write of a
+    /// group can be planned on top of it (a shared store commits the group, or not);
     /// `revert` takes such installs back, newest first.
-    public mutating func installTentatively(_ plan: WritePlan) -> Tentative {
-        let previous = data.entries(replacedBy: plan.changes)
-        data.install(ChangeSet(revision: data.revision + 1, changes: plan.changes))
+    public mutating func installTentatively(_ changes: [Change<CanonicalJSON>]) -> Tentative {
+        let previous = data.entries(replacedBy: changes)
+        data.install(ChangeSet(revision: data.revision + 1, changes: changes))
         return previous
     }
 
@@ -239,7 +322,28 @@ public struct RepositoryCore: Sendable {
     @discardableResult
     public mutating func install(_ changes: [Change<CanonicalJSON>], info: RevisionInfo, tail: [UInt8] = []) -> Bool {
         guard info.revision == data.revision + 1 else { return false }
+        if !readers.isEmpty {
+            for change in changes {
+                let entry = data[change.key]
+                change.key.withUTF8 { key in
+                    if let entry {
+                        entry.value.bytes.withUnsafeBytes {
+                            keepForReaders(key: UnsafeRawBufferPointer(key), old: $0, isPlain: entry.value.isPlain, revision: entry.revision)
+                        }
+                    } else {
+                        keepForReaders(key: UnsafeRawBufferPointer(key), old: nil, isPlain: true, revision: 0)
+                    }
+                }
+            }
+        }
         data.install(ChangeSet(revision: info.revision, changes: changes))
+        for change in changes {
+            if change.new == nil {
+                tombstones.deleted(change.key, at: info.revision)
+            } else if change.old == nil {
+                tombstones.remove(change.key)
+            }
+        }
         lastTime = max(lastTime, info.time)
         record(info, changes, durable: true, tail: tail)
         return true
@@ -276,43 +380,45 @@ public struct RepositoryCore: Sendable {
 
     // MARK: Durability
 
-    /// The pending revisions up to `revision` are durable: calls `body` with each record,
-    /// oldest first, and forgets how to undo them. Returns how many there were.
+    /// The number of pending changes (revisions, and attachments moved alone), oldest first.
+    public var pendingChanges: Int { undo.count }
+
+    /// The `n` oldest pending changes are durable: calls `body` with the record of each
+    /// revision among them, oldest first, and forgets how to undo them. Returns how many
+    /// revisions there were.
     @discardableResult
-    public mutating func confirm(through revision: UInt64, _ body: (RevisionView) -> Void) -> Int {
-        var confirmed = 0
-        while confirmed < pending.count, pending.entry(confirmed).info.revision <= revision {
-            pending.withEntry(confirmed) { _, view in body(view) }
-            confirmed += 1
-        }
-        if confirmed > 0 {
-            pending.removeFirst(confirmed)
-            undo.removeFirst(confirmed)
-        }
-        return confirmed
+    public mutating func confirm(_ n: Int, _ body: (RevisionView) -> Void) -> Int {
+        let revisions = undo.revisions(inFirst: n)
+        for i in 0..<revisions { pending.withEntry(i) { _, view in body(view) } }
+        if revisions > 0 { pending.removeFirst(revisions) }
+        undo.removeFirst(n)
+        return revisions
     }
 
-    /// Storage never will keep the pending revisions above `revision`: undoes them, newest
-    /// first, and drops them from the history; the lease attachments their writes moved go
-    /// back (each key still where its write left it). Returns whether revision 1 was among
-    /// them (the repository no longer exists), and the attachments moved back, for the lease
-    /// table.
+    /// Storage never will keep the `n` newest pending changes: undoes them, newest first, and
+    /// drops their revisions from the history; the lease attachments their writes moved go
+    /// back (each key still where its write left it). Returns how many revisions were undone,
+    /// whether revision 1 was among them (the repository no longer exists), and the
+    /// attachments moved back.
     @discardableResult
-    public mutating func undo(after revision: UInt64) -> (undone: Int, removedFirst: Bool, movedBack: [AttachmentMove]) {
+    public mutating func undo(last n: Int) -> (undone: Int, removedFirst: Bool, movedBack: [AttachmentMove]) {
         var undone = 0
         var removedFirst = false
         var movedBack: [AttachmentMove] = []
-        while let last = pending.count > 0 ? pending.entry(pending.count - 1).info : nil, last.revision > revision {
-            let moves = undo.undoLast(in: &data)
+        for _ in 0..<min(n, undo.count) {
+            let (moves, revision) = undo.undoLast(in: &data, tombstones: &tombstones)
             for move in moves.reversed() where attachments[move.key] == move.to {
-                attachments[move.key] = move.from
+                setAttachment(move.key, to: move.from)
                 movedBack.append((move.key, move.to, move.from))
             }
+            guard revision else { continue }
+            if pending.entry(pending.count - 1).info.revision == 1 { removedFirst = true }
             pending.removeLast(1)
-            if last.revision == 1 { removedFirst = true }
             undone += 1
         }
         history.removeLast(undone)
+        // A key its undo left attached but absent is attached to nothing.
+        for move in movedBack where move.to != nil && data[move.key] == nil { setAttachment(move.key, to: nil) }
         return (undone, removedFirst, movedBack)
     }
 
@@ -321,57 +427,84 @@ public struct RepositoryCore: Sendable {
     /// Why a subscription cannot start where it asked to.
     public enum StartRefusal: Error, Sendable {
         /// `since` cannot be served from the history (another epoch, a revision this daemon
-        /// does not have, or one no longer retained).
+        /// does not have, or one no longer retained) and the subscription did not ask to be
+        /// caught up.
         case compacted(String)
-        /// The replay would take more than `maxReplayBytes`.
-        case tooLarge(String)
     }
 
-    /// What a subscription starts with: the revision it starts at, its snapshot (unsorted),
-    /// and its replay written as events.
+    /// What a subscription starts with, at revision `revision`.
     public struct Start: Sendable {
         public let revision: UInt64
-        public let snapshot: [(key: Key, value: CanonicalJSON)]?
+        /// For a subscription that asked for `catchup`: how it is brought up to `revision`.
+        public let catchUp: CatchUpMode?
+        /// The state it is sent, if any: its keys (unsorted), read with their values at
+        /// `revision` (`writeMembers`) — every selected key for a snapshot (`initial`, or a
+        /// catch-up's `snapshot`), the keys changed after `since` for a catch-up's `diff`.
+        public let state: StartState?
         /// Replayed `change` events, in order.
         public var replay: [UInt8]
         public var replayed: Int
     }
 
+    /// The state a subscription starts with.
+    public struct StartState: Sendable {
+        public enum Kind: Sendable, Equatable {
+            /// A `snapshot` event: the selected state, complete.
+            case snapshot
+            /// A `catchup` event from `from`: the keys changed since, and those deleted since
+            /// (in byte order).
+            case diff(from: UInt64, deleted: [Key])
+        }
+        public let kind: Kind
+        public var keys: KeyList
+    }
+
     /// Starts subscription `sub` for `request` at the current revision: its snapshot (with
-    /// `initial`), and its replay since `request.since` written as events (at most one for
-    /// `once`; none of `skipOrigin`'s revisions — `echo: false`), at most `maxReplayBytes`.
-    public func start(
-        _ request: SubscribeRequest, sub: UInt64, skipOrigin: UInt64?, now: Int64, maxReplayBytes: Int = 1 << 30
-    ) throws(StartRefusal) -> Start {
+    /// `initial`), its replay since `request.since` written as events (at most one for `once`;
+    /// none of `skipOrigin`'s revisions — `echo: false`) — or, where the history cannot replay
+    /// and the request asked for `catchup`, the diff since (the keys changed since, and the
+    /// deletions its tombstones remember) or, when that cannot be shown, a snapshot.
+    public func start(_ request: SubscribeRequest, sub: UInt64, skipOrigin: UInt64?, now: Int64) throws(StartRefusal) -> Start {
         let revision = data.revision
+        guard let since = request.since else {
+            let state = request.initial ? StartState(kind: .snapshot, keys: keys(request.selection)) : nil
+            return Start(revision: revision, catchUp: nil, state: state, replay: [], replayed: 0)
+        }
+        let range: Range<Int>?
+        let refusal: String
+        let sameHistory: Bool
+        if let seen = request.epoch, seen != epoch {
+            (range, sameHistory) = (nil, false)
+            refusal =
+                "epoch \(JSONValue.string(String(seen.prefix(80))).jsonText) is not repository \(name)'s history (its epoch is \(epoch)): revision \(since) of that history means nothing here; subscribe with initial: true"
+        } else if since > revision {
+            (range, sameHistory) = (nil, false)
+            refusal = "since \(since) is ahead of repository \(name)'s revision \(revision): this daemon does not have that history; subscribe with initial: true"
+        } else {
+            range = history.records(after: since, current: revision, now: now)
+            sameHistory = true
+            let oldest = history.oldestRevision(now: now).map { "starts at revision \($0)" } ?? "is empty"
+            refusal = "history of repository \(name) \(oldest); since \(since) is older: subscribe with initial: true"
+        }
+        guard let range else {
+            guard request.catchup else { throw .compacted(refusal) }
+            // Past the history: a diff where the deletions since are known, else a snapshot.
+            if sameHistory, tombstones.knowsDeletions(after: since) {
+                let diff = StartState(
+                    kind: .diff(from: since, deleted: tombstones.deleted(after: since, selectedBy: request.selection)),
+                    keys: keys(request.selection, changedAfter: since))
+                return Start(revision: revision, catchUp: .diff, state: diff, replay: [], replayed: 0)
+            }
+            return Start(revision: revision, catchUp: .snapshot, state: StartState(kind: .snapshot, keys: keys(request.selection)), replay: [], replayed: 0)
+        }
         var replay: [UInt8] = []
         var replayed = 0
-        if let since = request.since {
-            if let seen = request.epoch, seen != epoch {
-                throw .compacted(
-                    "epoch \(JSONValue.string(String(seen.prefix(80))).jsonText) is not repository \(name)'s history (its epoch is \(epoch)): revision \(since) of that history means nothing here; subscribe with initial: true")
-            }
-            guard since <= revision else {
-                throw .compacted("since \(since) is ahead of repository \(name)'s revision \(revision): this daemon does not have that history; subscribe with initial: true")
-            }
-            guard let range = history.records(after: since, current: revision, now: now) else {
-                let oldest = history.oldestRevision(now: now).map { "starts at revision \($0)" } ?? "is empty"
-                throw .compacted("history of repository \(name) \(oldest); since \(since) is older: subscribe with initial: true")
-            }
-            var tooLarge = false
-            history.forEach(in: range) { view in
-                guard !tooLarge, !(request.once && replayed > 0), view.touches(request.selection) else { return }
-                if let skipOrigin, view.info.origin == skipOrigin { return }
-                view.writeEvent(&replay, sub: sub, writers: request.writers, selected: view.selected(by: request.selection))
-                replayed += 1
-                if replay.count > maxReplayBytes { tooLarge = true }
-            }
-            if tooLarge {
-                throw .tooLarge(
-                    "the replay since \(since) would take more than \(maxReplayBytes >> 20) MiB, the most one message holds: resume from a later revision, or subscribe with initial: true")
-            }
+        history.forEach(in: range) { view in
+            guard !(request.once && replayed > 0), view.touches(request.selection) else { return }
+            if let skipOrigin, view.info.origin == skipOrigin { return }
+            view.writeEvent(&replay, sub: sub, writers: request.writers, selected: view.selected(by: request.selection))
+            replayed += 1
         }
-        let snapshot = request.initial ? entries(request.selection) : nil
-        return Start(revision: revision, snapshot: snapshot, replay: replay, replayed: replayed)
+        return Start(revision: revision, catchUp: request.catchup ? .replay : nil, state: nil, replay: replay, replayed: replayed)
     }
 }

@@ -132,6 +132,7 @@ public enum RevisionRecordLayout {
 
     /// At least the size of the record `append` writes for `changes`.
     @inlinable
+    @_specialize(where C == RawChanges)
     public static func bound<C: RecordChanges>(prefix: [UInt8], changes: C, tail: [UInt8] = []) -> Int {
         var bound = prefix.count + tail.count + 64
         for i in 0..<changes.count {
@@ -141,8 +142,11 @@ public enum RevisionRecordLayout {
         return bound
     }
 
-    /// Writes the record into `sink` (see `append`).
+    /// Writes the record into `sink` (see `append`). (Specialized for every write's record:
+    /// reached through the history's chunk, it was otherwise called unspecialized, each
+    /// change's parts read through witness tables.)
     @inlinable
+    @_specialize(where S == PointerSink, C == RawChanges)
     static func encode<S: RecordSink, C: RecordChanges>(
         prefix: [UInt8], revision: UInt64, changes: C, into bytes: inout S, tail: [UInt8]
     ) -> RecordPlace {

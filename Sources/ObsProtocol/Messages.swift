@@ -5,8 +5,8 @@
 // Encoders write straight into a `JSONSink`, each message ending with `\n`. A reply is
 // `{"id":…,"ok":true` + members + `}`; an error reply is
 // `{"id":…,"ok":false,"error":{"code":…,"message":…}}`. Events carry `"event"` and no id.
-// The typed messages built on these are in Replies.swift, Stats.swift, Events.swift and
-// LeaseMessages.swift.
+// The typed messages built on these are in Replies.swift, Stats.swift, Events.swift,
+// LeaseMessages.swift and CatchUpMessages.swift.
 
 import ObservableKit
 

@@ -1,7 +1,8 @@
 // ObsProtocol — the success replies of the core operations, typed: `hello`, the writes
 // (`set`, `delete`, `batch`), `get`, `list`, `repos` and `subscribe`. Each writes its members
 // (after `{"id":…,"ok":true`, in the order docs/PROTOCOL.md shows) and reads them back from a
-// parsed reply. `stats` is in Stats.swift, the lease replies in LeaseMessages.swift.
+// parsed reply. `stats` is in Stats.swift, the lease replies in LeaseMessages.swift, the
+// `sync` reply in CatchUpMessages.swift.
 
 import ObservableKit
 
@@ -284,11 +285,16 @@ public struct SubscribeReply: ReplyMessage, Equatable {
     public var revision: UInt64
     /// The history `revision` belongs to.
     public var epoch: String
+    /// For a subscription that asked for `catchup`: how it is brought up to `revision` before
+    /// `synced` (written after `epoch`). Nil when it did not ask — or from a daemon without
+    /// catch-up, which ignores the option (a plain `since` replay, or `compacted`).
+    public var catchup: CatchUpMode?
 
-    public init(subscription: UInt64, revision: UInt64, epoch: String) {
+    public init(subscription: UInt64, revision: UInt64, epoch: String, catchup: CatchUpMode? = nil) {
         self.subscription = subscription
         self.revision = revision
         self.epoch = epoch
+        self.catchup = catchup
     }
 
     @inlinable
@@ -296,11 +302,18 @@ public struct SubscribeReply: ReplyMessage, Equatable {
         sink.writeMember(",\"sub\":", subscription)
         sink.writeMember(",\"rev\":", revision)
         sink.writeMember(",\"epoch\":", epoch)
+        if let catchup { sink.writeMember(",\"catchup\":", catchup.rawValue) }
     }
 
     public init(decoding members: JSONObject) throws(ProtocolViolation) {
         let f = MessageFields(members, "the subscribe reply")
-        self.init(subscription: try f.unsigned("sub"), revision: try f.revision(), epoch: try f.string("epoch"))
+        let catchup: CatchUpMode?
+        if f.present("catchup") != nil {
+            catchup = CatchUpMode(rawValue: try f.string("catchup"))
+        } else {
+            catchup = nil
+        }
+        self.init(subscription: try f.unsigned("sub"), revision: try f.revision(), epoch: try f.string("epoch"), catchup: catchup)
     }
 }
 

@@ -5,7 +5,9 @@
 // a number or string → `bad_request`; missing or non-string `op` → `bad_request`; an op
 // the daemon does not know → `unknown_op`; a missing, ill-typed or invalid field →
 // `bad_request` naming the field. Unknown fields are ignored; `null` in an optional field
-// means "absent".
+// means "absent". One request is refused with another code: a `sync` whose `sub` is an
+// integer no subscription can have (below 0, above 2^64 − 1) is `not_found`, as the daemon
+// answers it for any other integer that names no live subscription.
 
 import ObservableKit
 
@@ -39,6 +41,9 @@ public enum Command: Sendable, Equatable {
     case subscribe(SubscribeRequest)
     case unsubscribe(sub: UInt64)
     case stats
+    /// `sync`: the revision subscription `sub` of this connection is complete through, replied
+    /// after every event of it up to that revision.
+    case sync(sub: UInt64)
     /// `grant`, `keepalive`, `revoke` (the contract's leases).
     case lease(LeaseCommand)
 
@@ -56,6 +61,7 @@ public enum Command: Sendable, Equatable {
         case .subscribe: return "subscribe"
         case .unsubscribe: return "unsubscribe"
         case .stats: return "stats"
+        case .sync: return "sync"
         case .lease(let command): return command.op
         }
     }
@@ -67,7 +73,7 @@ public enum Command: Sendable, Equatable {
             .list(let repo, _, _):
             return repo
         case .subscribe(let s): return s.repo
-        case .hello, .ping, .repos, .unsubscribe, .stats, .lease: return nil
+        case .hello, .ping, .repos, .unsubscribe, .stats, .sync, .lease: return nil
         }
     }
 }
@@ -94,10 +100,15 @@ public struct SubscribeRequest: Sendable, Equatable {
     /// `progress` events: while live, the revision through which everything it selects was
     /// delivered, at most once a second, when the repository moved on without it.
     public var progress: Bool
+    /// With `since`: never `compacted` — past the history, or from another epoch, the
+    /// subscription is brought up to the reply's revision by a `catchup` event or a `snapshot`
+    /// instead (the reply's `catchup` says which). Not with `once`.
+    public var catchup: Bool
 
     public init(
         repo: String, selection: Selection = .all, initial: Bool = false, since: UInt64? = nil, epoch: String? = nil,
-        once: Bool = false, coalesce: Bool = false, writers: Bool = false, echo: Bool = true, progress: Bool = false
+        once: Bool = false, coalesce: Bool = false, writers: Bool = false, echo: Bool = true, progress: Bool = false,
+        catchup: Bool = false
     ) {
         self.repo = repo
         self.selection = selection
@@ -109,6 +120,7 @@ public struct SubscribeRequest: Sendable, Equatable {
         self.writers = writers
         self.echo = echo
         self.progress = progress
+        self.catchup = catchup
     }
 }
 
@@ -209,6 +221,8 @@ extension Request {
         case "unsubscribe":
             guard let sub = try fields.optionalRevision("sub") else { throw fields.fail("missing field \"sub\"") }
             command = .unsubscribe(sub: sub)
+        case "sync":
+            command = .sync(sub: try fields.syncSubscription())
         case "stats":
             command = .stats
         case "grant", "keepalive", "revoke":

@@ -90,7 +90,8 @@ extension Command {
             if s.writers { sink.writeMember(",\"writers\":", true) }
             if !s.echo { sink.writeMember(",\"echo\":", false) }
             if s.progress { sink.writeMember(",\"progress\":", true) }
-        case .unsubscribe(let sub):
+            if s.catchup { sink.writeMember(",\"catchup\":", true) }
+        case .unsubscribe(let sub), .sync(let sub):
             sink.writeMember(",\"sub\":", sub)
         }
         sink.writeRaw("}\n")

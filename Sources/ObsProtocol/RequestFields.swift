@@ -1,6 +1,7 @@
 // ObsProtocol — a request's fields, read with the precise `bad_request` for every way one
 // can be wrong: missing, ill-typed or invalid, named in the message (inside a batch,
-// prefixed `ops[i]:`). `null` in an optional field means "absent".
+// prefixed `ops[i]:`). `null` in an optional field means "absent". (The one other code: a
+// `sync` of a subscription number no subscription can have is `not_found`.)
 
 import ObservableKit
 
@@ -54,13 +55,33 @@ struct RequestFields {
         return i
     }
 
-    /// A revision or subscription number: a non-negative integer below 2^64.
+    /// A revision or subscription number: a non-negative integer below 2^64, read from its
+    /// literal as written (UnsignedLiteral.swift).
     func optionalRevision(_ name: String) throws(RequestFailure) -> UInt64? {
         guard let v = value(name) else { return nil }
-        guard let u = v.uint64Value else {
-            throw fail("field \"\(name)\" must be a non-negative integer, not \(v.jsonText.prefix(40))")
+        guard let u = unsigned(name, v) else {
+            throw fail("field \"\(name)\" must be a non-negative integer below 2^64, not \(written(name, v))")
         }
         return u
+    }
+
+    /// The literal member `name` was written with, when it is an unsigned field given a number
+    /// in the line (a request decoded from a tree has none).
+    private func literal(_ name: String) -> UnsignedLiteral? {
+        guard let element else { return document.unsigned[name] }
+        return document.opUnsigned.indices.contains(element) ? document.opUnsigned[element][name] : nil
+    }
+
+    /// The value `v` of member `name` as an integer in 0…2^64−1: exactly as written in the
+    /// line, else (a tree) as the number it holds.
+    private func unsigned(_ name: String, _ v: JSONValue) -> UInt64? {
+        if let literal = literal(name) { return literal.value }
+        return v.uint64Value
+    }
+
+    /// Member `name`'s value `v` for a message: a number as written.
+    private func written(_ name: String, _ v: JSONValue) -> Substring {
+        (literal(name)?.text ?? v.jsonText).prefix(40)
     }
 
     func repo() throws(RequestFailure) -> String {
@@ -147,19 +168,43 @@ struct RequestFields {
         if once && coalesce {
             throw fail("\"coalesce\" and \"once\" cannot be used together: a once subscription ends at its first change, there is nothing to coalesce")
         }
+        // `catchup: false` is the same as leaving it out.
+        let catchup = try optionalBool("catchup") ?? false
+        if catchup && since == nil {
+            throw fail("\"catchup\" goes with \"since\": it says how to resume after that revision when the history no longer reaches back")
+        }
+        if catchup && once {
+            throw fail("\"catchup\" and \"once\" cannot be used together: a once subscription ends at its first change, and a catch-up is not one")
+        }
         return SubscribeRequest(
             repo: repo, selection: selection, initial: initial, since: since, epoch: epoch, once: once, coalesce: coalesce,
             writers: try optionalBool("writers") ?? false, echo: try optionalBool("echo") ?? true,
-            progress: try optionalBool("progress") ?? false)
+            progress: try optionalBool("progress") ?? false, catchup: catchup)
+    }
+
+    /// The `sub` of a `sync`: an integer (`1.0` is one). Missing, `null` or not an integer is
+    /// `bad_request`; an integer no subscription can have (below 0, or above 2^64 − 1) is
+    /// `not_found`, as the daemon answers for an integer that names no live subscription.
+    func syncSubscription() throws(RequestFailure) -> UInt64 {
+        guard let v = value("sub") else { throw fail("missing field \"sub\"") }
+        if let sub = v.uint64Value { return sub }
+        let integral: Bool
+        switch v {
+        case .int: integral = true
+        case .double(let d): integral = d.isFinite && d.rounded(.towardZero) == d
+        default: integral = false
+        }
+        guard integral else { throw fail("field \"sub\" must be an integer, not \(v.jsonText.prefix(40))") }
+        throw RequestFailure(id: id, .notFound, "no subscription \(v.jsonText.prefix(40)) on this connection")
     }
 
     // MARK: The lease extension
 
-    /// A lease id: an integer of at least 1.
+    /// A lease id: an integer from 1 to 2^64−1, read as a revision is.
     func optionalLease(_ name: String) throws(RequestFailure) -> UInt64? {
         guard let v = value(name) else { return nil }
-        guard let lease = v.uint64Value, lease >= 1 else {
-            throw fail("field \"\(name)\" must be a lease id (an integer from 1), not \(v.jsonText.prefix(40))")
+        guard let lease = unsigned(name, v), lease >= 1 else {
+            throw fail("field \"\(name)\" must be a lease id (an integer from 1), not \(written(name, v))")
         }
         return lease
     }

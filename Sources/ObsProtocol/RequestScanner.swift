@@ -4,9 +4,10 @@
 //
 // It takes only what it is sure of: member names and strings without escapes, ids that are
 // integers, strings or null, revisions that are plain integer literals, booleans, a value
-// (canonicalized in one pass), a list of plain keys. Every other member is validated and
-// skipped as the general decoder would skip it. Anything else — an escape, a `batch`, a
-// field of an unexpected type, a rule broken, invalid JSON —
+// (canonicalized in one pass), a list of plain keys, a batch's operations (each read the same
+// way). Every other member is validated and skipped as the general decoder would skip it.
+// Anything else — an escape, a field of an unexpected type, a rule broken (a batch naming a
+// key twice), invalid JSON —
 // returns nil and the general decoder takes the line, so every answer, every error message
 // included, is exactly the general decoder's (the fuzz harness checks that the two agree).
 
@@ -33,7 +34,7 @@ extension Parser {
 
     /// Reads a request object into `fields`; false (or a throw) when the line needs the
     /// general decoder.
-    mutating func scanRequest(into fields: inout ScannedFields, values: inout [UInt8]) throws -> Bool {
+    mutating func scanRequest(into fields: inout ScannedFields, values: inout [UInt8], ops: inout [ScannedOp]) throws -> Bool {
         skipSpace()
         guard pos < end, base[pos] == UInt8(ascii: "{") else { return false }
         pos += 1
@@ -52,7 +53,7 @@ extension Parser {
             if let known {
                 try scanKnown(known, into: &fields, values: &values)
             } else {
-                try scanMember(name, into: &fields, values: &values)
+                try scanMember(name, into: &fields, values: &values, ops: &ops)
             }
             skipSpace()
             guard pos < end else { return false }
@@ -141,7 +142,7 @@ extension Parser {
         }
     }
 
-    private mutating func scanMember(_ name: UnsafeBufferPointer<UInt8>, into f: inout ScannedFields, values: inout [UInt8]) throws {
+    private mutating func scanMember(_ name: UnsafeBufferPointer<UInt8>, into f: inout ScannedFields, values: inout [UInt8], ops: inout [ScannedOp]) throws {
         switch name.count {
         // Read here when `knownName` could not look ahead 8 bytes (the end of the line).
         case 2 where Self.equal(name, "id"): try scanKnown(.id, into: &f, values: &values)
@@ -159,6 +160,7 @@ extension Parser {
         case 7 where Self.equal(name, "writers"): f.writers = try optionalBool()
         case 4 where Self.equal(name, "echo"): f.echo = try optionalBool()
         case 8 where Self.equal(name, "progress"): f.progress = try optionalBool()
+        case 7 where Self.equal(name, "catchup"): f.catchup = try optionalBool()
         case 5 where Self.equal(name, "lease"):
             // A lease to attach (the lease extension), or null; 0 is the general decoder's to refuse.
             guard let lease = try optionalUnsigned() else { f.lease = nil; break }
@@ -177,10 +179,114 @@ extension Parser {
                 f.proto = i
             }
         case 4 where Self.equal(name, "keys"): f.keys = try optionalKeys()
-        case 3 where Self.equal(name, "ops"): throw NotFast()  // a batch: the general decoder
+        case 3 where Self.equal(name, "ops"):
+            // A repeated member keeps its last value, as the general decoder does.
+            ops = try batchOps(values: &values)
+            f.hasOps = true
         default:
             _ = try parseValue(depth: 1)  // validated, ignored
         }
+    }
+
+    // MARK: A batch's operations
+
+    /// A batch's `ops`: each `{"op":"set"|"delete","key":…}` with its `value`, `ifRev`,
+    /// `force` and `lease` (other members validated and skipped), keys distinct.
+    private mutating func batchOps(values: inout [UInt8]) throws -> [ScannedOp] {
+        // The array and its objects nest two below the request: a limit that low is the
+        // general decoder's to report.
+        guard base[pos] == UInt8(ascii: "["), maxDepth >= 4 else { throw NotFast() }
+        pos += 1
+        var ops: [ScannedOp] = []
+        skipSpace()
+        if pos < end, base[pos] == UInt8(ascii: "]") {
+            pos += 1
+            return ops
+        }
+        while true {
+            skipSpace()
+            ops.append(try batchOp(values: &values))
+            skipSpace()
+            guard pos < end else { throw NotFast() }
+            if base[pos] == UInt8(ascii: ",") {
+                pos += 1
+                continue
+            }
+            guard base[pos] == UInt8(ascii: "]") else { throw NotFast() }
+            pos += 1
+            break
+        }
+        // A key named twice: the general decoder's message says which.
+        if ops.count <= 32 {
+            for i in 1..<max(1, ops.count) {
+                for j in 0..<i where ops[i].key.count == ops[j].key.count && memcmp(ops[i].key.baseAddress!, ops[j].key.baseAddress!, ops[i].key.count) == 0 {
+                    throw NotFast()
+                }
+            }
+        } else {
+            var seen = Set<Key>(minimumCapacity: ops.count)
+            for op in ops where !seen.insert(Key(String(decoding: op.key, as: UTF8.self))).inserted { throw NotFast() }
+        }
+        return ops
+    }
+
+    private mutating func batchOp(values: inout [UInt8]) throws -> ScannedOp {
+        guard pos < end, base[pos] == UInt8(ascii: "{") else { throw NotFast() }
+        pos += 1
+        var op = ScannedOp()
+        var kind: Operation?
+        skipSpace()
+        if pos < end, base[pos] == UInt8(ascii: "}") { throw NotFast() }
+        while true {
+            skipSpace()
+            guard pos < end, base[pos] == UInt8(ascii: "\"") else { throw NotFast() }
+            let name = try plainString()
+            skipSpace()
+            guard pos < end, base[pos] == UInt8(ascii: ":") else { throw NotFast() }
+            pos += 1
+            skipSpace()
+            guard pos < end else { throw NotFast() }
+            switch name.count {
+            case 2 where Self.equal(name, "op"):
+                guard base[pos] == UInt8(ascii: "\"") else { throw NotFast() }
+                kind = Operation(try plainString())
+            case 3 where Self.equal(name, "key"):
+                guard base[pos] == UInt8(ascii: "\""), case let key = try plainString(), !key.isEmpty, key.count <= ProtocolRules.maxKeyBytes else {
+                    throw NotFast()
+                }
+                op.key = key
+            case 5 where Self.equal(name, "value"):
+                let start = values.count
+                op.isPlain = try canonicalValue(depthBelow: 3, into: &values)
+                op.value = start..<values.count
+            case 5 where Self.equal(name, "ifRev"): op.ifRev = try optionalUnsigned()
+            case 5 where Self.equal(name, "force"): op.force = try optionalBool() ?? false
+            case 5 where Self.equal(name, "lease"):
+                guard let lease = try optionalUnsigned() else { op.lease = nil; break }
+                guard lease >= 1 else { throw NotFast() }
+                op.lease = lease
+            default:
+                _ = try parseValue(depth: 3)  // validated, ignored
+            }
+            skipSpace()
+            guard pos < end else { throw NotFast() }
+            if base[pos] == UInt8(ascii: ",") {
+                pos += 1
+                continue
+            }
+            guard base[pos] == UInt8(ascii: "}") else { throw NotFast() }
+            pos += 1
+            break
+        }
+        switch kind {
+        case .set? where op.value != nil && !op.key.isEmpty:
+            op.isSet = true
+        case .delete? where !op.key.isEmpty:
+            (op.isSet, op.value, op.force, op.lease) = (false, nil, false, nil)
+        default:
+            throw NotFast()  // no op, another op, no key, a set without a value
+        }
+        return op
     }
 
     // MARK: Values the fast path reads

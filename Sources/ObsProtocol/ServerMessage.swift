@@ -27,6 +27,8 @@ public enum ServerEvent: Sendable, Equatable {
     case snapshot(SnapshotEvent<JSONValue>)
     case synced(SyncedEvent)
     case progress(ProgressEvent)
+    /// A subscription that resumed with `catchup` past the history: the keys that changed.
+    case catchUp(CatchUpEvent<JSONValue>)
     /// The connection is being closed: for each subscription, the revision it is complete up to.
     case overflow(OverflowEvent)
     /// The subscription ended because the peer may no longer read its repository.
@@ -41,6 +43,7 @@ public enum ServerEvent: Sendable, Equatable {
         case .snapshot(let e): return e.subscription
         case .synced(let e): return e.subscription
         case .progress(let e): return e.subscription
+        case .catchUp(let e): return e.subscription
         case .revoked(let e): return e.subscription
         case .overflow, .unknown: return nil
         }
@@ -53,6 +56,7 @@ public enum ServerEvent: Sendable, Equatable {
         case SnapshotEvent<JSONValue>.name: self = .snapshot(try SnapshotEvent(decoding: members))
         case SyncedEvent.name: self = .synced(try SyncedEvent(decoding: members))
         case ProgressEvent.name: self = .progress(try ProgressEvent(decoding: members))
+        case CatchUpEvent<JSONValue>.name: self = .catchUp(try CatchUpEvent(decoding: members))
         case OverflowEvent.name: self = .overflow(try OverflowEvent(decoding: members))
         case RevokedEvent.name: self = .revoked(try RevokedEvent(decoding: members))
         default: self = .unknown(name: name)

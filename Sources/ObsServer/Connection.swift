@@ -39,7 +39,7 @@ final class Connection: IOHandler {
     /// Where writes decided later are answered (the shared store's): this connection's loop.
     private(set) lazy var answers: AnswerRoute = {
         let ref = ConnectionRef(self)
-        return AnswerRoute(loop: loop) { token, result in ref.session?.answered(token, result) }
+        return AnswerRoute(loop: loop) { token, result, previous in ref.session?.answered(token, result, previous: previous) }
     }()
 
     /// What happens to the client's input.
@@ -278,6 +278,9 @@ final class Connection: IOHandler {
             close()
             return 0
         }
+        // A `sync` of a lagging coalescing subscription follows its coalesced event, which a
+        // flush queues.
+        if session?.pendingSync != nil { session?.answerSync() }
         afterFlush()
         return sent
     }

@@ -89,7 +89,7 @@ final class Hub: Sendable {
     let users = UserDatabase()
     /// The uid the daemon runs as (its peers of this uid are privileged), read once.
     let daemonUID = getuid()
-    /// Every lease, and which keys each holds (local storage; persisted when it persists).
+    /// Every lease (local storage; its grants and ends stored with the revisions).
     let leases: LeaseTable
     /// Leases kept by a shared store, and this daemon's part in them (etcd mode).
     let sharedLeases: SharedLeases?
@@ -122,7 +122,7 @@ final class Hub: Sendable {
         self.runtime = runtime
         self.onHistoryLost = onHistoryLost
         self.leaseClock = LeaseClock(loop: shards[0].loop)
-        let leases = LeaseTable(journal: storage is any SharedStorage ? nil : storage.leaseJournal)
+        let leases = LeaseTable(storage: storage)
         self.leases = leases
         if let shared = storage as? any SharedStorage {
             self.shared = shared
@@ -147,12 +147,13 @@ final class Hub: Sendable {
             shard.loop.beforeTick = { [storage] in storage.flush() }
         }
         leaseClock.attach(to: self)
+        leases.whenStorageFails { [unowned self] ended, rewrite in leaseFramesFailed(ended: ended, rewrite: rewrite) }
     }
 
     private func makeRepository(_ name: String, loaded: LoadedRepository? = nil) -> Repository {
         Repository(
             name: name, epoch: freshEpoch, historyLimits: historyLimits, loaded: loaded, storage: storage, stats: stats,
-            leases: shared == nil ? leases : nil, leaseEndUndone: { [leaseClock] in leaseClock.retry($0) })
+            onUndo: { [unowned self] repository, leases in reattached(in: repository, to: leases) })
     }
 
     // MARK: Event loops
@@ -205,6 +206,11 @@ final class Hub: Sendable {
 
     private static func isDisposable(_ slot: Slot) -> Bool {
         slot.users == 0 && !slot.repository.isPermanent && slot.repository.subscriberCount == 0
+    }
+
+    /// Every repository held, placeholders included, in no order.
+    func allRepositories() -> [Repository] {
+        repositories.withLock { $0.values.map(\.repository) }
     }
 
     /// The repositories that exist (revision > 0), sorted by name.

@@ -81,9 +81,10 @@ public final class ObsServer: Service, Sendable {
         case .inMemory:
             return InMemoryStorage()
         case .disk(let directory, let sync):
-            let options = DiskStorage.Options(
+            var options = DiskStorage.Options(
                 directory: directory, sync: sync, historyLimit: configuration.historyLimit,
                 historyMaxBytes: configuration.historyMaxBytes, historyMaxAge: configuration.historyMaxAge)
+            options.tombstoneLimit = configuration.historyTombstones
             return try DiskStorage(options: options, logger: logger)
         case .custom(let storage):
             return storage
@@ -114,7 +115,8 @@ public final class ObsServer: Service, Sendable {
         let hub: Hub
         do {
             loops = try (0..<max(1, threads)).map { i throws(SocketError) in try EventLoop(index: i, delivery: delivery, busyPoll: config.busyPollNanoseconds) }
-            let limits = HistoryLimits(count: config.historyLimit, maxBytes: config.historyMaxBytes, maxAge: config.historyMaxAge?.components.seconds)
+            let limits = HistoryLimits(
+                count: config.historyLimit, maxBytes: config.historyMaxBytes, maxAge: config.historyMaxAge?.components.seconds, tombstones: config.historyTombstones)
             hub = try Hub(
                 shards: loops.map(\.shard), historyLimits: limits, storage: storage, runtime: runtime,
                 onHistoryLost: { [weak self] reason in self?.historyLost(reason) })
@@ -123,14 +125,9 @@ public final class ObsServer: Service, Sendable {
             throw error
         }
         (storage as? any SharedStorage)?.start(delivering: hub)
-        do {
-            // Leases a persisting store kept: restored, and the deletions a restart owes made,
-            // before anything is served.
-            try hub.restoreLeases(now: loops[0].io.currentTime, time: WallClock.unixSeconds())
-        } catch {
-            storage.close()
-            throw error
-        }
+        // Leases a persisting store kept: restored, and the deletions a restart owes made,
+        // before anything is served.
+        hub.restoreLeases(time: WallClock.unixSeconds())
         let (repositories, keys) = hub.listed().reduce(into: (0, 0)) { $0.0 += 1; $0.1 += $1.summary.keys }
         logger.info(
             "storage ready",
@@ -150,6 +147,8 @@ public final class ObsServer: Service, Sendable {
             throw error
         }
         let acceptor = Acceptor(loops: loops, hub: hub, runtime: runtime, logger: logger)
+        // TTLs start again in full from the moment the daemon serves.
+        hub.startLeaseClocks(now: loops[0].io.currentTime)
         let threadsRunning = loops.map { loop in DedicatedThread { loop.io.run() } }
         await loops[0].run { for fd in listening { acceptor.listen(on: fd) } }
         self.hub.withLock { $0 = hub }

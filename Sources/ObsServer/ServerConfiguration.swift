@@ -83,6 +83,8 @@ public struct ServerConfiguration: Sendable {
     public var historyMaxBytes: Int
     /// History older than this is dropped (nil: kept until pushed out by `historyLimit`).
     public var historyMaxAge: Duration?
+    /// Deleted keys remembered per repository (tombstones), for catch-ups past the history.
+    public var historyTombstones: Int
     /// Event-loop threads; nil: one per CPU the process may run on.
     public var threads: Int?
     /// The longest an event loop polls for work before it sleeps, adapting below it to how
@@ -97,8 +99,9 @@ public struct ServerConfiguration: Sendable {
     public init(
         listener: Listener, socketMode: UInt32 = 0o660, socketOwner: UInt32? = nil, socketGroup: UInt32? = nil,
         limits: Limits = Limits(), policy: AccessPolicy = .ownerOnly, storage: StorageConfiguration = .inMemory,
-        historyLimit: Int = 10_000, historyMaxBytes: Int = 64 << 20, historyMaxAge: Duration? = nil, threads: Int? = nil,
-        busyPoll: Duration = .microseconds(50), heartbeatInterval: Duration? = nil
+        historyLimit: Int = 10_000, historyMaxBytes: Int = 64 << 20, historyMaxAge: Duration? = nil,
+        historyTombstones: Int = Tombstones.defaultLimit, threads: Int? = nil, busyPoll: Duration = .microseconds(50),
+        heartbeatInterval: Duration? = nil
     ) {
         self.listener = listener
         self.socketMode = socketMode
@@ -110,6 +113,7 @@ public struct ServerConfiguration: Sendable {
         self.historyLimit = historyLimit
         self.historyMaxBytes = historyMaxBytes
         self.historyMaxAge = historyMaxAge
+        self.historyTombstones = historyTombstones
         self.threads = threads
         self.busyPoll = busyPoll
         self.heartbeatInterval = heartbeatInterval

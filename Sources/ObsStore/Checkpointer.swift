@@ -9,8 +9,13 @@
 // writes a new snapshot: the log frames after the old one are read back from disk and folded
 // per repository into a flat table of final values (or deletions) and the newest history;
 // the old snapshot is then streamed block by block into the new one, each entry a changed key
-// supersedes left out, the changed keys written after; the history trimmed to the limits.
-// Memory holds only what changed since the last snapshot, never a copy of the whole state.
+// supersedes left out, the changed keys written after; the history trimmed to the limits;
+// the lease attachments the log moved applied to each repository's, the leases the log
+// granted and ended to the snapshot's; the tombstones, the old snapshot's but those of keys
+// the log changed, then the log's deletions (each key's last, in revision order), the oldest
+// beyond the configured bound forgotten — the old ones read twice, to count what stays and
+// to copy it, rather than held. Memory holds only what changed since the last snapshot (and
+// each repository's attachments, one at a time), never a copy of the whole state.
 // Once the new snapshot is durable and in place, the log segments it covers are deleted.
 //
 // A snapshot that cannot be written (a full disk) is logged, once a minute, and retried a few
@@ -128,9 +133,23 @@ final class Checkpointer {
         var head = 0
         var weight = 0
         var written = false
+        /// The attachments the log moved: key → the lease after (nil: none).
+        var moves: [Key: UInt64?] = [:]
+
+        mutating func move(_ moved: LogRecord.Moves) {
+            moved.forEach { key, lease in moves[Key(String(decoding: key, as: UTF8.self))] = .some(lease) }
+        }
+
+        /// `attachments` with the log's moves applied.
+        func attachments(after attachments: [Key: UInt64]) -> [Key: UInt64] {
+            var result = attachments
+            for (key, lease) in moves { result[key] = lease }
+            return result
+        }
 
         mutating func apply(_ record: LogRecord.View, limit: Int, maxBytes: Int) throws(LogRecord.Malformed) {
             revision = record.revision
+            move(record.moves)
             let revisionWeight = try record.forEachChange { key, _, new in
                 let value = new?.bytes ?? UnsafeRawBufferPointer(start: nil, count: 0)
                 table.set(key: key, value: value, isPlain: new?.plain ?? true, revision: record.revision)
@@ -180,22 +199,41 @@ final class Checkpointer {
         let maxBytes = options.historyMaxBytes
         let logPath = log.path
         var last: (name: [UInt8], index: Int)? = nil
+        /// The log's leases granted and ended, in its order.
+        var leaseFrames: [LogRecord.Entry] = []
         try log.forEachFrame(after: covered, through: position) { (payload, at) throws(StorageError) in
             do throws(LogRecord.Malformed) {
-                let record = try LogRecord.View(payload)
+                let entry = try LogRecord.Entry(payload)
+                let repo: UnsafeRawBufferPointer
+                let epoch: UnsafeRawBufferPointer?
+                switch entry {
+                case .revision(let record): (repo, epoch) = (record.repo, record.epoch)
+                case .attachments(let name, _, _): (repo, epoch) = (name, nil)
+                case .leaseGranted, .leaseEnded:
+                    leaseFrames.append(entry)
+                    return
+                }
                 let index: Int
-                if let last, record.repo.elementsEqual(last.name) {
+                if let last, repo.elementsEqual(last.name) {
                     index = last.index
                 } else {
-                    let name = String(decoding: record.repo, as: UTF8.self)
-                    index = byName[name] ?? {
-                        changes.append(Changes(name: name, epoch: String(decoding: record.epoch, as: UTF8.self)))
-                        byName[name] = changes.count - 1
-                        return changes.count - 1
-                    }()
-                    last = (Array(record.repo), index)
+                    let name = String(decoding: repo, as: UTF8.self)
+                    if let known = byName[name] {
+                        index = known
+                    } else {
+                        // Attachments alone never create a repository (they are of keys that exist).
+                        guard let epoch else { return }
+                        changes.append(Changes(name: name, epoch: String(decoding: epoch, as: UTF8.self)))
+                        index = changes.count - 1
+                        byName[name] = index
+                    }
+                    last = (Array(repo), index)
                 }
-                try changes[index].apply(record, limit: limit, maxBytes: maxBytes)
+                switch entry {
+                case .revision(let record): try changes[index].apply(record, limit: limit, maxBytes: maxBytes)
+                case .attachments(_, _, let moves): changes[index].move(moves)
+                default: break
+                }
             } catch {
                 throw StorageError(.corrupt, "\(logPath): the record ending at position \(at) has a valid checksum but does not decode")
             }
@@ -205,9 +243,17 @@ final class Checkpointer {
         let input = try SnapshotInput(path: directory + "/" + SnapshotFormat.fileName)
         var block = try input.next()
         guard block.kind == .head else { throw input.malformed(block.at, "it begins with a \(block.kind.name) block, not HEAD") }
-        _ = try input.payload()
+        var head = PayloadReader(try input.payload())
+        guard let version = head.u32() else { throw input.malformed(block.at, "a HEAD block cut short") }
         block = try input.next()
+        var leases = PersistedLeases()
+        var referenced = Set<UInt64>()
         while block.kind != .done {
+            if block.kind == .leases {
+                leases = try Self.readLeases(try input.payload(), input, at: block.at)
+                block = try input.next()
+                continue
+            }
             guard block.kind == .repository else { throw input.malformed(block.at, "a \(block.kind.name) block outside a repository") }
             var fields = PayloadReader(try input.payload())
             guard let name = fields.text(lengthBytes: 2), let epoch = fields.text(lengthBytes: 1), let revision = fields.u64() else {
@@ -246,13 +292,43 @@ final class Checkpointer {
                 try writeEntries(changes[i].table, writer)
                 changes[i].written = true
             }
+            var attachments: [Key: UInt64] = [:]
+            while block.kind == .attachments {
+                try Self.readAttachments(try input.payload(), into: &attachments, input, at: block.at)
+                block = try input.next()
+            }
+            if let i { attachments = changes[i].attachments(after: attachments) }
+            try writer.attachments(attachments)
+            referenced.formUnion(attachments.values)
+            var tombstones: [Int] = []
+            while block.kind == .tombstones {
+                guard version >= SnapshotFormat.tombstonesSince else { throw input.malformed(block.at, "tombstones in a snapshot of version \(version)") }
+                tombstones.append(block.at)
+                block = try input.next()
+            }
+            // An older snapshot's repository: no deletion at or below its revision is known.
+            try writeTombstones(old: tombstones, floor: revision, new: i.map { changes[$0] }, input, writer)
         }
         _ = try input.payload()
         for repository in changes where !repository.written {
             try writer.beginRepository(name: repository.name, epoch: repository.epoch, revision: repository.revision)
             try writeHistory(old: [], new: repository, writer)
             try writeEntries(repository.table, writer)
+            let attachments = repository.attachments(after: [:])
+            try writer.attachments(attachments)
+            referenced.formUnion(attachments.values)
+            // The log holds it from its first revision: every deletion is known.
+            try writeTombstones(old: [], floor: 0, new: repository, input, writer)
         }
+        for frame in leaseFrames {
+            switch frame {
+            case .leaseGranted(let lease): leases.granted(lease)
+            case .leaseEnded(let id, let reason, let owner): leases.ended(id, reason, owner: owner)
+            default: break
+            }
+        }
+        leases.forgetEnded(except: referenced)
+        try writer.leases(leases)
         Failpoints.hit("checkpoint.commit")  // test-only (Failpoints.swift)
         try writer.commit()
         return try SnapshotLoader.fileSize(writer.path)
@@ -277,6 +353,105 @@ final class Checkpointer {
         }
         for revision in old[start...] { try revision.body.withUnsafeBytes { raw in Result { () throws(StorageError) in try writer.history(body: raw) } }.get() }
         try new?.forEachRetained { (body) throws(StorageError) in try writer.history(body: body) }
+    }
+
+    /// Writes a repository's tombstones: those of the old snapshot (its TOMB blocks at `old`;
+    /// none: no deletion at or below `floor` known) but for the keys the log changed since,
+    /// then the log's deletions, oldest first, at most `tombstoneLimit` — the oldest beyond
+    /// it forgotten, the floor raised to the newest of them. The old blocks are read twice,
+    /// once to count what stays and once to copy it, rather than held in memory.
+    private func writeTombstones(old: [Int], floor: UInt64, new: Changes?, _ input: SnapshotInput, _ writer: SnapshotWriter) throws(StorageError) {
+        var floor = floor
+        var kept = 0
+        if let first = old.first {
+            var reader = PayloadReader(try input.payload(again: first))
+            guard let stored = reader.u64() else { throw input.malformed(first, "a TOMB block cut short") }
+            floor = stored
+            for at in old {
+                try Self.forEachTombstone(in: try input.payload(again: at), input, at: at) { key, _ in
+                    if new?.table.contains(key: key) != true { kept += 1 }
+                }
+            }
+        }
+        // The log's: each deleted key's last deletion (a key written since is no tombstone).
+        var deleted: [(key: [UInt8], revision: UInt64)] = []
+        new?.table.forEach { record in
+            if record.isDeletion { deleted.append((Array(record.keyBytes), record.revision)) }
+        }
+        deleted.sort { $0.revision < $1.revision || ($0.revision == $1.revision && $0.key.lexicographicallyPrecedes($1.key)) }
+        // The oldest `forgotten` go; written from the first kept on, once the floor is known.
+        var forgotten = max(0, kept + deleted.count - options.tombstoneLimit)
+        var begun = false
+        func keep(_ key: UnsafeRawBufferPointer, _ revision: UInt64) throws(StorageError) {
+            if forgotten > 0 {
+                forgotten -= 1
+                floor = max(floor, revision)
+                return
+            }
+            if !begun {
+                try writer.beginTombstones(floor: floor)
+                begun = true
+            }
+            try writer.tombstone(key: key, revision: revision)
+        }
+        if kept > 0 {
+            for at in old {
+                try Self.forEachTombstone(in: try input.payload(again: at), input, at: at) { (key, revision) throws(StorageError) in
+                    if new?.table.contains(key: key) != true { try keep(key, revision) }
+                }
+            }
+        }
+        for (key, revision) in deleted {
+            try key.withUnsafeBytes { raw in Result { () throws(StorageError) in try keep(raw, revision) } }.get()
+        }
+        if !begun { try writer.beginTombstones(floor: floor) }
+        try writer.endTombstones()
+    }
+
+    /// Calls `body` with each tombstone of an old snapshot's TOMB block.
+    private static func forEachTombstone(
+        in payload: UnsafeRawBufferPointer, _ input: SnapshotInput, at: Int, _ body: (UnsafeRawBufferPointer, UInt64) throws(StorageError) -> Void
+    ) throws(StorageError) {
+        var reader = PayloadReader(payload)
+        guard reader.u64() != nil, let count = reader.u32() else { throw input.malformed(at, "a TOMB block cut short") }
+        for _ in 0..<count {
+            guard let length = reader.u16(), let key = reader.take(Int(length)), let revision = reader.u64() else {
+                throw input.malformed(at, "a tombstone that does not decode")
+            }
+            try body(key, revision)
+        }
+    }
+
+    /// The leases an old snapshot's LEAS block holds.
+    private static func readLeases(_ payload: UnsafeRawBufferPointer, _ input: SnapshotInput, at: Int) throws(StorageError) -> PersistedLeases {
+        var reader = PayloadReader(payload)
+        guard let next = reader.u64(), let count = reader.u32() else { throw input.malformed(at, "a LEAS block cut short") }
+        var leases = PersistedLeases(nextID: max(1, next))
+        for _ in 0..<count {
+            guard let id = reader.u64(), let uid = reader.u32(), let gid = reader.u32(), let pid = reader.u32(), let ttl = reader.u64(), let ended = reader.u8()
+            else { throw input.malformed(at, "a lease that does not decode") }
+            let owner = Writer(uid: uid, gid: gid, pid: Int32(bitPattern: pid))
+            if ended == 0 {
+                leases.live[id] = PersistedLeases.Lease(id: id, owner: owner, ttl: ttl == 0 ? nil : Int64(bitPattern: ttl))
+            } else if let reason = LeaseRecord.reason(ended) {
+                leases.ended[id] = PersistedLeases.Ended(reason: reason, owner: owner)
+            } else {
+                throw input.malformed(at, "a lease that ended for no known reason")
+            }
+        }
+        return leases
+    }
+
+    /// Adds an old snapshot's ATTA block to `attachments`.
+    private static func readAttachments(_ payload: UnsafeRawBufferPointer, into attachments: inout [Key: UInt64], _ input: SnapshotInput, at: Int)
+        throws(StorageError)
+    {
+        var reader = PayloadReader(payload)
+        guard let count = reader.u32() else { throw input.malformed(at, "an ATTA block cut short") }
+        for _ in 0..<count {
+            guard let key = reader.text(lengthBytes: 2), let lease = reader.u64() else { throw input.malformed(at, "an attachment that does not decode") }
+            attachments[Key(key)] = lease
+        }
     }
 
     private func writeEntries(_ table: FlatTable, _ writer: SnapshotWriter) throws(StorageError) {

@@ -28,12 +28,12 @@ import Synchronization
 import Glibc
 #endif
 
-/// The queue of revisions for the committer, with the repositories whose revisions are
-/// dropped until they have undone a failure.
+/// The queue of frames for the committer, with the listeners whose frames are dropped until
+/// they have undone a failure.
 final class CommitQueue: Sendable {
     private struct State: Sendable {
         var items: [DiskStorage.Queued] = []
-        /// The frames of the revisions queued as frames (`Queued.Payload.frame`).
+        /// The frames of the items, encoded as they were queued.
         var frames: [UInt8] = []
         var poisoned: Set<ObjectIdentifier> = []
         var closed = false
@@ -44,28 +44,14 @@ final class CommitQueue: Sendable {
     private let queued = Atomic<Int>(0)
     private let signal = BlockingQueue<Bool>()
 
-    /// Queues a revision, waking the committer thread if `wake`; `false` once closed.
-    func append(_ item: DiskStorage.Queued, wake: Bool) -> Bool {
-        let accepted = state.withLock { s -> Bool in
-            guard !s.closed else { return false }
-            s.items.append(item)
-            queued.wrappingAdd(1, ordering: .releasing)
-            return true
-        }
-        if accepted && wake { signal.append(true) }
-        return accepted
-    }
-
-    /// Queues a revision of one change, its frame encoded into the queue's buffer.
-    func append(_ revision: SingleRevision, listener: any DurabilityListener, wake: Bool) -> Bool {
-        let epoch = listener.epoch
+    /// Queues `frame`, encoded into the queue's buffer, waking the committer thread if
+    /// `wake`; `false` once closed.
+    func append(_ frame: LogFrame, sequence: UInt64, listener: any DurabilityListener, wake: Bool) -> Bool {
         let accepted = state.withLock { s -> Bool in
             guard !s.closed else { return false }
             let start = s.frames.count
-            LogRecord.appendFrame(
-                repo: revision.repo, epoch: epoch, revision: revision.revision, time: revision.time, writer: revision.writer, leaseEnd: nil,
-                changes: revision, to: &s.frames)
-            s.items.append(DiskStorage.Queued(payload: .frame(start..<s.frames.count), revision: revision.revision, listener: listener))
+            LogRecord.appendFrame(frame, to: &s.frames)
+            s.items.append(DiskStorage.Queued(frame: start..<s.frames.count, sequence: sequence, listener: listener))
             queued.wrappingAdd(1, ordering: .releasing)
             return true
         }
@@ -76,9 +62,8 @@ final class CommitQueue: Sendable {
     /// Whether revisions are queued.
     var hasItems: Bool { queued.load(ordering: .acquiring) > 0 }
 
-    /// Takes everything queued, dropping the revisions of poisoned repositories; the frames
-    /// of those queued as frames are in `frames` afterwards (whose old contents, and buffer,
-    /// the queue takes for its next ones).
+    /// Takes everything queued, dropping the frames of poisoned listeners; the frames are in
+    /// `frames` afterwards (whose old contents, and buffer, the queue takes for its next ones).
     func take(frames: inout [UInt8]) -> [DiskStorage.Queued] {
         state.withLock { s in
             defer {
@@ -94,7 +79,7 @@ final class CommitQueue: Sendable {
     /// Waits up to `timeout` for a wake-up; `false` once closed.
     func wait(timeout: Duration) -> Bool { signal.takeAll(timeout: timeout) != nil }
 
-    /// Drops the repository's revisions from now until it calls `discard`.
+    /// Drops the listener's frames from now until it calls `discard`.
     func poison(_ listener: any DurabilityListener) {
         state.withLock { _ = $0.poisoned.insert(ObjectIdentifier(listener)) }
     }
@@ -103,11 +88,11 @@ final class CommitQueue: Sendable {
         state.withLock { $0.poisoned.contains(ObjectIdentifier(listener)) }
     }
 
-    /// The repository undid everything after `revision`: its queued revisions above it
-    /// go, and its later revisions are taken again.
-    func discard(_ listener: any DurabilityListener, after revision: UInt64) {
+    /// The listener undid everything numbered after `sequence`: its queued frames above it
+    /// go, and its later frames are taken again.
+    func discard(_ listener: any DurabilityListener, after sequence: UInt64) {
         state.withLock { s in
-            s.items.removeAll { $0.listener === listener && $0.revision > revision }
+            s.items.removeAll { $0.listener === listener && $0.sequence > sequence }
             queued.store(s.items.count, ordering: .releasing)
             s.poisoned.remove(ObjectIdentifier(listener))
         }
@@ -139,17 +124,10 @@ final class Committer: @unchecked Sendable {
     private var lastSync = ContinuousClock.now
     /// The group being written (reused: a steady stream of groups allocates nothing here).
     private var group: [UInt8] = []
-    /// The frames of the batch being written that were queued as frames.
+    /// The frames of the batch being written.
     private var frames: [UInt8] = []
 
-    /// The lease journal, synced before the log (a revision durable has its key's attachment durable).
-    private let leases: LeaseJournal?
-
-    init(
-        log: WriteAheadLog, sync: SyncPolicy, queue: CommitQueue, progress: LogProgress, counters: StorageCounters, logger: Logger,
-        leases: LeaseJournal? = nil
-    ) {
-        self.leases = leases
+    init(log: WriteAheadLog, sync: SyncPolicy, queue: CommitQueue, progress: LogProgress, counters: StorageCounters, logger: Logger) {
         self.log = log
         self.sync = sync
         self.queue = queue
@@ -225,17 +203,11 @@ final class Committer: @unchecked Sendable {
         group.removeAll(keepingCapacity: group.capacity <= 4 << 20)
         WriteAheadLog.startGroup(into: &group)
         frames.withUnsafeBytes { frames in
-            for item in batch {
-                switch item.payload {
-                case .record(let record): LogRecord.appendFrame(record, epoch: item.listener.epoch, to: &group)
-                case .frame(let range): group.append(contentsOf: frames[range])
-                }
-            }
+            for item in batch { group.append(contentsOf: frames[item.frame]) }
         }
         do throws(StorageError) {
             _ = try log.append(group)
             if sync == .always {
-                try leases?.syncIfDirty()
                 try log.sync()
                 counters.fsyncs.add(1, ordering: .relaxed)
             }
@@ -247,7 +219,7 @@ final class Committer: @unchecked Sendable {
         counters.commits.add(1, ordering: .relaxed)
         counters.records.add(batch.count, ordering: .relaxed)
         progress.advance(to: log.position)
-        for (listener, revision) in Self.lastRevisions(batch) { listener.durable(through: revision) }
+        for (listener, sequence) in Self.lastSequences(batch) { listener.durable(through: sequence) }
         log.zeroAhead()  // once its writers are told: off the path that acknowledges
         return true
     }
@@ -280,19 +252,18 @@ final class Committer: @unchecked Sendable {
         fail(batch, error)
     }
 
-    /// Reports a group's revisions failed, each repository from its first one in the group.
+    /// Reports a group's frames failed, each listener's from its first one in the group.
     private func fail(_ batch: [DiskStorage.Queued], _ error: StorageError) {
         var told = Set<ObjectIdentifier>()
         for item in batch where told.insert(ObjectIdentifier(item.listener)).inserted {
             queue.poison(item.listener)
-            item.listener.failed(after: item.revision - 1, error: error)
+            item.listener.failed(after: item.sequence - 1, error: error)
         }
     }
 
     /// Syncs the log under `sync = relaxed`; whether it worked.
     private func syncRelaxed() -> Bool {
         do throws(StorageError) {
-            try leases?.syncIfDirty()
             try log.sync()
             counters.fsyncs.add(1, ordering: .relaxed)
             return true
@@ -306,26 +277,26 @@ final class Committer: @unchecked Sendable {
         }
     }
 
-    /// The highest revision per repository in a batch, in order of first appearance.
-    static func lastRevisions(_ batch: [DiskStorage.Queued]) -> [(any DurabilityListener, UInt64)] {
-        // A group mostly holds one repository's revisions, or a few: looked up in a list,
+    /// The highest sequence per listener in a batch, in order of first appearance.
+    static func lastSequences(_ batch: [DiskStorage.Queued]) -> [(any DurabilityListener, UInt64)] {
+        // A group mostly holds one repository's frames, or a few: looked up in a list,
         // not hashed, until there are many.
-        var latest: [(listener: any DurabilityListener, revision: UInt64)] = []
+        var latest: [(listener: any DurabilityListener, sequence: UInt64)] = []
         var index: [ObjectIdentifier: Int] = [:]
         for item in batch {
             let found: Int? =
                 if latest.count <= 8 { latest.firstIndex { $0.listener === item.listener } } else { index[ObjectIdentifier(item.listener)] }
             if let i = found {
-                latest[i].revision = max(latest[i].revision, item.revision)
+                latest[i].sequence = max(latest[i].sequence, item.sequence)
                 continue
             }
-            latest.append((item.listener, item.revision))
+            latest.append((item.listener, item.sequence))
             if latest.count == 9 {
                 for (i, entry) in latest.enumerated() { index[ObjectIdentifier(entry.listener)] = i }
             } else if latest.count > 9 {
                 index[ObjectIdentifier(item.listener)] = latest.count - 1
             }
         }
-        return latest.map { ($0.listener, $0.revision) }
+        return latest.map { ($0.listener, $0.sequence) }
     }
 }

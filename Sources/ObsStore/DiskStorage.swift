@@ -10,11 +10,14 @@
 //   writes a new one — the old one with the log since folded in — and deletes the log
 //   segments it covers.
 // - Start-up (Snapshot.swift, WriteAheadLog.swift): the snapshot, read in large blocks
-//   straight into flat tables, then the log after it replayed on top. A torn tail, or what
-//   lies after the end of the last segment, is cut off and reported; a damaged record in
-//   the middle, a snapshot torn, damaged, foreign or missing, a log segment missing, each
-//   refuses start-up with the file and the cause. A data directory an earlier obsd wrote
-//   (SQLite, `obsd.db`: SQLiteSchema.swift) is read once, written as a snapshot, removed.
+//   straight into flat tables, then the log after it replayed on top (Recovery.swift) —
+//   each repository's tombstones too. A torn tail, or what lies after the end of the last
+//   segment, is cut off and reported; a damaged record in the middle, a snapshot torn,
+//   damaged, foreign or missing, a log segment missing, cut short or emptied, each refuses
+//   start-up with the file and the cause. A repository given a new epoch (a copied
+//   snapshot, a repaired log) loses its tombstones: which keys were deleted before it is
+//   no longer known. A data directory an earlier obsd wrote (SQLite, `obsd.db`:
+//   SQLiteSchema.swift) is read once, written as a snapshot, removed.
 //
 // Durability callbacks come from the committer thread and must not block (the daemon
 // hands them to its event loop); `append` never calls back.
@@ -72,6 +75,9 @@ public final class DiskStorage: Storage {
         public var historyMaxBytes: Int
         /// History older than this is dropped (nil: no age limit).
         public var historyMaxAge: Duration?
+        /// Deletions remembered per repository (tombstones, for catch-ups: `Tombstones`):
+        /// the most recent this many, in memory, in the snapshot and replayed from the log.
+        public var tombstoneLimit: Int = Tombstones.defaultLimit
         /// How often the checkpointer looks at how far the log is ahead of the snapshot.
         public var checkpointInterval: Duration = .milliseconds(200)
         /// The snapshot is rewritten once the log after it holds this many bytes and half its
@@ -105,24 +111,19 @@ public final class DiskStorage: Storage {
     public let path: String
     public let counters: StorageCounters? = StorageCounters()
     public let notices: [String]
-    /// Leases, their attachments and ids (LeaseJournal.swift).
-    public let leaseJournal: LeaseJournal?
     private let queue: CommitQueue
     private let lock: DirectoryLock
     private let loaded: Locked<[LoadedRepository]?>
+    private let loadedLeases: Locked<PersistedLeases?>
     private let committer: Committer
     private let committerThread: DedicatedThread
     private let checkpointer: DedicatedThread
 
-    /// A revision on its way to the log: a record, or its frame already encoded into the
-    /// queue's buffer (`CommitQueue.append(_:listener:wake:)`).
+    /// A frame on its way to the log, encoded into the queue's buffer
+    /// (`CommitQueue.append(_:sequence:listener:wake:)`).
     struct Queued: Sendable {
-        enum Payload: Sendable {
-            case record(RevisionRecord)
-            case frame(Range<Int>)
-        }
-        let payload: Payload
-        let revision: UInt64
+        let frame: Range<Int>
+        let sequence: UInt64
         let listener: any DurabilityListener
     }
 
@@ -159,13 +160,11 @@ public final class DiskStorage: Storage {
         var stored = try Self.loadCompactedState(options: options, log: log.directory)
         if let renewed = stored.renewed {
             notices.append("every repository starts a new epoch (clients resync instead of resuming): \(renewed)")
-            stored.repositories = stored.repositories.map {
-                LoadedRepository(name: $0.name, epoch: Epoch.random(), state: $0.state, history: $0.history)
-            }
+            stored.repositories = stored.repositories.map { $0.renewed(epoch: Epoch.random()) }
         }
-        var recovery = Recovery(repositories: stored.repositories, renewEpochs: stored.renewed != nil, options: options)
+        var recovery = Recovery(repositories: stored.repositories, leases: stored.leases, renewEpochs: stored.renewed != nil, options: options)
         stored.repositories = []
-        let report = try log.open(after: stored.covered, repair: options.repairLog) { (payload, position) throws(StorageError) in
+        let report = try log.open(after: stored.covered, repair: options.repairLog, expectingLog: stored.source == .snapshot) { (payload, position) throws(StorageError) in
             try recovery.apply(payload, at: position, log: log.directory.path)
         }
         if let at = report.tornAt {
@@ -177,22 +176,38 @@ public final class DiskStorage: Storage {
         }
         if report.records > 0 { notices.append("replayed \(report.records) revisions from the write-ahead log") }
         var repositories = recovery.repositories
+        var leases = recovery.leases
+        let journal = directory + "/" + LeaseRecord.fileName
+        let legacy = try LegacyLeases.read(journal)
+        if let legacy {
+            (repositories, leases) = Self.migrate(legacy, into: repositories)
+        }
         if let at = report.repairedAt {
             let segments = report.removedSegments == 0 ? "" : ", and \(report.removedSegments) later log segment(s)"
             notices.append(
                 "repaired the write-ahead log: cut \(report.repairedBytes) bytes at \(at) — a damaged record and everything after it\(segments); the revisions they held are lost, and every repository starts a new epoch (clients resync instead of resuming)"
             )
             // Revisions after the cut may be numbered again: no client may resume across it.
-            repositories = repositories.map { LoadedRepository(name: $0.name, epoch: Epoch.random(), state: $0.state, history: $0.history) }
+            repositories = repositories.map { $0.renewed(epoch: Epoch.random()) }
+        }
+        if let lost = report.lost {
+            notices.append(
+                "repaired the write-ahead log: \(lost); the revisions they held are lost, and every repository starts a new epoch (clients resync instead of resuming)")
+            if report.repairedAt == nil { repositories = repositories.map { $0.renewed(epoch: Epoch.random()) } }
         }
         var covered = stored.covered
         var snapshotSize = stored.size
-        if stored.renewed != nil || stored.source != .snapshot || report.repairedAt != nil {
+        if stored.renewed != nil || stored.source != .snapshot || report.repairedAt != nil || report.lost != nil || legacy != nil {
             // The new epochs (renewed, or after a repair), the migrated state, or a new
             // directory's first (empty) snapshot: durable before any write, and the file's
             // identity recorded from the start.
-            snapshotSize = try SnapshotLoader.write(repositories, covering: log.position, directory: directory)
+            snapshotSize = try SnapshotLoader.write(repositories, leases: leases, covering: log.position, directory: directory)
             covered = log.position
+            if legacy != nil {
+                unlink(journal)
+                try DataDirectory.sync(directory)
+                notices.append("moved the leases from \(journal) (a journal an earlier obsd kept beside its log) into \(path), and removed the former")
+            }
             if stored.source == .sqlite {
                 for suffix in ["", "-wal", "-shm"] { unlink(directory + "/" + Self.legacyFileName + suffix) }
                 try DataDirectory.sync(directory)
@@ -200,12 +215,10 @@ public final class DiskStorage: Storage {
             }
         }
         log.directory.removeSegments(through: covered)
-        let leaseJournal = try LeaseJournal(directory: directory, sync: options.sync, logger: logger)
-        self.leaseJournal = leaseJournal
-        notices += leaseJournal.notices
         try RunMarker.claim(directory, sync: options.sync)
         self.notices = notices
         loaded = Locked(repositories)
+        loadedLeases = Locked(leases)
 
         let counters = self.counters!
         let progress = LogProgress(position: log.position)
@@ -217,8 +230,7 @@ public final class DiskStorage: Storage {
         // The checkpointer moves to its thread and is used there only.
         let handedCheckpointer = Handover(checkpointer)
         self.checkpointer = DedicatedThread { handedCheckpointer.take().run(progress) }
-        let committer = Committer(
-            log: log, sync: options.sync, queue: queue, progress: progress, counters: counters, logger: logger, leases: leaseJournal)
+        let committer = Committer(log: log, sync: options.sync, queue: queue, progress: progress, counters: counters, logger: logger)
         self.committer = committer
         committerThread = DedicatedThread { committer.run() }
     }
@@ -229,7 +241,7 @@ public final class DiskStorage: Storage {
     /// The compacted state as found: the snapshot, or an earlier obsd's SQLite database, or
     /// nothing (a new directory — unless the log says its snapshot is missing).
     static func loadCompactedState(options: Options, log: WriteAheadLog.Directory) throws(StorageError) -> (
-        repositories: [LoadedRepository], covered: UInt64, size: Int, renewed: String?, source: Source
+        repositories: [LoadedRepository], leases: PersistedLeases, covered: UInt64, size: Int, renewed: String?, source: Source
     ) {
         let directory = options.directory
         let snapshot = directory + "/" + SnapshotFormat.fileName
@@ -238,14 +250,14 @@ public final class DiskStorage: Storage {
             let loaded = try SnapshotLoader.load(snapshot, options: options)
             let renewed = RunMarker.renewal(
                 snapshot: snapshot, identity: loaded.identity, recorded: loaded.recordedIdentity, marker: RunMarker.read(directory))
-            return (loaded.repositories, loaded.covered, loaded.size, renewed, .snapshot)
+            return (loaded.repositories, loaded.leases, loaded.covered, loaded.size, renewed, .snapshot)
         }
         if access(legacy, F_OK) == 0 {
             let (connection, migrated) = try Schema.open(path: legacy, options: options)
             defer { connection.close() }
             let renewed = try Provenance.claim(connection, sync: options.sync, migrated: migrated)
             let stored = try Loader.load(connection, options: options)
-            return (stored.repositories, stored.checkpoint, 0, renewed, .sqlite)
+            return (stored.repositories, PersistedLeases(), stored.checkpoint, 0, renewed, .sqlite)
         }
         if let segments = try? log.segments(), !segments.isEmpty {
             throw StorageError(
@@ -253,7 +265,7 @@ public final class DiskStorage: Storage {
                 "\(snapshot) is missing, but the write-ahead log in \(log.path) is not: the state before the log's first record is gone (a data directory needs both); refusing to start"
             )
         }
-        return ([], 0, 0, nil, .none)
+        return ([], PersistedLeases(), 0, 0, nil, .none)
     }
 
     public var isImmediate: Bool { false }
@@ -267,13 +279,16 @@ public final class DiskStorage: Storage {
         }
     }
 
-    public func append(_ record: RevisionRecord, listener: any DurabilityListener) -> Bool {
-        queue.append(Queued(payload: .record(record), revision: record.revision, listener: listener), wake: wakesCommitter)
+    public func loadLeases() -> PersistedLeases {
+        loadedLeases.withLock { leases in
+            defer { leases = nil }
+            return leases ?? PersistedLeases()
+        }
     }
 
-    /// Encodes the revision's frame as it is queued: no record, nor any value copied, for it.
-    public func append(_ revision: SingleRevision, listener: any DurabilityListener) -> Bool {
-        queue.append(revision, listener: listener, wake: wakesCommitter)
+    /// Encodes the frame as it is queued: no record, nor any value copied, for it.
+    public func append(_ frame: LogFrame, sequence: UInt64, listener: any DurabilityListener) -> Bool {
+        queue.append(frame, sequence: sequence, listener: listener, wake: wakesCommitter)
     }
 
     /// Whether a revision queued now wakes the committer thread: a thread that flushes commits
@@ -299,16 +314,39 @@ public final class DiskStorage: Storage {
         return key
     }()
 
-    public func discard(_ listener: any DurabilityListener, after revision: UInt64) {
-        queue.discard(listener, after: revision)
+    public func discard(_ listener: any DurabilityListener, after sequence: UInt64) {
+        queue.discard(listener, after: sequence)
     }
 
     public func close() {
         queue.close()
         committerThread.join()  // it closes the log's progress once the log is synced
-        leaseJournal?.close()
         checkpointer.join()
         lock.release()
+    }
+}
+
+extension DiskStorage {
+    /// Folds the lease journal an earlier obsd kept (`legacy`) into what start-up loaded:
+    /// its leases, each repository's attachments, and the deletions a lease's end owed and
+    /// a kill interrupted (a repository no further than the revision before the deletion:
+    /// the keys are attached to the ended lease again, so start-up deletes them).
+    static func migrate(_ legacy: LegacyLeases, into repositories: [LoadedRepository]) -> ([LoadedRepository], PersistedLeases) {
+        var leases = legacy.leases
+        var attachments = legacy.attachments
+        let revisions = Dictionary(repositories.map { ($0.name, $0.state.revision) }, uniquingKeysWith: max)
+        for d in legacy.deletions where (revisions[d.repo] ?? 0) <= d.before {
+            for key in d.keys { attachments[d.repo, default: [:]][key] = d.lease }
+            if leases.ended[d.lease] == nil, leases.live[d.lease] == nil { leases.ended(d.lease, d.reason, owner: d.owner) }
+        }
+        let migrated = repositories.map { repository in
+            // Keys that no longer exist are attached to nothing.
+            let attached = (attachments[repository.name] ?? [:]).filter { repository.state[$0.key] != nil }
+            return LoadedRepository(
+                name: repository.name, epoch: repository.epoch, state: repository.state, history: repository.history, attachments: attached,
+                tombstones: repository.tombstones)
+        }
+        return (migrated, leases)
     }
 }
 

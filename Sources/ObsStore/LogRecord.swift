@@ -1,13 +1,26 @@
-// ObsStore — a revision as the write-ahead log holds it: a compact binary form of the
-// record and its repository's epoch (so a repository created since the last checkpoint is
-// recreated with it). Little-endian:
+// ObsStore — what the write-ahead log's frames hold (LogFrame.swift): a compact binary form
+// of each. Little-endian; the first byte says which it is:
 //
-//   u8 version (2) · u16 repo length, repo · u8 epoch length, epoch · u64 revision · i64 time
-//   u8 flags (1 writer, 2 lease end) · [u32 uid · u32 gid · i32 pid] · [u64 lease · u8 end]
-//   u32 changes · per change: u16 key length, key · u8 flags (1 old, 2 new, 4 old plain,
-//   8 new plain) · [u32 length, old bytes] · [u32 length, new bytes]
+//   3 revision    u16 repo length, repo · u8 epoch length, epoch · u64 revision · i64 time ·
+//                 u8 flags (1 writer, 2 lease end, 4 moves) · [u32 uid · u32 gid · i32 pid] ·
+//                 [u64 lease · u8 end] · [moves] · changes
+//   4 attachments u16 repo length, repo · u64 the repository's revision (unchanged) · moves
+//   5 granted     u64 lease · u32 uid · u32 gid · i32 pid · i64 ttl (0: bound to its connection)
+//   6 ended       u64 lease · u8 reason (1 expired, 2 revoked, 3 closed) · u32 uid · u32 gid · i32 pid
 //
-// Version 1 (obsd 0.3.0 before writers were recorded) has no writer field; it is still read.
+//   moves:   u32 count · per key: u16 key length, key · u64 the lease it is attached to after (0: none)
+//   changes: u32 count · per change: u16 key length, key · u8 flags (1 old, 2 new, 4 old plain,
+//            8 new plain) · [u32 length, old bytes] · [u32 length, new bytes]
+//
+// A revision's epoch lets a repository created since the last checkpoint be recreated with
+// it; its moves are the lease attachments its write changed (a `set` attaches its key to the
+// lease it names, or to none; a `delete`, or a lease's end, detaches), kept in the same frame
+// so the one is durable exactly when the other is. Revisions of versions 1 and 2 (obsd before
+// leases rode in the log, when a journal beside it held them) are still read: version 1 has
+// no writer field, neither has moves.
+//
+// The log itself reserves two first bytes for its own frames: 0xFD (a group's start) and
+// 0xFE (a segment's end) — WriteAheadLog+Frames.swift.
 //
 // Values are written canonical and read back as they were written: the log's checksum,
 // not a second validation, vouches for them.
@@ -16,18 +29,9 @@ import ObsValues
 import ObservableKit
 
 enum LogRecord {
-    static let version: UInt8 = 2
-
-    /// Appends the encoding of `record` to `out`.
-    static func encode(_ record: RevisionRecord, epoch: String, into out: inout [UInt8]) {
-        out.append(version)
-        appendShort(record.repo.utf8, &out)
-        out.append(UInt8(min(epoch.utf8.count, 255)))  // epochs are at most 64 bytes (Epoch.isValid)
-        out.append(contentsOf: epoch.utf8.prefix(255))
-        append(record.revision, &out)
-        append(UInt64(bitPattern: record.time), &out)
-        appendWriterAndLeaseEnd(record.writer, record.leaseEnd, to: &out)
-        encode(record.changes, into: &out)
+    /// The first byte of a payload.
+    enum Kind: UInt8 {
+        case legacyRevision1 = 1, legacyRevision2, revision, attachments, leaseGranted, leaseEnded
     }
 
     /// Appends the encoding of a revision's changes (`u32 count` and the changes, as above).
@@ -47,21 +51,6 @@ enum LogRecord {
     /// Why a checksummed payload does not decode (a bug or a foreign writer, not bit rot).
     struct Malformed: Error {}
 
-    /// The record and epoch in `bytes`.
-    static func decode(_ bytes: UnsafeRawBufferPointer) throws(Malformed) -> (record: RevisionRecord, epoch: String) {
-        var reader = Reader(bytes: bytes)
-        let format = try reader.byte()
-        guard format == 1 || format == version else { throw Malformed() }
-        let repo = try reader.string(Int(try reader.u16()))
-        let epoch = try reader.string(Int(try reader.byte()))
-        let revision = try reader.u64()
-        let time = Int64(bitPattern: try reader.u64())
-        let (writer, leaseEnd) = format >= 2 ? try reader.writerAndLeaseEnd() : (nil, nil)
-        let changes = try reader.changes()
-        guard reader.offset == bytes.count else { throw Malformed() }
-        return (RevisionRecord(repo: repo, changeSet: ChangeSet(revision: revision, changes: changes), time: time, writer: writer, leaseEnd: leaseEnd), epoch)
-    }
-
     /// The changes encoded by `encode(_:into:)`, filling `bytes` exactly.
     static func decodeChanges(_ bytes: UnsafeRawBufferPointer) throws(Malformed) -> [Change<CanonicalJSON>] {
         var reader = Reader(bytes: bytes)
@@ -70,8 +59,89 @@ enum LogRecord {
         return changes
     }
 
-    /// A record read in place, nothing decoded into objects: what the checkpointer folds
-    /// into a snapshot.
+    /// A frame's payload, read in place.
+    enum Entry {
+        case revision(View)
+        case attachments(repo: UnsafeRawBufferPointer, revision: UInt64, moves: Moves)
+        case leaseGranted(PersistedLeases.Lease)
+        case leaseEnded(id: UInt64, reason: SharedLeaseReason, owner: Writer)
+
+        init(_ payload: UnsafeRawBufferPointer) throws(Malformed) {
+            guard let first = payload.first, let kind = Kind(rawValue: first) else { throw Malformed() }
+            var reader = Reader(bytes: payload)
+            reader.offset = 1
+            switch kind {
+            case .legacyRevision1, .legacyRevision2, .revision:
+                self = .revision(try View(payload))
+            case .attachments:
+                let repo = try reader.take(Int(try reader.u16()))
+                let revision = try reader.u64()
+                let moves = try Moves(try reader.take(payload.count - reader.offset))
+                self = .attachments(repo: repo, revision: revision, moves: moves)
+            case .leaseGranted:
+                let id = try reader.u64()
+                let owner = try reader.writer()
+                let ttl = Int64(bitPattern: try reader.u64())
+                guard reader.offset == payload.count, id > 0, ttl >= 0 else { throw Malformed() }
+                self = .leaseGranted(PersistedLeases.Lease(id: id, owner: owner, ttl: ttl == 0 ? nil : ttl))
+            case .leaseEnded:
+                let id = try reader.u64()
+                guard let reason = LeaseRecord.reason(try reader.byte()) else { throw Malformed() }
+                let owner = try reader.writer()
+                guard reader.offset == payload.count, id > 0 else { throw Malformed() }
+                self = .leaseEnded(id: id, reason: reason, owner: owner)
+            }
+        }
+    }
+
+    /// Attachment moves read in place (`moves` above).
+    struct Moves {
+        let bytes: UnsafeRawBufferPointer
+        let count: Int
+
+        static var none: Moves { Moves(bytes: UnsafeRawBufferPointer(start: nil, count: 0), count: 0) }
+
+        private init(bytes: UnsafeRawBufferPointer, count: Int) {
+            self.bytes = bytes
+            self.count = count
+        }
+
+        /// Checks `bytes` are moves whole.
+        init(_ bytes: UnsafeRawBufferPointer) throws(Malformed) {
+            var reader = Reader(bytes: bytes)
+            let count = Int(try reader.u32())
+            guard count <= bytes.count else { throw Malformed() }
+            for _ in 0..<count {
+                let key = try reader.take(Int(try reader.u16()))
+                if !Reader.isASCII(key), String(validating: key, as: UTF8.self) == nil { throw Malformed() }
+                _ = try reader.u64()
+            }
+            guard reader.offset == bytes.count else { throw Malformed() }
+            self.bytes = bytes
+            self.count = count
+        }
+
+        /// Calls `body` with each key's bytes and the lease it is attached to after (nil: none).
+        func forEach(_ body: (UnsafeRawBufferPointer, UInt64?) -> Void) {
+            guard count > 0 else { return }
+            var at = 4
+            for _ in 0..<count {
+                let n = Int(UInt16(littleEndian: bytes.loadUnaligned(fromByteOffset: at, as: UInt16.self)))
+                let key = UnsafeRawBufferPointer(rebasing: bytes[(at + 2)..<(at + 2 + n)])
+                let lease = UInt64(littleEndian: bytes.loadUnaligned(fromByteOffset: at + 2 + n, as: UInt64.self))
+                body(key, lease == 0 ? nil : lease)
+                at += 2 + n + 8
+            }
+        }
+
+        /// Applies the moves to `attachments`.
+        func apply(to attachments: inout [Key: UInt64]) {
+            forEach { key, lease in attachments[Key(String(decoding: key, as: UTF8.self))] = lease }
+        }
+    }
+
+    /// A revision read in place, nothing decoded into objects: what the checkpointer folds
+    /// into a snapshot and start-up replays.
     struct View {
         let repo: UnsafeRawBufferPointer
         let epoch: UnsafeRawBufferPointer
@@ -79,18 +149,40 @@ enum LogRecord {
         let time: Int64
         let writer: Writer?
         let leaseEnd: SharedLeaseEnd?
+        /// The attachments its write moved (none before version 3).
+        let moves: Moves
         /// The changes' encoding (`u32 count` and the changes), as a snapshot's history keeps it.
         let changes: UnsafeRawBufferPointer
 
         init(_ payload: UnsafeRawBufferPointer) throws(Malformed) {
             var reader = Reader(bytes: payload)
-            let format = try reader.byte()
-            guard format == 1 || format == version else { throw Malformed() }
+            guard let kind = Kind(rawValue: try reader.byte()), kind.rawValue <= Kind.revision.rawValue else { throw Malformed() }
             repo = try reader.take(Int(try reader.u16()))
             epoch = try reader.take(Int(try reader.byte()))
             revision = try reader.u64()
             time = Int64(bitPattern: try reader.u64())
-            (writer, leaseEnd) = format >= 2 ? try reader.writerAndLeaseEnd() : (nil, nil)
+            switch kind {
+            case .legacyRevision1:
+                (writer, leaseEnd, moves) = (nil, nil, .none)
+            case .legacyRevision2:
+                (writer, leaseEnd) = try reader.writerAndLeaseEnd(allowing: 3)
+                moves = .none
+            default:
+                let flags = payload[reader.offset]
+                (writer, leaseEnd) = try reader.writerAndLeaseEnd(allowing: 7)
+                if flags & 4 != 0 {
+                    let start = reader.offset
+                    let count = Int(try reader.u32())
+                    guard count <= payload.count else { throw Malformed() }
+                    for _ in 0..<count {
+                        _ = try reader.take(Int(try reader.u16()))
+                        _ = try reader.u64()
+                    }
+                    moves = try Moves(UnsafeRawBufferPointer(rebasing: payload[start..<reader.offset]))
+                } else {
+                    moves = .none
+                }
+            }
             changes = try reader.take(payload.count - reader.offset)
         }
 
@@ -113,6 +205,13 @@ enum LogRecord {
             }
             guard reader.offset == changes.count else { throw Malformed() }
             return weight
+        }
+
+        /// The revision as a record (its changes decoded into values).
+        func record() throws(Malformed) -> RevisionRecord {
+            RevisionRecord(
+                repo: String(decoding: repo, as: UTF8.self), changeSet: ChangeSet(revision: revision, changes: try decodeChanges(changes)), time: time,
+                writer: writer, leaseEnd: leaseEnd)
         }
     }
 
@@ -182,15 +281,18 @@ enum LogRecord {
 
         mutating func byte() throws(Malformed) -> UInt8 { try take(1)[0] }
 
-        /// The flags byte and the writer and lease end it announces.
-        mutating func writerAndLeaseEnd() throws(Malformed) -> (Writer?, SharedLeaseEnd?) {
+        /// The flags byte (no bit outside `allowing`) and the writer and lease end it announces.
+        mutating func writerAndLeaseEnd(allowing mask: UInt8 = 3) throws(Malformed) -> (Writer?, SharedLeaseEnd?) {
             let flags = try byte()
-            guard flags & ~3 == 0 else { throw Malformed() }
-            let writer = flags & 1 == 0 ? nil : Writer(uid: try u32(), gid: try u32(), pid: Int32(bitPattern: try u32()))
+            guard flags & ~mask == 0 else { throw Malformed() }
+            let writer = flags & 1 == 0 ? nil : try self.writer()
             guard flags & 2 != 0 else { return (writer, nil) }
             let lease = try u64()
             guard let reason = LeaseRecord.reason(try byte()) else { throw Malformed() }
             return (writer, SharedLeaseEnd(lease: lease, reason: reason))
+        }
+        mutating func writer() throws(Malformed) -> Writer {
+            Writer(uid: try u32(), gid: try u32(), pid: Int32(bitPattern: try u32()))
         }
         mutating func u16() throws(Malformed) -> UInt16 { UInt16(littleEndian: try take(2).loadUnaligned(as: UInt16.self)) }
         mutating func u32() throws(Malformed) -> UInt32 { UInt32(littleEndian: try take(4).loadUnaligned(as: UInt32.self)) }

@@ -1,7 +1,8 @@
 // ObsStore — the compacted state as obsd kept it before snapshots: SQLite, `obsd.db`. Read
 // once, to move a data directory an earlier obsd wrote to a snapshot (DiskStorage): its schema
 // (earlier versions migrated, foreign files refused), the provenance checks that decide
-// whether the file still holds the history its epochs name, and loading every repository.
+// whether the file still holds the history its epochs name, and loading every repository
+// (it kept no tombstones: a catch-up from before the migrated state is a snapshot).
 
 import CLinux
 import CSQLite
@@ -268,8 +269,9 @@ enum Loader {
             guard let epoch = epochs[id], Epoch.isValid(epoch) else {
                 throw StorageError(.corrupt, "\(path): repository \(name) has no valid epoch")
             }
+            // It kept no tombstones: the deletions before its state are not known.
             return LoadedRepository(
-                name: name, epoch: epoch, state: FlatTable(revision: revision, entries: entries[id] ?? [:]), history: history)
+                name: name, epoch: epoch, state: FlatTable(revision: revision, entries: entries[id] ?? [:]), history: history, tombstones: nil)
         }
     }
 

@@ -1,6 +1,7 @@
 // ObsStore — writing a snapshot (SnapshotFile.swift has the format) and loading one at
 // start-up: its entry blocks read straight into the slabs of each repository's flat table,
-// then indexed; its history decoded into records.
+// then indexed; its history decoded into records; its attachments and tombstones (within
+// the configured bound) into each repository's, its leases into the lease table.
 
 import ObsValues
 import ObservableKit
@@ -12,12 +13,17 @@ import Musl
 #endif
 
 /// Writes a whole snapshot beside the current one, then puts it in its place (`commit`).
-/// Per repository: `beginRepository`, its history oldest first, then its entries.
+/// Per repository: `beginRepository`, its history oldest first, then its entries, its
+/// attachments, its tombstones (`beginTombstones`, each `tombstone` oldest first,
+/// `endTombstones`).
 final class SnapshotWriter {
     let directory: String
     private let output: SnapshotOutput
     private var entries: [UInt8] = []
     private var history: [UInt8] = []
+    /// The repository's tombstones being written: its floor, the entries of the block not yet
+    /// written and how many, and whether a block was.
+    private var tombstones: (floor: UInt64, block: [UInt8], count: UInt32, written: Bool)? = nil
     private var repositories = 0
     private var entryCount = 0
     private var historyCount = 0
@@ -65,6 +71,100 @@ final class SnapshotWriter {
         history.append(contentsOf: body)
         historyCount += 1
         if history.count >= SnapshotFormat.blockSize { try flushHistory() }
+    }
+
+    /// Writes the repository's attachments (after its entries).
+    func attachments(_ attachments: [Key: UInt64]) throws(StorageError) {
+        try flush()
+        var block: [UInt8] = []
+        var count: UInt32 = 0
+        func emit() throws(StorageError) {
+            guard count > 0 else { return }
+            var payload: [UInt8] = []
+            Self.append(count, &payload)
+            payload.append(contentsOf: block)
+            try output.block(.attachments, payload)
+            block.removeAll(keepingCapacity: true)
+            count = 0
+        }
+        for (key, lease) in attachments {
+            key.withUTF8 { utf8 in
+                Self.append(UInt16(truncatingIfNeeded: utf8.count), &block)
+                block.append(contentsOf: utf8)
+            }
+            Self.append(lease, &block)
+            count += 1
+            if block.count >= SnapshotFormat.blockSize { try emit() }
+        }
+        try emit()
+    }
+
+    /// Begins the repository's tombstones (after its attachments): every deletion above
+    /// `floor` it remembers follows, oldest first.
+    func beginTombstones(floor: UInt64) throws(StorageError) {
+        try flush()
+        tombstones = (floor, [], 0, false)
+    }
+
+    /// Appends a tombstone: the key whose bytes are `key` was last deleted at `revision` (not
+    /// before the one appended last). One at or below the floor says nothing and is left out.
+    func tombstone(key: UnsafeRawBufferPointer, revision: UInt64) throws(StorageError) {
+        guard tombstones != nil, revision > tombstones!.floor else { return }
+        Self.append(UInt16(truncatingIfNeeded: key.count), &tombstones!.block)
+        tombstones!.block.append(contentsOf: key)
+        Self.append(revision, &tombstones!.block)
+        tombstones!.count += 1
+        if tombstones!.block.count >= SnapshotFormat.blockSize { try emitTombstones() }
+    }
+
+    /// Ends the repository's tombstones: at least one TOMB block, so the floor is stored
+    /// even when no deletion is.
+    func endTombstones() throws(StorageError) {
+        guard let pending = tombstones else { return }
+        if pending.count > 0 || !pending.written { try emitTombstones() }
+        tombstones = nil
+    }
+
+    /// Writes the repository's tombstones (after its attachments): `begin`, each, `end`.
+    func tombstones(_ tombstones: Tombstones) throws(StorageError) {
+        try beginTombstones(floor: tombstones.floor)
+        for (key, revision) in tombstones.entries {
+            try key.withUTF8 { utf8 in Result { () throws(StorageError) in try tombstone(key: UnsafeRawBufferPointer(utf8), revision: revision) } }.get()
+        }
+        try endTombstones()
+    }
+
+    private func emitTombstones() throws(StorageError) {
+        guard let pending = tombstones else { return }
+        var payload: [UInt8] = []
+        payload.reserveCapacity(12 + pending.block.count)
+        Self.append(pending.floor, &payload)
+        Self.append(pending.count, &payload)
+        payload.append(contentsOf: pending.block)
+        try output.block(.tombstones, payload)
+        tombstones!.block.removeAll(keepingCapacity: true)
+        tombstones!.count = 0
+        tombstones!.written = true
+    }
+
+    /// Writes the leases (after every repository): the live ones, and those ended that a
+    /// key is still attached to.
+    func leases(_ leases: PersistedLeases) throws(StorageError) {
+        try flush()
+        var payload: [UInt8] = []
+        Self.append(leases.nextID, &payload)
+        Self.append(UInt32(leases.live.count + leases.ended.count), &payload)
+        func lease(_ id: UInt64, _ owner: Writer, ttl: Int64?, ended: SharedLeaseReason?) {
+            Self.append(id, &payload)
+            Self.append(owner.uid, &payload)
+            Self.append(owner.gid, &payload)
+            Self.append(UInt32(bitPattern: owner.pid), &payload)
+            Self.append(UInt64(bitPattern: ttl ?? 0), &payload)
+            payload.append(ended.map(LeaseRecord.code) ?? 0)
+        }
+        for (id, live) in leases.live.sorted(by: { $0.key < $1.key }) { lease(id, live.owner, ttl: live.ttl, ended: nil) }
+        for (id, ended) in leases.ended.sorted(by: { $0.key < $1.key }) { lease(id, ended.owner, ttl: nil, ended: ended.reason) }
+        try output.block(.leases, payload)
     }
 
     /// Appends an entry (a record as `FlatRecord` encodes it).
@@ -173,6 +273,7 @@ struct StoredRevision {
 /// What a snapshot holds, as start-up loads it.
 struct LoadedSnapshot {
     var repositories: [LoadedRepository]
+    var leases: PersistedLeases
     /// The log position it covers.
     let covered: UInt64
     /// The identity it recorded for itself, and the one the file has.
@@ -193,16 +294,21 @@ enum SnapshotLoader {
         guard let version = fields.u32(), let covered = fields.u64(), let recorded = fields.text(lengthBytes: 2), fields.u64() != nil else {
             throw input.malformed(head.at, "a HEAD block cut short")
         }
-        guard version == SnapshotFormat.version else {
-            throw StorageError(.corrupt, "\(path) is a snapshot of format version \(version); this obsd reads version \(SnapshotFormat.version)")
+        guard SnapshotFormat.readable.contains(version) else {
+            throw StorageError(
+                .corrupt,
+                "\(path) is a snapshot of format version \(version); this obsd reads versions \(SnapshotFormat.readable.lowerBound) to \(SnapshotFormat.readable.upperBound)")
         }
         let identity = try Self.identity(of: path)
         let cutoff = options.historyMaxAge.map { WallClock.unixSeconds() - $0.components.seconds } ?? Int64.min
         var repositories: [LoadedRepository] = []
-        var current: (name: String, epoch: String, revision: UInt64, table: FlatTableStorage, history: LoadedHistory)? = nil
+        var current: Reading? = nil
         var counts = (entries: 0, history: 0)
+        var leases = PersistedLeases()
+        var leasesRead = false
 
-        func finish() throws(StorageError) {
+        /// Ends the repository being read, at the block at `at`.
+        func finish(at: Int) throws(StorageError) {
             guard let repo = current else { return }
             current = nil
             do throws(FlatRecordCodec.Malformed) { try repo.table.buildIndex() } catch {
@@ -211,8 +317,17 @@ enum SnapshotLoader {
             var history = repo.history
             history.retain(limit: options.historyLimit, maxBytes: options.historyMaxBytes, cutoff: cutoff)
             if history.last?.revision != repo.revision { history = [] }  // a history that does not reach the state serves no `since`
+            let state = FlatTable(revision: repo.revision, storage: repo.table)
+            if version >= SnapshotFormat.tombstonesSince {
+                guard let tombstones = repo.tombstones else { throw input.malformed(at, "repository \(repo.name) ends without its TOMB block") }
+                for (key, _) in tombstones.entries where state.withRecord(key, { $0 != nil }) {
+                    throw StorageError(.corrupt, "\(path): repository \(repo.name) holds key \(key.string.debugDescription) and a tombstone of it; refusing to start")
+                }
+            }
+            // A version without tombstones: the deletions before its state are not known (nil).
             repositories.append(
-                LoadedRepository(name: repo.name, epoch: repo.epoch, state: FlatTable(revision: repo.revision, storage: repo.table), history: history))
+                LoadedRepository(
+                    name: repo.name, epoch: repo.epoch, state: state, history: history, attachments: repo.attachments, tombstones: repo.tombstones))
         }
 
         while true {
@@ -221,15 +336,16 @@ enum SnapshotLoader {
             case .head:
                 throw input.malformed(block.at, "a second HEAD block")
             case .repository:
-                try finish()
+                try finish(at: block.at)
                 var fields = PayloadReader(try input.payload())
                 guard let name = fields.text(lengthBytes: 2), let epoch = fields.text(lengthBytes: 1), let revision = fields.u64(), fields.atEnd else {
                     throw input.malformed(block.at, "a REPO block that is not a name, an epoch and a revision")
                 }
                 guard Epoch.isValid(epoch) else { throw input.malformed(block.at, "repository \(name) has no valid epoch") }
-                current = (name, epoch, revision, FlatTableStorage(), LoadedHistory(repo: name))
+                guard !leasesRead else { throw input.malformed(block.at, "a repository after the leases") }
+                current = Reading(name: name, epoch: epoch, revision: revision, table: FlatTableStorage(), history: LoadedHistory(repo: name))
             case .history:
-                guard current != nil, current!.table.count == 0, !current!.table.hasBlocks else {
+                guard current != nil, current!.table.count == 0, !current!.table.hasBlocks, current!.attachments.isEmpty, current!.tombstones == nil else {
                     throw input.malformed(block.at, "history outside a repository, or after its entries")
                 }
                 var reader = PayloadReader(try input.payload())
@@ -242,7 +358,9 @@ enum SnapshotLoader {
                     counts.history += 1
                 }
             case .entries:
-                guard let table = current?.table else { throw input.malformed(block.at, "entries outside a repository") }
+                guard let table = current?.table, current!.attachments.isEmpty, current!.tombstones == nil else {
+                    throw input.malformed(block.at, "entries outside a repository, or after its attachments or tombstones")
+                }
                 let memory = FlatMemory.allocate(block.length, populate: true)
                 do {
                     try input.payload(into: memory)
@@ -255,8 +373,65 @@ enum SnapshotLoader {
                 } catch {
                     throw input.malformed(block.at, "\(error.reason) at byte \(error.offset) of its entries")
                 }
+            case .attachments:
+                guard version >= 2, current != nil, current!.tombstones == nil else { throw input.malformed(block.at, "attachments outside a repository, or after its tombstones") }
+                var reader = PayloadReader(try input.payload())
+                guard let count = reader.u32() else { throw input.malformed(block.at, "an ATTA block cut short") }
+                for _ in 0..<count {
+                    guard let key = reader.text(lengthBytes: 2), !key.isEmpty, let lease = reader.u64(), lease > 0 else {
+                        throw input.malformed(block.at, "an attachment that does not decode")
+                    }
+                    current!.attachments[Key(key)] = lease
+                }
+                guard reader.atEnd else { throw input.malformed(block.at, "bytes after its attachments") }
+            case .tombstones:
+                guard version >= SnapshotFormat.tombstonesSince, current != nil else { throw input.malformed(block.at, "tombstones outside a repository") }
+                var reader = PayloadReader(try input.payload())
+                guard let floor = reader.u64(), let count = reader.u32() else { throw input.malformed(block.at, "a TOMB block cut short") }
+                let revision = current!.revision
+                if current!.tombstones == nil {
+                    guard floor <= revision else { throw input.malformed(block.at, "a tombstone floor \(floor) above the repository's revision \(revision)") }
+                    current!.tombstones = Tombstones(limit: options.tombstoneLimit, floor: floor)
+                    current!.tombstoneFloor = floor
+                } else {
+                    guard floor == current!.tombstoneFloor else { throw input.malformed(block.at, "a tombstone floor other than the repository's first TOMB block's") }
+                }
+                for _ in 0..<count {
+                    guard let key = reader.text(lengthBytes: 2), !key.isEmpty, let deleted = reader.u64() else {
+                        throw input.malformed(block.at, "a tombstone that does not decode")
+                    }
+                    guard deleted > floor, deleted <= revision, deleted >= current!.lastTombstone else {
+                        throw input.malformed(
+                            block.at, "a tombstone of revision \(deleted), not above the floor \(floor), at most revision \(revision) and after the one before")
+                    }
+                    guard current!.tombstones![Key(key)] == nil else { throw input.malformed(block.at, "key \(key.debugDescription) deleted twice") }
+                    current!.tombstones!.deleted(Key(key), at: deleted)
+                    current!.lastTombstone = deleted
+                }
+                guard reader.atEnd else { throw input.malformed(block.at, "bytes after its tombstones") }
+            case .leases:
+                try finish(at: block.at)
+                guard version >= 2, !leasesRead else { throw input.malformed(block.at, "a second LEAS block") }
+                leasesRead = true
+                var reader = PayloadReader(try input.payload())
+                guard let next = reader.u64(), let count = reader.u32() else { throw input.malformed(block.at, "a LEAS block cut short") }
+                leases.nextID = max(1, next)
+                for _ in 0..<count {
+                    guard let id = reader.u64(), id > 0, let uid = reader.u32(), let gid = reader.u32(), let pid = reader.u32(), let ttl = reader.u64(),
+                        let ended = reader.u8(), Int64(bitPattern: ttl) >= 0
+                    else { throw input.malformed(block.at, "a lease that does not decode") }
+                    let owner = Writer(uid: uid, gid: gid, pid: Int32(bitPattern: pid))
+                    if ended == 0 {
+                        leases.live[id] = PersistedLeases.Lease(id: id, owner: owner, ttl: ttl == 0 ? nil : Int64(bitPattern: ttl))
+                    } else {
+                        guard let reason = LeaseRecord.reason(ended) else { throw input.malformed(block.at, "a lease that ended for no known reason") }
+                        leases.ended[id] = PersistedLeases.Ended(reason: reason, owner: owner)
+                    }
+                    guard id < leases.nextID else { throw input.malformed(block.at, "lease \(id) at or past the next id \(leases.nextID)") }
+                }
+                guard reader.atEnd else { throw input.malformed(block.at, "bytes after its leases") }
             case .done:
-                try finish()
+                try finish(at: block.at)
                 var fields = PayloadReader(try input.payload())
                 guard let repos = fields.u32(), let entries = fields.u64(), let history = fields.u64(), fields.atEnd else {
                     throw input.malformed(block.at, "a DONE block cut short")
@@ -268,9 +443,24 @@ enum SnapshotLoader {
                     )
                 }
                 guard input.atEnd else { throw input.malformed(block.at, "bytes after its end marker") }
-                return LoadedSnapshot(repositories: repositories, covered: covered, recordedIdentity: recorded, identity: identity, size: input.size)
+                return LoadedSnapshot(
+                    repositories: repositories, leases: leases, covered: covered, recordedIdentity: recorded, identity: identity, size: input.size)
             }
         }
+    }
+
+    /// A repository being read: what its blocks so far held.
+    private struct Reading {
+        let name: String
+        let epoch: String
+        let revision: UInt64
+        let table: FlatTableStorage
+        var history: LoadedHistory
+        var attachments: [Key: UInt64] = [:]
+        /// Its TOMB blocks' (none read yet: nil), their floor, and the last revision read.
+        var tombstones: Tombstones? = nil
+        var tombstoneFloor: UInt64 = 0
+        var lastTombstone: UInt64 = 0
     }
 
     static func identity(of path: String) throws(StorageError) -> String {
@@ -280,14 +470,21 @@ enum SnapshotLoader {
         return try SnapshotFormat.identity(of: fd, path: path)
     }
 
-    /// Writes a whole snapshot of `repositories` covering the log through `position`.
-    static func write(_ repositories: [LoadedRepository], covering position: UInt64, directory: String) throws(StorageError) -> Int {
+    /// Writes a whole snapshot of `repositories` and `leases` covering the log through `position`.
+    static func write(_ repositories: [LoadedRepository], leases: PersistedLeases, covering position: UInt64, directory: String) throws(StorageError) -> Int {
         let writer = try SnapshotWriter(directory: directory, covering: position)
+        var referenced = Set<UInt64>()
         for repository in repositories {
             try writer.beginRepository(name: repository.name, epoch: repository.epoch, revision: repository.state.revision)
             try repository.history.forEach(stored: writer.history(body:), replayed: writer.history(_:))
             try repository.state.forEach { (record) throws(StorageError) in try writer.entry(record.encoded) }
+            try writer.attachments(repository.attachments)
+            try writer.tombstones(repository.tombstones)
+            referenced.formUnion(repository.attachments.values)
         }
+        var leases = leases
+        leases.forgetEnded(except: referenced)
+        try writer.leases(leases)
         try writer.commit()
         return (try? fileSize(writer.path)) ?? 0
     }

@@ -4,17 +4,30 @@
 // `obsd.snapshot` is `OBSDSNP1` and then blocks, each `u32 kind · u32 length · u32 CRC-32C
 // (of kind, length and payload) · payload`, little-endian:
 //
-// - HEAD, first: u32 format version (1) · u64 the log position it covers (every frame
+// - HEAD, first: u32 format version (3) · u64 the log position it covers (every frame
 //   ending there or before is in it) · u16 length, its own file identity (inode and birth
 //   time, recorded when it was created: a copy is another file) · i64 when it was written.
-// - Per repository: REPO (u16 length, name · u8 length, epoch · u64 revision · u64 history
-//   revisions · u64 their weight), then ENTR blocks — its entries as FlatRecord encodes them,
-//   whole records, at most 1 MiB a block unless one record is larger, so a block becomes a
-//   slab of the table as it is — then HIST blocks: its retained history, oldest first, each
-//   revision `u32 length · u64 revision · i64 time · u32 weight · u8 flags (1 writer, 2 lease
-//   end) · [u32 uid · u32 gid · i32 pid] · [u64 lease · u8 end] · its changes as the log
-//   encodes them (LogRecord)`.
+// - Per repository: REPO (u16 length, name · u8 length, epoch · u64 revision), then HIST
+//   blocks — its retained history, oldest first, each revision `u32 length · u64 revision ·
+//   i64 time · u32 weight · u8 flags (1 writer, 2 lease end) · [u32 uid · u32 gid · i32 pid] ·
+//   [u64 lease · u8 end] · its changes as the log encodes them (LogRecord)` — then ENTR
+//   blocks — its entries as FlatRecord encodes them, whole records, at most 1 MiB a block
+//   unless one record is larger, so a block becomes a slab of the table as it is — then ATTA
+//   blocks: the lease each attached key is attached to, `u32 count · (u16 key length, key ·
+//   u64 lease)…` — then TOMB blocks, at least one: its tombstones (Tombstones.swift), each
+//   block `u64 floor · u32 count · (u16 key length, key · u64 revision)…`, the floor (every
+//   deletion above it is remembered) the same in each, the deletions oldest first, each
+//   above the floor and at most the repository's revision, every key absent from its entries.
+// - LEAS, after the repositories: u64 the next lease id · u32 count · per lease `u64 id ·
+//   u32 uid · u32 gid · i32 pid · i64 ttl (0: bound to its connection) · u8 ended (0: live,
+//   else the reason it ended: 1 expired, 2 revoked, 3 closed)` — every live lease, and the
+//   ended ones some key is still attached to (a restart deletes those keys).
 // - DONE, last: u32 repositories · u64 entries · u64 history revisions. Nothing follows it.
+//
+// Version 2 (obsd before tombstones were stored) has no TOMB blocks, version 1 (before
+// leases were stored here) no ATTA or LEAS blocks either; both are still read — a repository
+// without TOMB loads knowing no deletion at or below its revision (a catch-up from there is
+// a snapshot), and the next snapshot written is of version 3.
 //
 // It is written beside as `obsd.snapshot.new`, synced, and renamed over the old one, so a
 // crash leaves the old or the new, whole. Whatever else is found — not a snapshot, a block
@@ -32,7 +45,11 @@ import Musl
 
 enum SnapshotFormat {
     static let magic: [UInt8] = Array("OBSDSNP1".utf8)
-    static let version: UInt32 = 1
+    static let version: UInt32 = 3
+    /// The versions start-up reads (1: no leases; 2: no tombstones).
+    static let readable: ClosedRange<UInt32> = 1...3
+    /// The first version whose repositories have TOMB blocks.
+    static let tombstonesSince: UInt32 = 3
     static let fileName = "obsd.snapshot"
     static let partialName = "obsd.snapshot.new"
     static let blockHeader = 12
@@ -40,7 +57,7 @@ enum SnapshotFormat {
     static let blockSize = 1 << 20
 
     enum Kind: UInt32 {
-        case head = 1, repository, entries, history, done
+        case head = 1, repository, entries, history, done, attachments, leases, tombstones
 
         var name: String {
             switch self {
@@ -49,6 +66,9 @@ enum SnapshotFormat {
             case .entries: "ENTR"
             case .history: "HIST"
             case .done: "DONE"
+            case .attachments: "ATTA"
+            case .leases: "LEAS"
+            case .tombstones: "TOMB"
             }
         }
     }
@@ -194,6 +214,17 @@ final class SnapshotInput {
     /// An error for a block that breaks the format though its checksum passed.
     func malformed(_ at: Int, _ what: String) -> StorageError {
         StorageError(.corrupt, "\(path): the block at offset \(at) has a valid checksum but no meaning to this obsd (\(what)); refusing to start")
+    }
+
+    /// The payload of the block at `at`, read and checked (again); the block read next, or
+    /// whose header was read last, stays the same. (The checkpointer reads a repository's
+    /// TOMB blocks twice rather than hold them.)
+    func payload(again at: Int) throws(StorageError) -> UnsafeRawBufferPointer {
+        let resume = (offset, pending)
+        defer { (offset, pending) = resume }
+        offset = at
+        _ = try next()
+        return try payload()
     }
 
     /// Whether the file ends where the last block read ends.

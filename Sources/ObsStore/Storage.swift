@@ -1,11 +1,13 @@
 // ObsStore — where the daemon keeps repositories, and what it persists.
 //
-// This module owns the persistent shape of a repository: `CanonicalJSON` (a JSON value
-// with its encoding), `RevisionRecord` (one committed revision), and the `Storage`
-// boundary. The daemon commits a revision in memory, hands it to storage in revision
-// order, and shows it to nobody — no reply, no event — until storage says it is durable.
-// `InMemoryStorage` is durable at once (and forgets everything at exit); `DiskStorage`
-// persists to a write-ahead log with group commit and keeps a compacted state in a snapshot.
+// This module owns the persistent shape of a repository and of the leases: `RevisionRecord`
+// (one committed revision), the frames the log holds (`LogFrame`: revisions with the lease
+// attachments they move, attachments moved without a revision, leases granted and ended —
+// one durable sequence), and the `Storage` boundary. The daemon applies a change in memory,
+// hands its frame to storage in order, and shows it to nobody — no reply, no event — until
+// storage says it is durable. `InMemoryStorage` is durable at once (and forgets everything
+// at exit); `DiskStorage` persists to a write-ahead log with group commit and keeps a
+// compacted state in a snapshot.
 
 import ObsValues
 import ObservableKit
@@ -19,37 +21,53 @@ public struct LoadedRepository: Sendable {
     public let state: FlatTable
     /// The retained history, oldest first, ending at `state.revision` (or empty).
     public let history: LoadedHistory
+    /// The lease each attached key is attached to (the contract's leases: not part of the
+    /// state revisions count, but stored with it — in the same log records as the writes that
+    /// move them, and in the snapshot).
+    public let attachments: [Key: UInt64]
+    /// The revision of the last deletion of each absent key it remembers, and from which
+    /// revision on it remembers them all (stored with the state like `attachments`).
+    public let tombstones: Tombstones
 
-    public init(name: String, epoch: String, state: FlatTable, history: LoadedHistory) {
+    public init(name: String, epoch: String, state: FlatTable, history: LoadedHistory, attachments: [Key: UInt64] = [:], tombstones: Tombstones? = nil) {
         self.name = name
         self.epoch = epoch
         self.state = state
         self.history = history
+        self.attachments = attachments
+        // None stored: deletions before this state are not known.
+        self.tombstones = tombstones ?? Tombstones(limit: .max, floor: state.revision)
     }
 
-    public init(name: String, epoch: String, state: FlatTable, history: [RevisionRecord]) {
-        self.init(name: name, epoch: epoch, state: state, history: LoadedHistory(history))
+    public init(name: String, epoch: String, state: FlatTable, history: [RevisionRecord], attachments: [Key: UInt64] = [:], tombstones: Tombstones? = nil) {
+        self.init(name: name, epoch: epoch, state: state, history: LoadedHistory(history), attachments: attachments, tombstones: tombstones)
+    }
+
+    /// The same repository in another history (its epoch renewed: its deletions, of the old
+    /// history, mean nothing in the new one).
+    public func renewed(epoch: String) -> LoadedRepository {
+        LoadedRepository(name: name, epoch: epoch, state: state, history: history, attachments: attachments)
     }
 }
 
-/// Told, in revision order, when the revisions it handed to storage are durable — or that
-/// they never will be. Called from the store's own thread, which must not wait: an
-/// implementation hands the news over (the daemon to an event loop) and returns.
+/// Told when what it handed to storage is durable — or that it never will be. Each listener
+/// numbers what it hands over (`sequence`, increasing: a repository's states, the lease
+/// table's grants and ends) and hears about it in that order. Called from the thread that
+/// commits — an event loop's own `flush`, or the store's committer thread — which must not
+/// wait: an implementation takes note (or posts the news to its loops) and returns.
 public protocol DurabilityListener: AnyObject, Sendable {
-    /// The repository's epoch, stored with it when storage first sees it.
-    var epoch: String { get }
-    /// Every revision up to `revision` is durable.
-    func durable(through revision: UInt64)
-    /// Revisions above `revision` were not stored and never will be; `error` says why —
-    /// unless its kind is `.outcomeUnknown`: then storage could not undo them, a restart may
-    /// find them (any prefix of them), and storage takes no more revisions until then.
-    /// Either way they are not stored now, and the repository undoes them in memory.
-    func failed(after revision: UInt64, error: StorageError)
+    /// Everything it handed over numbered up to `sequence` is durable.
+    func durable(through sequence: UInt64)
+    /// What it handed over numbered above `sequence` was not stored and never will be;
+    /// `error` says why — unless its kind is `.outcomeUnknown`: then storage could not undo
+    /// it, a restart may find it (any prefix of it), and storage takes nothing more until
+    /// then. Either way it is not stored now, and the listener undoes it in memory.
+    func failed(after sequence: UInt64, error: StorageError)
 }
 
 /// Where the daemon keeps repositories.
 public protocol Storage: AnyObject, Sendable {
-    /// Whether `append` makes a revision durable at once, with no callback.
+    /// Whether `append` makes what it is given durable at once, with no callback.
     var isImmediate: Bool { get }
     /// What the storage is, for logs (e.g. "memory", "write-ahead log + sqlite /var/lib/obsd/obsd.db, sync always").
     var summary: String { get }
@@ -57,20 +75,20 @@ public protocol Storage: AnyObject, Sendable {
     var counters: StorageCounters? { get }
     /// Everything stored, read once at start-up.
     func load() throws(StorageError) -> [LoadedRepository]
+    /// The leases stored, read once at start-up (after `load`).
+    func loadLeases() -> PersistedLeases
     /// What the daemon should say at start-up about the store (e.g. why epochs were renewed).
     var notices: [String] { get }
-    /// Queues a committed revision. Called in revision order for each listener (the
-    /// repository), while the repository's lock is held: it must never call the listener.
+    /// Queues `frame` — a revision, attachments moved without one, a lease granted or ended
+    /// — numbered `sequence` by `listener` (in increasing order), while the listener's lock is
+    /// held: it must never call the listener. The frame's bytes are read during the call only.
     /// Returns `false`, queuing nothing, once the storage is closed.
-    func append(_ record: RevisionRecord, listener: any DurabilityListener) -> Bool
-    /// Queues a committed revision of one change given as bytes, as `append(_:listener:)`
-    /// does a record (the bytes are read during the call only).
-    func append(_ revision: SingleRevision, listener: any DurabilityListener) -> Bool
-    /// Forgets queued revisions of `listener` above `revision`, after a failure undid them.
-    func discard(_ listener: any DurabilityListener, after revision: UInt64)
-    /// Makes the revisions queued so far durable now, on the calling thread, if the store
+    func append(_ frame: LogFrame, sequence: UInt64, listener: any DurabilityListener) -> Bool
+    /// Forgets what `listener` queued numbered above `sequence`, after a failure undid it.
+    func discard(_ listener: any DurabilityListener, after sequence: UInt64)
+    /// Makes what was queued so far durable now, on the calling thread, if the store
     /// does that (an event loop calls it at the end of each iteration; the listeners may be
-    /// called from inside). Must not be called with a repository's lock held.
+    /// called from inside). Must not be called with a listener's lock held.
     func flush()
     /// Whether `flush` is cheap enough to call in the middle of an iteration too — it waits for
     /// no sync (a connection that sends the replies of a long pipelined read early flushes
@@ -78,17 +96,12 @@ public protocol Storage: AnyObject, Sendable {
     var flushesCheaply: Bool { get }
     /// Makes everything queued durable, then releases the storage.
     func close()
-    /// Where leases persist (nil: they live only as long as the process).
-    var leaseJournal: LeaseJournal? { get }
 }
 
 extension Storage {
-    /// As a record.
-    public func append(_ revision: SingleRevision, listener: any DurabilityListener) -> Bool { append(revision.record, listener: listener) }
     public func flush() {}
     public var flushesCheaply: Bool { false }
-    /// Where leases persist (nil: they live only as long as the process).
-    public var leaseJournal: LeaseJournal? { nil }
+    public func loadLeases() -> PersistedLeases { PersistedLeases() }
 }
 
 /// Keeps nothing: repositories live only as long as the process.
@@ -99,46 +112,7 @@ public final class InMemoryStorage: Storage {
     public var counters: StorageCounters? { nil }
     public func load() -> [LoadedRepository] { [] }
     public var notices: [String] { [] }
-    public func append(_ record: RevisionRecord, listener: any DurabilityListener) -> Bool { true }
-    public func discard(_ listener: any DurabilityListener, after revision: UInt64) {}
+    public func append(_ frame: LogFrame, sequence: UInt64, listener: any DurabilityListener) -> Bool { true }
+    public func discard(_ listener: any DurabilityListener, after sequence: UInt64) {}
     public func close() {}
-}
-
-/// A committed revision of one change, given as the bytes where they lie (the daemon's
-/// single-key writes): valid during the call it is passed to.
-public struct SingleRevision {
-    public let repo: String
-    public let revision: UInt64
-    /// When it was committed, in seconds since 1970.
-    public let time: Int64
-    public let writer: Writer?
-    /// The key's UTF-8, and the canonical values before (nil: absent) and after (nil: deleted).
-    public let key: UnsafeRawBufferPointer
-    public let old: UnsafeRawBufferPointer?
-    public let oldIsPlain: Bool
-    public let new: UnsafeRawBufferPointer?
-    public let newIsPlain: Bool
-
-    public init(
-        repo: String, revision: UInt64, time: Int64, writer: Writer?, key: UnsafeRawBufferPointer, old: UnsafeRawBufferPointer?, oldIsPlain: Bool,
-        new: UnsafeRawBufferPointer?, newIsPlain: Bool
-    ) {
-        self.repo = repo
-        self.revision = revision
-        self.time = time
-        self.writer = writer
-        self.key = key
-        self.old = old
-        self.oldIsPlain = oldIsPlain
-        self.new = new
-        self.newIsPlain = newIsPlain
-    }
-
-    /// The revision as a record, its values copied out.
-    public var record: RevisionRecord {
-        let change = Change(
-            key: Key(String(decoding: key, as: UTF8.self)), old: old.map { CanonicalJSON(canonical: Array($0), isPlain: oldIsPlain) },
-            new: new.map { CanonicalJSON(canonical: Array($0), isPlain: newIsPlain) })
-        return RevisionRecord(repo: repo, changeSet: ChangeSet(revision: revision, changes: [change]), time: time, writer: writer)
-    }
 }

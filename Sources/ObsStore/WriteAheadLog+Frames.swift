@@ -1,13 +1,14 @@
 // ObsStore — the write-ahead log's frames: how a record is framed in a segment, and how
-// replay tells a valid frame from the end of the log and from a damaged or torn one.
+// replay tells a valid frame from the end of the log and from a damaged or torn one; the
+// segments' headers and the frame that ends a segment.
 //
 // A frame is `u32 length · u32 CRC-32C of the payload · payload · zero padding to 8 bytes`,
 // little-endian, starting on an 8-byte boundary. An all-zero frame header (length 0, CRC 0)
 // is the end of the log in its segment: what the preallocated, unwritten part of a segment
 // holds, and what a failed group is voided with when it cannot be cut off (WriteAheadLog).
 //
-// In a segment of format 2 (`OBSDWAL2`) every group begins with a group-start frame, whose
-// payload is the one byte 0xFD (a revision record begins with its version, 1 or 2). Replay
+// In a segment of format 2 or 3 every group begins with a group-start frame, whose
+// payload is the one byte 0xFD (a record begins with its kind, 1 to 6: LogRecord.swift). Replay
 // uses it to tell a torn last group from damage: a crash during a group's write (a power loss
 // under `sync = always`) may leave any of its pages unwritten, so a bad frame can be followed
 // by valid frames of the same group — never acknowledged, since the group's sync had not
@@ -15,8 +16,17 @@
 // a crash leaves is zeros, not garbage — a sector the disk never got reads as the zeros the
 // log wrote ahead, or as unwritten space — so a bad frame counts as torn only if one of its
 // 512-byte sectors is all zeros (etcd's write-ahead log judges torn entries the same way); a
-// byte flipped anywhere is damage. Format 1 segments (obsd before this format) have no group
+// byte flipped anywhere is damage. Format 1 segments (obsd before group starts) have no group
 // starts, and are read as before.
+//
+// A segment's header: format 3 (`OBSDWAL3`, 32 bytes) is `magic · u64 base position · u64
+// reserved · u32 CRC-32C of the 24 bytes before · u32 zero`, where `reserved` is the size the
+// segment was preallocated to — the file is never shorter while its header says so (0: no
+// such promise); formats 1 and 2 (`OBSDWAL1`, `OBSDWAL2`) are `magic · u64 base`, 16 bytes.
+// When the log rolls over to a new segment, the segment it leaves gets, right after its log,
+// an end-of-segment frame: payload 0xFE then the u64 base of the next segment. It is no part
+// of the log (no position counts it): it says the log goes on, so that the next segment,
+// removed, is missed.
 
 #if canImport(Glibc)
 import Glibc
@@ -95,6 +105,49 @@ extension WriteAheadLog {
         return false
     }
 
+    /// The payload's first byte of the frame that ends a segment (see the header).
+    static let segmentEndByte: UInt8 = 0xFE
+
+    /// The frame that ends a segment whose log goes on in the segment starting at `next`.
+    static func segmentEnd(next: UInt64) -> [UInt8] {
+        var payload = [segmentEndByte]
+        withUnsafeBytes(of: next.littleEndian) { payload.append(contentsOf: $0) }
+        var out: [UInt8] = []
+        payload.withUnsafeBytes { frame($0, into: &out) }
+        return out
+    }
+
+    /// Where the log goes on, if `payload` is an end-of-segment frame's.
+    static func segmentEndTarget(_ payload: UnsafeRawBufferPointer) -> UInt64? {
+        guard payload.count == 9, payload[0] == segmentEndByte else { return nil }
+        return UInt64(littleEndian: payload.loadUnaligned(fromByteOffset: 1, as: UInt64.self))
+    }
+
+    /// The header of a format 3 segment starting at `base`, preallocated to `reserved` bytes
+    /// (0: no promise).
+    static func header(base: UInt64, reserved: UInt64) -> [UInt8] {
+        var header = magic
+        withUnsafeBytes(of: base.littleEndian) { header.append(contentsOf: $0) }
+        withUnsafeBytes(of: reserved.littleEndian) { header.append(contentsOf: $0) }
+        let crc = header.withUnsafeBytes { CRC32C.checksum($0) }
+        withUnsafeBytes(of: crc.littleEndian) { header.append(contentsOf: $0) }
+        header.append(contentsOf: [0, 0, 0, 0])
+        return header
+    }
+
+    /// The size a format 3 header says its segment was preallocated to (0: none said).
+    static func reserved(in header: some Collection<UInt8>) -> UInt64 {
+        let bytes = Array(header.prefix(24))
+        guard bytes.count == 24 else { return 0 }
+        return bytes.withUnsafeBytes { UInt64(littleEndian: $0.loadUnaligned(fromByteOffset: 16, as: UInt64.self)) }
+    }
+
+    /// Rewrites the reserved size in a format 3 header (and its checksum).
+    static func setReserved(_ reserved: UInt64, in header: inout [UInt8]) {
+        let base = header.withUnsafeBytes { UInt64(littleEndian: $0.loadUnaligned(fromByteOffset: 8, as: UInt64.self)) }
+        header.replaceSubrange(0..<min(header.count, headerSize), with: Self.header(base: base, reserved: reserved))
+    }
+
     /// The unit a disk writes whole or not at all, at the least.
     static let sectorSize = 512
 
@@ -146,6 +199,8 @@ extension WriteAheadLog {
     /// be read past a point the file is cut back to.
     final class Mapped {
         let bytes: UnsafeRawBufferPointer
+        /// The file's size (what is mapped may end before it, at unwritten space).
+        let fileSize: Int
 
         init(_ path: String) throws(StorageError) {
             let file = Glibc.open(path, O_RDONLY | O_CLOEXEC)
@@ -154,6 +209,7 @@ extension WriteAheadLog {
             var st = stat()
             guard fstat(file, &st) == 0 else { throw StorageError.from(errno, "cannot stat \(path)") }
             var size = Int(st.st_size)
+            fileSize = size
             // The first hole (unwritten, preallocated space reads as one), if no data follows it.
             let hole = lseek(file, 0, 4 /* SEEK_HOLE */)
             if hole >= 0, hole < size, lseek(file, hole, 3 /* SEEK_DATA */) < 0, errno == ENXIO { size = Int(hole) }
@@ -203,28 +259,37 @@ extension WriteAheadLog.Directory {
         for (i, base) in bases.enumerated() where base < through && (i + 1 == bases.count || bases[i + 1] > after) {
             let path = file(base)
             let bytes = try WriteAheadLog.read(path, limit: Int(through - base))
-            guard bytes.count >= WriteAheadLog.headerSize, WriteAheadLog.format(of: bytes) != nil else {
+            guard let format = WriteAheadLog.formatNamed(by: bytes), bytes.count >= WriteAheadLog.headerSize(format: format) else {
                 throw StorageError(.corrupt, "\(path) is not an obsd write-ahead log segment (bad header)")
             }
+            /// Where the next segment starts, if there is one: this one's log ends there.
+            let nextBase = i + 1 < bases.count ? bases[i + 1] : nil
             try bytes.withUnsafeBytes { raw in
                 Result { () throws(StorageError) in
-                    var at = WriteAheadLog.headerSize
+                    var at = WriteAheadLog.headerSize(format: format)
+                    // The position after a segment's header holds nothing more than the one
+                    // where the log before it ends: once that is reached, so is this one (a
+                    // new segment with no frame yet).
+                    let first = base + UInt64(at)
+                    if first > after, first <= through, reached >= base { reached = first }
                     scan: while true {
                         switch WriteAheadLog.frame(in: raw, at: at) {
                         case .end:
                             break scan
                         case .frame(let payload, let next):
+                            let bytes = UnsafeRawBufferPointer(rebasing: raw[payload])
+                            if WriteAheadLog.segmentEndTarget(bytes) != nil { break scan }  // the log goes on in the next segment
                             let position = base + UInt64(next)
                             if position > through { break scan }
                             if position > after {
-                                let bytes = UnsafeRawBufferPointer(rebasing: raw[payload])
                                 if !WriteAheadLog.isGroupStart(bytes) { try body(bytes, position) }
                                 reached = position
                             }
                             at = next
                         case .bad:
-                            // Only a frame cut at `through` (read no further) may look bad here.
-                            if base + UInt64(at) >= through { break scan }
+                            // Only a frame cut at `through` (read no further) may look bad here,
+                            // or an end-of-segment frame a crash tore, where the next segment starts.
+                            if base + UInt64(at) >= through || nextBase == base + UInt64(at) { break scan }
                             throw StorageError(.corrupt, "\(path): damaged record at offset \(at)")
                         }
                     }

@@ -1,10 +1,10 @@
 // ObsStore — the write-ahead log: where a write becomes durable before it is acknowledged.
 //
 // Append-only segment files `wal/<base position, 16 hex digits>.wal`
-// (WriteAheadLog+Directory.swift), preallocated, each a 16-byte header (`OBSDWAL2` + its base
-// position; `OBSDWAL1` in a segment an earlier obsd wrote, read as it was written and never
-// appended to) and then frames, each group's beginning with a group-start frame
-// (WriteAheadLog+Frames.swift).
+// (WriteAheadLog+Directory.swift), preallocated, each a header (format 3, `OBSDWAL3`: 32
+// bytes, with the size the segment was preallocated to; segments an earlier obsd wrote,
+// `OBSDWAL2` and `OBSDWAL1`, have 16, are read as they were written and never appended to)
+// and then frames, each group's beginning with a group-start frame (WriteAheadLog+Frames.swift).
 // A position (log sequence number) is a byte offset in the log as if its segments were one
 // file, each cut where its log ends: a segment's base is where the previous one's last frame
 // ends, and a frame's position is where it ends. A group of frames is written with one
@@ -20,15 +20,37 @@
 // replayed, and the caller must say so (Committer.swift).
 //
 // Replay reads every frame after a position. In each segment the log ends at an all-zero
-// frame header or at the end of the file. A frame that fails its length or checksum check
-// in the last segment, with no group written after its own (no valid group start after it;
-// in a format 1 segment, no valid frame at all), is the torn tail of a write a crash
-// interrupted: it is cut off, with everything after it, and reported. Anywhere else it is
-// damage, and replay refuses with the file and offset. Whatever lies after the end of the last segment — the
-// remains of a voided group, or of a group whose first page a crash lost — was never
-// acknowledged, since nothing is appended behind a zeroed header; as appends go on there,
-// it is cut off and reported too. Segments wholly before the checkpoint of the compacted
-// state are deleted.
+// frame header, at the end of the file, or at the frame that ends the segment. A frame that
+// fails its length or checksum check in the last segment, with no group written after its own
+// (no valid group start after it; in a format 1 segment, no valid frame at all), is the torn
+// tail of a write a crash interrupted: it is cut off, with everything after it, and reported.
+// Anywhere else it is damage, and replay refuses with the file and offset. Whatever lies after
+// the end of the last segment — the remains of a voided group, or of a group whose first page
+// a crash lost — was never acknowledged, since nothing is appended behind a zeroed header; as
+// appends go on there, it is cut off and reported too. Segments wholly before the checkpoint
+// of the compacted state are deleted.
+//
+// Acknowledged writes lost outside obsd — a segment cut short or removed, the log emptied —
+// would otherwise look like a shorter log, and their revision numbers would be handed out
+// again in the same epoch, which the contract forbids (an epoch changes whenever the daemon
+// cannot show it still holds every revision it acknowledged). So the log keeps evidence of
+// how far it went, and replay refuses to start, naming the file, when it finds less:
+// - A segment is preallocated before its header is written, and the header records the size
+//   (`reserved`); a crash never leaves the file shorter. Only obsd shortens a segment — when it
+//   cuts a failed group or a torn tail — and it first rewrites the header to promise no size,
+//   then cuts, preallocates again and records the size again: a crash anywhere in between
+//   leaves a header that promises nothing or a file as long as promised. A last segment shorter
+//   than its header says was cut outside obsd. (One exception: a last segment with no frame
+//   yet that no segment names may be a roll-over a crash interrupted; nothing was lost.)
+// - At a roll-over, the new segment is made durable first (preallocated, header written and
+//   synced, directory synced); then the segment left behind gets an end-of-segment frame
+//   naming it. A last segment that names a next one means the next one was removed.
+// - The snapshot is written only once the log's first segment is durable and it never covers
+//   a position no segment holds, so a snapshot beside a log directory without a segment means
+//   the log was removed.
+// Refusing, rather than renewing every epoch and going on, keeps the decision with the
+// operator, who may still have the file (a backup, a mistaken `truncate`): `obsd --repair-log`
+// starts without what was lost, every repository in a new epoch, as for a damaged record.
 
 #if canImport(Glibc)
 import Glibc
@@ -38,17 +60,37 @@ import Musl
 import CLinux
 
 final class WriteAheadLog {
-    /// The header of the segments this obsd writes (format 2: groups begin with a start frame).
-    static let magic: [UInt8] = Array("OBSDWAL2".utf8)
-    /// The header of segments an earlier obsd wrote (format 1: no group starts).
+    /// The header of the segments this obsd writes (format 3: the header records the size the
+    /// segment was preallocated to; WriteAheadLog+Frames.swift).
+    static let magic: [UInt8] = Array("OBSDWAL3".utf8)
+    /// The header of segments an earlier obsd wrote: format 2 (groups begin with a start
+    /// frame), format 1 (no group starts).
+    static let magicFormat2: [UInt8] = Array("OBSDWAL2".utf8)
     static let magicFormat1: [UInt8] = Array("OBSDWAL1".utf8)
-    static let headerSize = 16
+    /// The size of a format 3 header, and of the headers of the formats before.
+    static let headerSize = 32
+    static let legacyHeaderSize = 16
 
-    /// The format of the segment whose bytes begin with `header` (1 or 2), or nil if it is
-    /// not a segment.
+    /// The size of the header of a segment of `format`.
+    static func headerSize(format: Int) -> Int { format >= 3 ? headerSize : legacyHeaderSize }
+
+    /// The format of the segment whose bytes begin with `header` (1, 2 or 3), or nil if it is
+    /// not a segment (a format 3 header must be whole, its checksum right).
     static func format(of header: some Collection<UInt8>) -> Int? {
+        guard let format = formatNamed(by: header) else { return nil }
+        guard format == 3 else { return format }
+        let bytes = Array(header.prefix(headerSize))
+        guard bytes.count == headerSize else { return nil }
+        let crc = bytes.withUnsafeBytes { UInt32(littleEndian: $0.loadUnaligned(fromByteOffset: 24, as: UInt32.self)) }
+        return bytes.withUnsafeBytes({ CRC32C.checksum(UnsafeRawBufferPointer(rebasing: $0[..<24])) }) == crc ? 3 : nil
+    }
+
+    /// The format the magic at the start of `header` names, its checksum unchecked (for a
+    /// reader beside the committer, which may be rewriting a header's reserved size).
+    static func formatNamed(by header: some Collection<UInt8>) -> Int? {
         let prefix = header.prefix(8)
-        if prefix.elementsEqual(magic) { return 2 }
+        if prefix.elementsEqual(magic) { return 3 }
+        if prefix.elementsEqual(magicFormat2) { return 2 }
         if prefix.elementsEqual(magicFormat1) { return 1 }
         return nil
     }
@@ -61,6 +103,11 @@ final class WriteAheadLog {
     private var base: UInt64 = 0
     /// Where the next frame goes, within the current segment: never before its header.
     private var offset = 0
+    /// The size of the current segment's header (where its first frame goes).
+    private var headerLength = WriteAheadLog.headerSize
+    /// The size the current segment's header says it was preallocated to (0: no promise, or a
+    /// segment of an earlier format).
+    private var reserved: UInt64 = 0
     /// Where the group of the last `append` begins in the current segment, until it is
     /// undone (nil: nothing of it was written).
     private var lastGroup: Int? = nil
@@ -86,6 +133,9 @@ final class WriteAheadLog {
         var repairedBytes = 0
         var repairedAt: String? = nil
         var removedSegments = 0
+        /// Under `repair`: the acknowledged writes found lost outside obsd (a segment cut short
+        /// or removed, the log emptied), said with the file; the log goes on without them.
+        var lost: String? = nil
         var records = 0
     }
 
@@ -102,34 +152,74 @@ final class WriteAheadLog {
 
     /// Opens the log (creating it), calls `body` with every frame's payload and end position
     /// after `checkpoint`, in order, and leaves the log ready to append after the last one.
-    /// `repair`: a damaged record, instead of refusing, ends the log — it is cut there, with
-    /// everything after it, later segments included (an operator's decision: `obsd --repair-log`).
+    /// `expectingLog`: a snapshot covers the log through `checkpoint`, so the log must hold a
+    /// segment there. Acknowledged writes found lost outside obsd (see the header) refuse, with
+    /// the file. `repair`: a damaged record, instead of refusing, ends the log — it is cut
+    /// there, with everything after it, later segments included — and lost writes are
+    /// reported (`Replay.lost`) and the log goes on without them (an operator's decision:
+    /// `obsd --repair-log`).
     func open(
-        after checkpoint: UInt64, repair: Bool = false, _ body: (UnsafeRawBufferPointer, UInt64) throws(StorageError) -> Void
+        after checkpoint: UInt64, repair: Bool = false, expectingLog: Bool = false,
+        _ body: (UnsafeRawBufferPointer, UInt64) throws(StorageError) -> Void
     ) throws(StorageError) -> Replay {
-        if mkdir(directory.path, 0o700) != 0 && errno != EEXIST {
+        if mkdir(directory.path, 0o700) == 0 {
+            // Its entry durable before a segment in it is relied on (by a snapshot written next).
+            let parent = directory.path.split(separator: "/", omittingEmptySubsequences: false).dropLast().joined(separator: "/")
+            try DataDirectory.sync(parent.isEmpty ? (directory.path.hasPrefix("/") ? "/" : ".") : parent)
+        } else if errno != EEXIST {
             throw StorageError.from(errno, "cannot create \(directory.path)")
         }
         var replay = Replay()
+        /// Acknowledged writes found lost: refused, or under `repair` reported.
+        func lose(_ what: String) throws(StorageError) {
+            guard repair else {
+                throw StorageError(
+                    .corrupt,
+                    "\(what); refusing to start rather than hand their revision numbers out again in the same epoch (restore the file, or start without them: obsd --repair-log, and every repository starts a new epoch)"
+                )
+            }
+            replay.lost = replay.lost.map { $0 + "; " + what } ?? what
+        }
         /// Where the last valid frame of the log ends.
         var logEnd: UInt64 = 0
+        /// Where the segment read before says the log goes on (its end-of-segment frame).
+        var continuation: UInt64? = nil
+        /// Whether a segment was found (read, or wholly covered by the snapshot).
+        var found = false
         let segments = try directory.segments()
         for (i, segment) in segments.enumerated() {
             var last = i == segments.count - 1
             // A segment the snapshot wholly covers is not read (it is deleted once the store is open).
-            if !last, segments[i + 1] <= checkpoint { continue }
+            if !last, segments[i + 1] <= checkpoint {
+                found = true
+                continue
+            }
             let path = directory.file(segment)
+            /// Whether the segment before names this one as where the log goes on.
+            let named = continuation == segment
+            continuation = nil
+            /// Whether this segment must be whole: the segment before names it, or the snapshot
+            /// covers the log into it (or it is the first the snapshot relies on). Otherwise, as
+            /// the last segment, it may be a roll-over a crash interrupted before any write went to it.
+            let reliedOn = named || segment < checkpoint || (!found && expectingLog)
             let mapped = try Mapped(path)
             let bytes = mapped.bytes
-            guard bytes.count >= Self.headerSize, let format = Self.format(of: bytes),
+            guard let format = Self.format(of: bytes), bytes.count >= Self.headerSize(format: format),
                 UInt64(littleEndian: bytes.loadUnaligned(fromByteOffset: 8, as: UInt64.self)) == segment
             else {
                 if last, bytes.allSatisfy({ $0 == 0 }) {
-                    unlink(path)  // a segment whose creation a crash interrupted (its header never synced)
+                    // A segment whose creation a crash interrupted (its header never synced) —
+                    // unless the log before says it goes on there, or a snapshot relies on it.
+                    if reliedOn {
+                        try lose("\(path) is empty (\(mapped.fileSize) bytes, no header), but \(named ? "the segment before it names it as where the write-ahead log goes on" : "the snapshot covers the write-ahead log into it"): the acknowledged writes it held are gone")
+                        found = true
+                    }
+                    unlink(path)
                     continue
                 }
                 throw StorageError(.corrupt, "\(path) is not an obsd write-ahead log segment (bad header); refusing to start")
             }
+            found = true
             // Segments follow one another with no gap: each starts where the log before it
             // ends (or at the snapshot's position). A later start means segments are missing.
             guard segment <= max(checkpoint, logEnd, 1) else {
@@ -138,8 +228,10 @@ final class WriteAheadLog {
                     "\(path) starts at log position \(segment), but \(i == 0 ? "the snapshot covers the log only through \(checkpoint)" : "the segment before it ends at \(logEnd)"): the segments between are missing; refusing to start"
                 )
             }
-            logEnd = max(logEnd, segment + UInt64(Self.headerSize))
-            var end = Self.headerSize
+            let headerLength = Self.headerSize(format: format)
+            let promised = format >= 3 ? Self.reserved(in: bytes) : 0
+            logEnd = max(logEnd, segment + UInt64(headerLength))
+            var end = headerLength
             /// Where a group-start frame with no record after it yet begins.
             var emptyGroup: Int? = nil
             scan: while true {
@@ -162,6 +254,10 @@ final class WriteAheadLog {
                         (payload, next, position) = (p, n, segment + UInt64(n))
                     }
                     let frame = UnsafeRawBufferPointer(rebasing: bytes[payload])
+                    if let target = Self.segmentEndTarget(frame) {
+                        continuation = target  // the log goes on in that segment; this one's ends here
+                        break scan
+                    }
                     let groupStart = Self.isGroupStart(frame)
                     if position > checkpoint, !groupStart {
                         try body(frame, position)
@@ -171,13 +267,16 @@ final class WriteAheadLog {
                     end = next
                     logEnd = position
                 case .bad:
+                    // Where the next segment starts, the log goes on there: what lies here is
+                    // an end-of-segment frame a crash tore, never part of the log.
+                    if !last, segments[i + 1] == segment + UInt64(end) { break scan }
                     // Torn: in the last segment, with no valid frame after it — or, in a format
-                    // 2 segment, with a sector of it zeroed (lost, not garbled) and no group
+                    // 2 or 3 segment, with a sector of it zeroed (lost, not garbled) and no group
                     // written after its own (see WriteAheadLog+Frames.swift).
                     let torn =
                         last
                         && (!Self.anyValidFrame(in: bytes, after: end)
-                            || (format == 2 && Self.hasLostSector(in: bytes, frameAt: end) && !Self.anyGroupStart(in: bytes, after: end)))
+                            || (format >= 2 && Self.hasLostSector(in: bytes, frameAt: end) && !Self.anyGroupStart(in: bytes, after: end)))
                     if !torn, repair {
                         replay.repairedBytes = Self.usedBytes(in: bytes, from: end)
                         replay.repairedAt = "\(path) at offset \(end)"
@@ -186,6 +285,7 @@ final class WriteAheadLog {
                         for later in segments[(i + 1)...] where unlink(directory.file(later)) == 0 { replay.removedSegments += 1 }
                         if replay.removedSegments > 0 { try DataDirectory.sync(directory.path) }
                         last = true  // the log now ends here
+                        continuation = nil
                         break scan
                     }
                     guard torn else {
@@ -205,25 +305,42 @@ final class WriteAheadLog {
                 }
             }
             guard last else { continue }  // behind its end, an earlier segment may hold a voided group: never read
+            // Evidence of acknowledged writes lost outside obsd (see the header).
+            var cutNamingFrame = false
+            if let target = continuation {
+                try lose("\(directory.file(target)) is missing: \(path) says the write-ahead log goes on there, so the acknowledged writes it held are gone")
+                cutNamingFrame = true  // under repair: the log ends here, and goes on here
+                continuation = nil
+            } else if promised > 0, mapped.fileSize < Int(clamping: promised), reliedOn || end > headerLength || replay.tornBytes > 0 {
+                // (A last segment nothing relies on, with no frame, may be a roll-over a crash
+                // interrupted before its preallocation was durable: nothing was written to it.)
+                try lose("\(path) is \(mapped.fileSize) bytes, shorter than the \(promised) it was preallocated to: it was cut outside obsd (a crash never shortens it), and the acknowledged writes in what was cut are gone")
+            }
             fd = files.open(path, O_RDWR | O_CLOEXEC, 0)
             guard fd >= 0 else { throw StorageError.from(errno, "cannot open \(path)") }
             base = segment
             offset = end
-            // A format 1 segment is not appended to: the next group starts a format 2 one.
-            if format == 1 { sealed = true }
-            if replay.tornBytes == 0, replay.repairedAt == nil {
+            self.headerLength = headerLength
+            reserved = promised
+            // A segment of an earlier format is not appended to: the next group starts a format 3 one.
+            if format < 3 { sealed = true }
+            if replay.tornBytes == 0, replay.repairedAt == nil, !cutNamingFrame {
                 replay.leftoverBytes = Self.usedBytes(in: bytes, from: end)
                 if replay.leftoverBytes > 0 { replay.leftoverAt = "\(path) at offset \(end)" }
             }
-            if replay.tornBytes > 0 || replay.leftoverBytes > 0 || replay.repairedAt != nil {
+            if replay.tornBytes > 0 || replay.leftoverBytes > 0 || replay.repairedAt != nil || cutNamingFrame {
                 // Appends go on at the end: cut what lies there, so that no later frame
                 // sits before garbage, or before the valid-looking frames of a voided group.
-                guard files.ftruncate(fd, off_t(end)) == 0, files.fdatasync(fd) == 0 else {
+                guard cut(at: end) else {
                     throw StorageError.from(errno, "cannot cut what follows the end of the write-ahead log off \(path) at offset \(end)")
                 }
-                preallocate()
+            } else if format >= 3, promised == 0 || mapped.fileSize < Int(clamping: promised) {
+                preallocate()  // a promise a crash kept from being made (again): made now
             }
             if replay.repairedAt != nil { break }  // the segments after it are gone
+        }
+        if !found, expectingLog {
+            try lose("\(directory.path) holds no log segment, but the snapshot covers the write-ahead log only through position \(checkpoint): the log after it, and the acknowledged writes in it, are gone")
         }
         // Appends go after the checkpoint even where the log ends before it (its unsynced
         // tail lost with the machine under `sync = relaxed`, after the compacted state took
@@ -246,7 +363,7 @@ final class WriteAheadLog {
     func append(_ group: [UInt8]) throws(StorageError) -> UInt64 {
         assert(group.withUnsafeBytes { Self.startsGroup($0) }, "a group begins with its group-start frame (startGroup)")
         lastGroup = nil
-        if sealed || (offset > Self.headerSize && offset + group.count > segmentSize) { try startSegment(at: position) }
+        if sealed || (offset > headerLength && offset + group.count > segmentSize) { try startSegment(at: position) }
         let start = offset
         lastGroup = start
         if let failure = group.withUnsafeBytes({ files.writeAll(fd, $0, at: start) }) {
@@ -284,10 +401,7 @@ final class WriteAheadLog {
         lastGroup = nil
         offset = start  // the log ends where the group began, after the segment's header
         let path = directory.file(base)
-        if files.ftruncate(fd, off_t(start)) == 0, files.fdatasync(fd) == 0 {
-            preallocate()
-            return .cut
-        }
+        if cut(at: start) { return .cut }
         let cutFailure = StorageError.from(errno, "cannot cut a failed write off \(path) at offset \(start)")
         sealed = true  // nothing more goes behind this group, voided or not
         let zeros = [UInt8](repeating: 0, count: Self.frameHeaderSize)
@@ -304,43 +418,90 @@ final class WriteAheadLog {
 
     // MARK: Segments
 
-    /// Starts a new segment at `position`. On failure the current segment stays the one
-    /// appended to (a group that cannot roll over fails with nothing written).
+    /// Starts a new segment at `position`: preallocated, then its header (recording the size)
+    /// written and synced, and its directory entry synced; only then does the segment left
+    /// behind get its end-of-segment frame naming it (see the header). On failure the current
+    /// segment stays the one appended to (a group that cannot roll over fails with nothing
+    /// written).
     private func startSegment(at position: UInt64) throws(StorageError) {
         let path = directory.file(position)
         let new = files.open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
         guard new >= 0 else { throw StorageError.from(errno, "cannot create \(path)") }
-        var header = Self.magic
-        withUnsafeBytes(of: position.littleEndian) { header.append(contentsOf: $0) }
-        if let failure = header.withUnsafeBytes({ files.writeAll(new, $0, at: 0) }) {
+        func abandon(_ failure: StorageError) -> StorageError {
             close(new)
             unlink(path)
-            throw StorageError.from(failure.errno, "cannot write the header of \(path)")
+            return failure
+        }
+        // The space first, durably, then the header that promises it (best effort: a file
+        // system that cannot preallocate gets a header that promises nothing, and is written
+        // as it grows).
+        let reserved: UInt64 = posix_fallocate(new, 0, off_t(segmentSize)) == 0 && files.fdatasync(new) == 0 ? UInt64(segmentSize) : 0
+        let header = Self.header(base: position, reserved: reserved)
+        if let failure = header.withUnsafeBytes({ files.writeAll(new, $0, at: 0) }) {
+            throw abandon(StorageError.from(failure.errno, "cannot write the header of \(path)"))
+        }
+        guard files.fdatasync(new) == 0 else { throw abandon(StorageError.from(errno, "cannot sync \(path)")) }
+        do throws(StorageError) {
+            try directory.sync()
+        } catch {
+            throw abandon(error)
         }
         if fd >= 0 {
             // Everything in the old segment is synced before appends move on (under
             // `sync = relaxed` it may not have been yet).
-            guard files.fdatasync(fd) == 0 else {
-                let failure = StorageError.from(errno, "cannot sync \(directory.file(base))")
-                close(new)
-                unlink(path)
-                throw failure
-            }
+            guard files.fdatasync(fd) == 0 else { throw abandon(StorageError.from(errno, "cannot sync \(directory.file(base))")) }
+            // Then it says where the log goes on, right after its log (over a voided group's
+            // zeroed frame header too: replay reads no further). Best effort: without it, only
+            // the new segment's removal would go unnoticed; a write torn by a crash lies where
+            // the new segment starts, which replay knows for no part of the log.
+            if Self.segmentEnd(next: position).withUnsafeBytes({ files.writeAll(fd, $0, at: offset) }) == nil { _ = files.fdatasync(fd) }
             close(fd)
         }
         fd = new
         base = position
         offset = Self.headerSize
+        headerLength = Self.headerSize
+        self.reserved = reserved
         sealed = false
-        newSegment = true
-        preallocate()
+        newSegment = false  // its directory entry is durable already
+        zeroedTo = offset
     }
 
-    /// Reserves the segment's space so appends do not grow the file (best effort: a file
-    /// system that cannot is written as it grows).
+    /// Cuts the current segment at `at`, durably (what follows goes), keeping its header's
+    /// promise: the header first stops promising a size, then the file is cut, then it is
+    /// preallocated and the size promised again — a crash in between never leaves it shorter
+    /// than its header says. Moves the end of the log there. False (with `errno`) when the
+    /// cut did not happen.
+    private func cut(at: Int) -> Bool {
+        if reserved > 0, !writeHeader(reserved: 0) { return false }
+        guard files.ftruncate(fd, off_t(at)) == 0, files.fdatasync(fd) == 0 else { return false }
+        offset = at
+        preallocate()
+        return true
+    }
+
+    /// Reserves the segment's space again so appends do not grow the file, and — durably, then
+    /// — promises that size in its header (best effort: a file system that cannot keeps a
+    /// header that promises nothing, and is written as it grows).
     private func preallocate() {
-        _ = posix_fallocate(fd, off_t(offset), off_t(max(0, segmentSize - offset)))
         zeroedTo = offset
+        guard posix_fallocate(fd, off_t(offset), off_t(max(0, segmentSize - offset))) == 0, headerLength == Self.headerSize else { return }
+        var st = stat()
+        guard fstat(fd, &st) == 0, files.fdatasync(fd) == 0 else { return }
+        writeHeader(reserved: UInt64(st.st_size))
+    }
+
+    /// Rewrites the current segment's header to promise `reserved` bytes, durably; whether it did.
+    @discardableResult
+    private func writeHeader(reserved: UInt64) -> Bool {
+        let header = Self.header(base: base, reserved: reserved)
+        if let failure = header.withUnsafeBytes({ files.writeAll(fd, $0, at: 0) }) {
+            errno = failure.errno
+            return false
+        }
+        guard files.fdatasync(fd) == 0 else { return false }
+        self.reserved = reserved
+        return true
     }
 
     /// How much `zeroAhead` writes at a time, and how close the log may come to the zeros'

@@ -21,6 +21,12 @@ public struct Key: Sendable {
         self.string = s
     }
 
+    /// A key from its UTF-8 bytes (valid UTF-8, as the protocol's decoders checked).
+    @inlinable
+    public init(bytes: UnsafeRawBufferPointer) {
+        self.string = String(decoding: bytes, as: UTF8.self)
+    }
+
     /// The number of UTF-8 bytes in the key.
     @inlinable
     public var utf8Count: Int { string.utf8.count }

@@ -36,8 +36,9 @@ public enum WriteOp<Value: Sendable>: Sendable {
         }
     }
 
+    /// The revision it is conditional on, if any.
     @inlinable
-    var ifRevision: UInt64? {
+    public var ifRevision: UInt64? {
         switch self {
         case .set(_, _, let r, _), .delete(_, let r): return r
         }

@@ -133,7 +133,7 @@ extension Obsctl {
                             switch event {
                             case .snapshot(_, let values): current = values[Key(key)]
                             case .change(let change): current = change.change(for: Key(key))?.new
-                            case .synced: continue
+                            case .synced, .catchUp: continue  // (no catch-up: it starts with a snapshot)
                             }
                             if satisfied(current, wanted: wanted) { return .some(current) }
                         }

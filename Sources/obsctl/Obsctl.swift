@@ -1,7 +1,10 @@
 // obsctl — the command-line client of obsd: root command, shared options, exit codes,
-// and error reporting. Subcommands are in the other files of this target.
+// and error reporting, and the threads its work runs on. Subcommands are in the other files of
+// this target.
 
 import ArgumentParser
+import NIOCore
+import NIOPosix
 import ObsClient
 import ObsProtocol
 
@@ -26,8 +29,8 @@ struct Obsctl: AsyncParsableCommand {
               1   not found (get of an absent key)
               2   conflict (an --if-rev condition failed)
               3   forbidden
-              4   the daemon refused the request (bad request, too large, compacted, overloaded, internal),
-                  or, for reload, the configuration file (obsd kept its settings)
+              4   the daemon refused the request (bad request, too large, overloaded, internal; compacted only for
+                  watch --since --strict), or, for reload, the configuration file (obsd kept its settings)
               64  usage error
               69  cannot connect to obsd, or the connection was lost (stats --prometheus prints obsd_up 0 and exits 0)
               70  the daemon broke the protocol
@@ -45,7 +48,56 @@ struct Obsctl: AsyncParsableCommand {
 
     /// Accepts the global options before the subcommand, too (`obsctl --socket P get …`).
     @OptionGroup var global: GlobalOptions
+
+    /// Parses the command line and runs the command. A command that makes one exchange with
+    /// obsd and ends (`OneExchange`) runs with Swift concurrency's jobs on the event loop
+    /// threads it talks to obsd on, not on libdispatch's thread pool. On Linux the first thread
+    /// of that pool to run a job starts libdispatch's manager thread at the user-interactive
+    /// quality of service — nice -4 — which a process without CAP_SYS_NICE needs RLIMIT_NICE
+    /// for: "Failed to set thread priority for worker thread … errno=13" (notice) was logged on
+    /// every run of the metrics unit (`stats`), whose sandbox grants neither. The pool is left to
+    /// the commands that follow a stream or wait (watch, hold, wait, reload, leases): their
+    /// timers are libdispatch's anyway, and a watch reads events about 4 times faster on it.
+    /// Installed before the first job leaves the main thread (this function's synchronous
+    /// start, on the main actor); where it cannot be, the jobs run on the pool as before.
+    @MainActor static func main() async {
+        let command: any ParsableCommand
+        do {
+            command = try parseAsRoot()
+        } catch {
+            exit(withError: error)
+        }
+        if command is any OneExchange {
+            NIOSingletons.unsafeTryInstallSingletonPosixEventLoopGroupAsConcurrencyGlobalExecutor()
+        }
+        await run(command)
+    }
+
+    /// Runs a parsed command (off the main actor, as `AsyncParsableCommand.main` does).
+    private static func run(_ command: sending any ParsableCommand) async {
+        do {
+            if var asynchronous = command as? any AsyncParsableCommand {
+                try await asynchronous.run()
+            } else {
+                var synchronous = command
+                try synchronous.run()
+            }
+        } catch {
+            exit(withError: error)
+        }
+    }
 }
+
+/// A command that makes one exchange with obsd and ends: no stream to follow, no timer (see
+/// `Obsctl.main`).
+protocol OneExchange: SendableMetatype {}
+
+extension Obsctl.Set: OneExchange {}
+extension Obsctl.Get: OneExchange {}
+extension Obsctl.Del: OneExchange {}
+extension Obsctl.List: OneExchange {}
+extension Obsctl.Repos: OneExchange {}
+extension Obsctl.Stats: OneExchange {}
 
 /// Options every subcommand takes.
 struct GlobalOptions: ParsableArguments {

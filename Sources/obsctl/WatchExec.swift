@@ -1,7 +1,8 @@
 // obsctl — `watch --exec`: a command run for each changed key, one run at a time, with the
 // change in its environment; with `--coalesce`, the changes that arrive while it runs fold
 // into one run per key with the latest state (a debounce), so a burst of writes costs a few
-// runs and the last one sees the final value.
+// runs and the last one sees the final value. After `--since`, a key caught up or reset runs
+// it too, marked (OBSD_CATCHUP, OBSD_RESET).
 
 import ArgumentParser
 import ObsClient
@@ -21,6 +22,9 @@ struct ExecRun: Sendable {
     var by: Writer?
     /// For a deletion by a lease's end: which lease, and why.
     var lease: LeaseEnd?
+    /// The key as a catch-up or a reset after `--since` listed it: its earlier value is not known.
+    var catchUp = false
+    var reset = false
 
     /// Folds a later change of the same key into this run: the old value stays, the rest is the later one's.
     mutating func fold(_ later: ExecRun) {
@@ -29,17 +33,26 @@ struct ExecRun: Sendable {
         revision = later.revision
         by = later.by
         lease = later.lease
+        catchUp = catchUp || later.catchUp
+        reset = reset || later.reset
     }
 
-    /// The runs an event makes: one per change, in the event's order.
-    static func runs(of event: SubscriptionEvent) -> [ExecRun] {
+    /// The runs an event makes: one per change, in the event's order; one per key of a
+    /// snapshot, or of a catch-up, in byte order of the keys. `reset`: the snapshot replaces
+    /// what the watch had (after `--since`).
+    static func runs(of event: SubscriptionEvent, reset: Bool = false) -> [ExecRun] {
         switch event {
         case .snapshot(let rev, let values):
-            return values.keys.sorted().map { ExecRun(key: $0, old: nil, new: values[$0], revision: rev) }
+            return values.keys.sorted().map { ExecRun(key: $0, old: nil, new: values[$0], revision: rev, reset: reset) }
         case .change(let e):
             return e.changes.map {
                 ExecRun(key: $0.key, old: $0.old, new: $0.new, revision: e.revision, from: e.from, by: e.by, lease: $0.new == nil ? e.lease : nil)
             }
+        case .catchUp(let diff):
+            let runs =
+                diff.entries.map { ExecRun(key: $0.key, old: nil, new: $0.value, revision: diff.revision, catchUp: true) }
+                + diff.deleted.map { ExecRun(key: $0, old: nil, new: nil, revision: diff.revision, catchUp: true) }
+            return runs.sorted { $0.key < $1.key }
         case .synced:
             return []
         }
@@ -51,6 +64,7 @@ struct ExecRun: Sendable {
             "OBSD_REPO": repo, "OBSD_KEY": key.string, "OBSD_REV": String(revision), "OBSD_EPOCH": epoch,
             "OBSD_OLD": old?.jsonText, "OBSD_NEW": new?.jsonText, "OBSD_FROM": from.map { String($0) },
             "OBSD_BY_UID": nil, "OBSD_BY_GID": nil, "OBSD_BY_PID": nil, "OBSD_LEASE": nil, "OBSD_LEASE_END": nil,
+            "OBSD_CATCHUP": catchUp ? "1" : nil, "OBSD_RESET": reset ? "1" : nil,
         ]
         if let by {
             names["OBSD_BY_UID"] = String(by.uid)
@@ -122,13 +136,14 @@ final class ExecQueue: Sendable {
 }
 
 extension Obsctl.Watch {
-    /// Follows `subscription`, running `exec` for each changed key, one at a time; with
+    /// Follows `events`, running `exec` for each changed key, one at a time; with
     /// `coalesce`, folding what arrives while it runs.
-    func runCommand(for subscription: Subscription) async throws {
-        let epoch = subscription.epoch
+    func runCommand(for events: ShownEvents) async throws {
+        let epoch = events.subscription.epoch
+        let reset = events.resume.isReset
         guard coalesce else {
-            for try await event in subscription {
-                for run in ExecRun.runs(of: event) { try await execute(run, epoch: epoch) }
+            for try await event in events {
+                for run in ExecRun.runs(of: event, reset: reset) { try await execute(run, epoch: epoch) }
             }
             return
         }
@@ -140,7 +155,7 @@ extension Obsctl.Watch {
                 }
             }
             do {
-                for try await event in subscription { queue.add(ExecRun.runs(of: event)) }
+                for try await event in events { queue.add(ExecRun.runs(of: event, reset: reset)) }
                 queue.finish()
             } catch {
                 queue.finish()

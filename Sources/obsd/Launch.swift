@@ -59,7 +59,7 @@ enum Launch {
         return ServerConfiguration(
             listener: listener, socketMode: s.socketMode, socketOwner: owner, socketGroup: group, limits: limits(s),
             policy: try policy(s), storage: storage, historyLimit: s.historyLimit, historyMaxBytes: s.historyMaxBytes,
-            historyMaxAge: s.historyMaxAgeSeconds > 0 ? .seconds(s.historyMaxAgeSeconds) : nil,
+            historyMaxAge: s.historyMaxAgeSeconds > 0 ? .seconds(s.historyMaxAgeSeconds) : nil, historyTombstones: s.historyTombstones,
             threads: s.threads > 0 ? s.threads : nil, busyPoll: .microseconds(s.busyPollMicroseconds),
             heartbeatInterval: heartbeat)
     }
@@ -93,6 +93,7 @@ enum Launch {
         var options = DiskStorage.Options(
             directory: directory, sync: .always, historyLimit: s.historyLimit, historyMaxBytes: s.historyMaxBytes,
             historyMaxAge: s.historyMaxAgeSeconds > 0 ? .seconds(s.historyMaxAgeSeconds) : nil)
+        options.tombstoneLimit = s.historyTombstones
         options.repairLog = true
         let storage = try DiskStorage(options: options, logger: logger)
         let notices = storage.notices

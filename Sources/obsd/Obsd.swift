@@ -26,7 +26,7 @@ struct Obsd: AsyncParsableCommand {
             Clients speak line-delimited JSON on the socket (docs/PROTOCOL.md); obsctl is the CLI.
             SIGTERM or SIGINT stop the daemon gracefully (exit 0); SIGHUP reloads the log level and connection limits.
             Exit status: 0 stopped, 1 failed, 64 bad flags, 78 bad configuration.
-            A data directory obsd refuses to start with for a damaged write-ahead log record can be cut back with --repair-log.
+            A data directory obsd refuses to start with for a damaged write-ahead log record, or a log segment cut short or removed, can be repaired with --repair-log.
 
             SETTINGS:
             """ + Setting.helpText,
@@ -40,7 +40,7 @@ struct Obsd: AsyncParsableCommand {
 
     @Flag(
         help: ArgumentHelp(
-            "Repair the data directory's write-ahead log and exit: cut it at the first damaged record, dropping that record and everything after it (their revisions are lost; every repository starts a new epoch). For a directory obsd refuses to start with, once you have kept a copy of it."
+            "Repair the data directory's write-ahead log and exit: cut it at the first damaged record, dropping that record and everything after it, or go on without what a segment cut short or removed held (their revisions are lost; every repository starts a new epoch). For a directory obsd refuses to start with, once you have kept a copy of it."
         ))
     var repairLog = false
 
@@ -84,7 +84,7 @@ struct Obsd: AsyncParsableCommand {
             var stderr = StandardError()
             do {
                 let notices = try Launch.repairLog(settings, environment: environment, logger: Logger(label: "obsd"))
-                if !notices.contains(where: { $0.hasPrefix("repaired the write-ahead log") }) { print("obsd: the write-ahead log has no damaged record: nothing was cut") }
+                if !notices.contains(where: { $0.hasPrefix("repaired the write-ahead log") }) { print("obsd: the write-ahead log has no damaged record and lost nothing: nothing was cut") }
                 for notice in notices { print("obsd: \(notice)") }
                 return
             } catch {

@@ -8,6 +8,8 @@
 import Logging
 import ObsProtocol
 import ObsStore
+import ObsValues
+import ObservableKit
 import Testing
 import TestSupport
 
@@ -91,55 +93,58 @@ import TestSupport
         #expect(try reader.call(["op": "revoke", "lease": lease]).errorCode == "not_found", "an ended lease stays ended")
     }
 
-    /// A kill right after a lease's end was journaled, before its deletion was made (or before
-    /// that deletion was durable): the restart makes it, with the end's reason.
-    @Test(arguments: [false, true]) func aDeletionAKillInterruptedIsMadeAtStartUp(recorded: Bool) async throws {
-        let (d, lease, journal) = try await leasedKeyThenStopped()
-        // What the journal holds when a kill came between the end and its durable deletion.
-        journal.ended(lease, .revoked)
-        if recorded {
-            journal.deleting(
-                PersistedLeases.Deletion(lease: lease, reason: .revoked, owner: Writer(uid: 0, gid: 0, pid: 1), repo: "r", before: 2, keys: ["k"]))
+    /// A kill right after a lease's end was durable, before its deletion was made (or before
+    /// that deletion was durable — or after storage failed it, the daemon undid it, and writes
+    /// went on past it): the restart makes it, with the end's reason.
+    @Test(arguments: [false, true]) func aDeletionAKillInterruptedIsMadeAtStartUp(writesAfter: Bool) async throws {
+        let (d, lease, epoch, storage) = try await leasedKeyThenStopped()
+        // What the log holds when a kill came between the end and its durable deletion.
+        let table = FrameCounter()
+        #expect(storage.append(.leaseEnded(id: lease, reason: writesAfter ? .expired : .revoked, owner: Writer(uid: 0, gid: 0, pid: 1)), sequence: 1, listener: table))
+        if writesAfter {
+            let other = RevisionRecord(
+                repo: "r", changeSet: ChangeSet(revision: 3, changes: [Change(key: "other", old: CanonicalJSON(.int(2)), new: CanonicalJSON(.int(3)))]),
+                time: 1_700_000_000, writer: nil)
+            let repository = FrameCounter()
+            #expect(storage.append(.revision(RevisionFrame(other, epoch: epoch)), sequence: 1, listener: repository))
         }
-        journal.close()
-        try await expectDeletionAtStartUp(d, lease, end: "revoked")
+        storage.close()
+        try await expectDeletionAtStartUp(d, lease, end: writesAfter ? "expired" : "revoked", revision: writesAfter ? 4 : 3)
         #expect(try d.connect().call(["op": "keepalive", "lease": .int(Int64(lease))]).errorCode == "not_found")
     }
 
-    /// A lease's deletion storage failed and the daemon undid (the key attached to the ended
-    /// lease again in the journal), then writes went on past it: the restart still makes it.
-    @Test func aDeletionStorageUndidIsMadeAtStartUp() async throws {
-        let (d, lease, journal) = try await leasedKeyThenStopped()
-        // The deletion was recorded at revision 1, undone, and revision 2 written after it.
-        journal.ended(lease, .expired)
-        journal.deleting(PersistedLeases.Deletion(lease: lease, reason: .expired, owner: Writer(uid: 0, gid: 0, pid: 1), repo: "r", before: 1, keys: ["k"]))
-        journal.attached("k", of: "r", to: lease)
-        journal.close()
-        try await expectDeletionAtStartUp(d, lease, end: "expired")
-    }
-
     /// A stopped daemon whose repository `r` holds `k` (revision 1, attached to a lease with a
-    /// TTL) and `other` (revision 2), and its lease journal, open for the test to add to.
-    private func leasedKeyThenStopped() async throws -> (TestDaemon, lease: UInt64, LeaseJournal) {
+    /// TTL) and `other` (revision 2), its epoch, and its store, open for the test to add to.
+    private func leasedKeyThenStopped() async throws -> (TestDaemon, lease: UInt64, epoch: String, DiskStorage) {
         let d = try await TestDaemon.start()
         let c = try d.connect()
         let lease = try #require(try c.call(["op": "grant", "ttl": 600])["lease"]?.uint64Value)
         #expect(try c.call(["op": "set", "repo": "r", "key": "k", "value": 1, "lease": .int(Int64(lease))])["rev"] == 1)
         #expect(try c.call(["op": "set", "repo": "r", "key": "other", "value": 2])["rev"] == 2)
+        let epoch = try #require(try c.call(["op": "list", "repo": "r"])["epoch"]?.stringValue)
         await d.stop()
-        let journal = try LeaseJournal(directory: try #require(d.dataDirectory), sync: .always, logger: Logger(label: "test"))
-        return (d, lease, journal)
+        let storage = try DiskStorage(
+            options: .init(directory: try #require(d.dataDirectory), sync: .always, historyLimit: 1000, historyMaxBytes: 64 << 20, historyMaxAge: nil),
+            logger: Logger(label: "test"))
+        return (d, lease, epoch, storage)
     }
 
-    /// Starts `d` again and checks that its first revision deletes `k`, by `lease`'s `end`.
-    private func expectDeletionAtStartUp(_ d: TestDaemon, _ lease: UInt64, end: String) async throws {
+    /// Starts `d` again and checks that its first revision, `revision`, deletes `k`, by
+    /// `lease`'s `end`.
+    private func expectDeletionAtStartUp(_ d: TestDaemon, _ lease: UInt64, end: String, revision: Int64) async throws {
         try await d.launch()
         let reader = try d.connect()
-        #expect(try reader.call(["op": "subscribe", "repo": "r", "since": 2]).ok)
+        #expect(try reader.call(["op": "subscribe", "repo": "r", "since": .int(revision - 1)]).ok)
         let deletion = try reader.receive()
-        #expect(deletion["rev"] == 3 && deletion["changes"] == [["key": "k", "old": 1]])
+        #expect(deletion["rev"] == .int(revision) && deletion["changes"] == [["key": "k", "old": 1]])
         #expect(deletion["lease"] == ["id": .int(Int64(lease)), "end": .string(end)])
-        #expect(try d.value("r", "other") == 2)
+        #expect(try d.value("r", "other") == (revision == 4 ? 3 : 2))
+    }
+
+    /// Numbers frames appended outside a daemon (the store reports to it; nothing listens).
+    private final class FrameCounter: DurabilityListener {
+        func durable(through sequence: UInt64) {}
+        func failed(after sequence: UInt64, error: StorageError) {}
     }
 
     private func restart(_ d: TestDaemon, kill: Bool) async throws {

@@ -23,6 +23,7 @@ import Testing
         #expect(c.historyLimit == s.historyLimit)
         #expect(c.historyMaxBytes == s.historyMaxBytes)
         #expect(c.historyMaxAge == nil && s.historyMaxAgeSeconds == 0)
+        #expect(c.historyTombstones == s.historyTombstones)
         #expect(c.threads == nil && s.threads == 0)
         #expect(c.policy.rules.isEmpty && s.accessRules.isEmpty)
         #expect(c.policy.fallback == .none && s.accessDefault == "none")

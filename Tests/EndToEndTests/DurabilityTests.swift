@@ -176,7 +176,9 @@ import Glibc
 
         // A byte flipped inside: damaged, with the offset of its block.
         var flipped = original
-        flipped[flipped.count - 33] ^= 0x01  // the last byte of the last entry, before the 32-byte end block
+        // The last byte of the last entry, before the repository's 24-byte TOMB block (no
+        // tombstone), the 24-byte LEAS block (no lease) and the 32-byte end block.
+        flipped[flipped.count - 81] ^= 0x01
         try flipped.write(to: URL(fileURLWithPath: snapshot))
         result = try d.runToCompletion()
         #expect(result.status != 0)
@@ -243,6 +245,48 @@ import Glibc
         #expect(try d.value("t", "k9") == 9)
         #expect(listed["epoch"]?.stringValue != epoch && listed["epoch"]?.stringValue != nil, "a new epoch: no client resumes across the cut")
         #expect(try r.call(["op": "set", "repo": "t", "key": "after", "value": 1]).ok)
+    }
+
+    /// Acknowledged writes (`sync = always`) the log lost outside obsd after a kill -9 — its
+    /// segment cut in half, or removed — are never numbered again in the same epoch: the daemon
+    /// refuses to start, naming the file and `--repair-log` (before: it started at an earlier
+    /// revision in the same epoch, the next write reusing a number a client had seen);
+    /// repaired, it starts in a new epoch, and a client resuming from the old one is told to
+    /// resync.
+    @Test(arguments: ["cut in half", "removed"])
+    func acknowledgedWritesTheLogLostAreNeverNumberedAgainInTheSameEpoch(_ loss: String) async throws {
+        let d = try await TestDaemon.start(["--sync", "always"])
+        let c = try d.connect()
+        for i in 1...100 { _ = try c.call(["op": "set", "repo": "a", "key": .string("k\(i % 9)"), "value": .int(Int64(i))]) }
+        let before = try c.call(["op": "list", "repo": "a"])
+        #expect(before["rev"] == 100)
+        let epoch = try #require(before["epoch"]?.stringValue)
+        d.kill9()
+        _ = await d.waitForExit()
+        let wal = d.dataDirectory! + "/wal"
+        let segment = wal + "/" + (try FileManager.default.contentsOfDirectory(atPath: wal).filter { $0.hasSuffix(".wal") }.sorted().last!)
+        if loss == "removed" {
+            try FileManager.default.removeItem(atPath: segment)
+        } else {
+            #expect(truncate(segment, off_t(try lastFrame(segment).end / 2)) == 0)
+        }
+
+        let refused = try d.runToCompletion()
+        #expect(refused.status != 0)
+        let named = loss == "removed" ? wal : segment
+        #expect(refused.stderr.contains(named) && refused.stderr.contains("obsd --repair-log"), "\(refused.stderr)")
+
+        let repair = try run(BuildProducts.path("obsd"), ["--repair-log", "--data-dir", d.dataDirectory!])
+        #expect(repair.status == 0, "\(repair.stderr)")
+        #expect(repair.stdout.contains("repaired the write-ahead log") && repair.stdout.contains(named), "\(repair.stdout)")
+        try await d.launch()
+        let r = try d.connect()
+        let after = try r.call(["op": "list", "repo": "a"])
+        let rev = after["rev"]?.uint64Value ?? 0
+        #expect(rev < 100, "revisions were lost (revision \(rev))")
+        #expect(after["epoch"]?.stringValue != epoch, "a new epoch: \(after)")
+        #expect(try r.call(["op": "subscribe", "repo": "a", "since": 100, "epoch": .string(epoch)]).errorCode == "compacted")
+        #expect(try r.call(["op": "set", "repo": "a", "key": "next", "value": 1])["rev"] == .number(rev + 1))
     }
 
     @Test func aTornWriteAtTheEndOfTheLogIsCutOff() async throws {
@@ -411,15 +455,16 @@ func writeUntilStopped(
     return (acks.withLock { $0 }, errors.withLock { $0 })
 }
 
-/// Where the last frame of a log segment starts and ends (frames: u32 length, u32 CRC,
-/// payload, zero padding to 8 bytes; after a 16-byte header).
+/// Where the last frame of a log segment's log starts and ends (frames: u32 length, u32 CRC,
+/// payload, zero padding to 8 bytes; after the segment's header, up to the frame that names
+/// the next segment).
 func lastFrame(_ path: String) throws -> (start: Int, end: Int) {
     let bytes = [UInt8](try Data(contentsOf: URL(fileURLWithPath: path)))
-    var at = 16
-    var last = (16, 16)
+    var at = walHeaderSize(bytes)
+    var last = (at, at)
     while at + 8 <= bytes.count {
         let length = Int(bytes[at]) | Int(bytes[at + 1]) << 8 | Int(bytes[at + 2]) << 16 | Int(bytes[at + 3]) << 24
-        if length == 0 { break }
+        if length == 0 || (length == 9 && at + 8 < bytes.count && bytes[at + 8] == 0xFE) { break }
         last = (at, (at + 8 + length + 7) & ~7)
         at = last.1
     }

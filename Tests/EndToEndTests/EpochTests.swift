@@ -3,7 +3,8 @@
 // backup, an unclean stop under relaxed sync followed by a reboot: each is another
 // history, and a resume that names the old epoch gets `compacted` instead of revisions
 // that only share numbers with the ones the client saw. The client library and obsctl
-// carry the epoch for their users.
+// carry the epoch for their users (obsctl's `--strict` exits 4 there; without it, the other
+// history's values come as a reset).
 
 import Foundation
 import ObsClient
@@ -274,9 +275,16 @@ import Glibc
         try await d.launch()
         _ = try obsctl(["set", "ui", "a", "3"], socket: s)
         _ = try obsctl(["set", "ui", "a", "4"], socket: s)
-        let stale = try obsctl(["watch", "ui", "--since", "1", "--epoch", epoch], socket: s)
+        let stale = try obsctl(["watch", "ui", "--since", "1", "--epoch", epoch, "--strict"], socket: s)
         #expect(stale.status == 4)
         #expect(stale.stderr.contains("compacted") || stale.stderr.contains("initial"), "\(stale.stderr)")
+        // Without --strict a resume never fails: another history's values come as a reset.
+        let reset = try obsctl(["watch", "ui", "--since", "1", "--epoch", epoch, "--json"], socket: s, stopAfterLines: 2)
+        let resetLines = reset.stdout.split(separator: "\n").map { try? JSONParser.parse(String($0)).objectValue }
+        let current = try #require(resetLines.first??["epoch"]?.stringValue)
+        #expect(current != epoch)
+        #expect(reset.stdout == #"{"repo":"ui","rev":2,"reset":true,"values":{"a":4},"epoch":"\#(current)"}"# + "\n"
+            + #"{"repo":"ui","rev":2,"synced":true,"epoch":"\#(current)"}"# + "\n")
         #expect(try obsctl(["watch", "ui", "--epoch", epoch], socket: s).status == 64, "--epoch without --since")
     }
 }

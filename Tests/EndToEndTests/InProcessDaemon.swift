@@ -72,7 +72,9 @@ final class FailingStorage: Storage {
     var notices: [String] { disk.notices }
     func load() throws(StorageError) -> [LoadedRepository] { try disk.load() }
 
-    func append(_ record: RevisionRecord, listener: any DurabilityListener) -> Bool {
+    func loadLeases() -> PersistedLeases { disk.loadLeases() }
+
+    func append(_ frame: LogFrame, sequence: UInt64, listener: any DurabilityListener) -> Bool {
         let id = ObjectIdentifier(listener)
         let (failure, report) = state.withLock { s -> (StorageError?, Bool) in
             guard let failure = s.failure else { return (nil, false) }
@@ -81,18 +83,20 @@ final class FailingStorage: Storage {
         if let failure {
             if report {
                 disk.counters?.failures.add(1, ordering: .relaxed)
-                DispatchQueue.global().async { listener.failed(after: record.revision - 1, error: failure) }
+                DispatchQueue.global().async { listener.failed(after: sequence - 1, error: failure) }
             }
             return true
         }
         if state.withLock({ $0.poisoned.contains(id) }) { return true }  // built on a failed revision
-        return disk.append(record, listener: listener)
+        return disk.append(frame, sequence: sequence, listener: listener)
     }
 
-    func discard(_ listener: any DurabilityListener, after revision: UInt64) {
+    func discard(_ listener: any DurabilityListener, after sequence: UInt64) {
         _ = state.withLock { $0.poisoned.remove(ObjectIdentifier(listener)) }
-        disk.discard(listener, after: revision)
+        disk.discard(listener, after: sequence)
     }
+
+    func flush() { disk.flush() }
 
     func close() { disk.close() }
 }

@@ -40,7 +40,6 @@ private func replay(_ c: RepositoryCore, _ request: SubscribeRequest, skip: UInt
         #expect(throws: WriteRefusal.rules(.conflict(key: "theme", expected: 1, actual: 2))) {
             try c.plan([.set("theme", value("dark"), ifRevision: 1)], limits: unlimited)
         }
-        #expect(throws: WriteRefusal.rules(.duplicateKey("a"))) { try c.plan([.set("a", value(1)), .delete("a")], limits: unlimited) }
         #expect(try write(&c, [.delete("absent")]) == nil, "deleting an absent key is no change")
         #expect(try write(&c, []) == nil, "an empty batch is no change")
         let plan = try c.plan([.set("theme", value(1.0)), .set("n", value(1))], limits: unlimited)
@@ -101,13 +100,7 @@ private func replay(_ c: RepositoryCore, _ request: SubscribeRequest, skip: UInt
         #expect(compacted(SubscribeRequest(repo: "ui", since: 4, epoch: "another")), "another history")
         #expect(!compacted(SubscribeRequest(repo: "ui", since: 4, epoch: "e1")))
         let start = try c.start(SubscribeRequest(repo: "ui", initial: true), sub: 1, skipOrigin: nil, now: 100)
-        #expect(start.revision == 5 && start.snapshot?.map(\.key) == ["k"] && start.replay.isEmpty)
-        do {
-            _ = try c.start(SubscribeRequest(repo: "ui", since: 2), sub: 1, skipOrigin: nil, now: 100, maxReplayBytes: 10)
-            Issue.record("a replay past its limit")
-        } catch {
-            guard case .tooLarge = error else { Issue.record("\(error)"); return }
-        }
+        #expect(start.revision == 5 && start.state?.kind == .snapshot && start.state?.keys.count == 1 && start.replay.isEmpty)
         // Age: revisions older than the limit are not served.
         var aged = core(history: 100, maxAge: 10)
         for t in [Int64(1), 50, 95] { try write(&aged, [.set("k", value(.int(t)))], time: t) }
@@ -123,9 +116,9 @@ private func replay(_ c: RepositoryCore, _ request: SubscribeRequest, skip: UInt
         }
         #expect(c.revision == 3 && c.pending.count == 2)
         var shown: [UInt64] = []
-        #expect(c.confirm(through: 2) { shown.append($0.revision) } == 1)
+        #expect(c.confirm(1) { shown.append($0.revision) } == 1)
         #expect(shown == [2])
-        let (undone, removedFirst, movedBack) = c.undo(after: 2)
+        let (undone, removedFirst, movedBack) = c.undo(last: c.pendingChanges)
         #expect(undone == 1 && !removedFirst && movedBack.isEmpty)
         #expect(c.revision == 2 && c["a"]?.value == value(2) && c["n3"] == nil && c["n2"] != nil)
         #expect(c.history.newest == 2)
@@ -142,9 +135,9 @@ private func replay(_ c: RepositoryCore, _ request: SubscribeRequest, skip: UInt
         #expect(moves.map(\.key) == ["x", "y"] && moves.allSatisfy { $0.from == 7 && $0.to == nil })
         _ = c.attach([.set("z", value(1))], leases: [7])
         _ = c.attach([.set("x", value(1))], leases: [7])
-        #expect(c.attached(["x", "y", "z", "w"], to: 7) == ["x", "z"], "existing keys still attached, in byte order")
-        c.detach(["x"])
-        #expect(c.lease(of: "x") == nil && c.lease(of: "z") == 7)
+        #expect(c.keys(attachedTo: 7) == ["x", "z"], "existing keys still attached, in byte order")
+        c.detach("x", from: 7)
+        #expect(c.lease(of: "x") == nil && c.lease(of: "z") == 7 && c.keys(attachedTo: 7) == ["z"])
     }
 
     /// A revision storage did not keep takes back the lease attachments its write made —
@@ -160,17 +153,41 @@ private func replay(_ c: RepositoryCore, _ request: SubscribeRequest, skip: UInt
         let ops3: [WriteOp<CanonicalJSON>] = [.set("b", value(3))]
         let moves3 = c.attach(ops3, leases: [8])
         c.commit(try c.plan(ops3, limits: unlimited), time: 0, writer: nil, origin: 0, durable: false, moves: moves3)
-        // An equal write (no revision) moves a on to lease 9 after revision 2 attached it.
+        // An equal write (no revision) moves a on to lease 9 after revision 2 attached it;
+        // durable at once (it is not undone with them).
         _ = c.attach([.set("a", value(2))], leases: [9])
 
-        let (undone, _, movedBack) = c.undo(after: 1)
+        let (undone, _, movedBack) = c.undo(last: c.pendingChanges)
         #expect(undone == 2)
         #expect(c.lease(of: "b") == nil, "revision 3's attachment taken back")
         #expect(c.lease(of: "c") == 5, "back to the lease it had before revision 2")
         #expect(c.lease(of: "a") == 9, "a later write moved it on: it stays")
         #expect(movedBack.map(\.key) == ["b", "c"])
         #expect(movedBack.map(\.from) == [8, 7] && movedBack.map(\.to) == [nil, 5])
-        #expect(c.attached(["a", "b", "c"], to: 7).isEmpty, "lease 7's end would delete nothing")
+        #expect(c.keys(attachedTo: 7).isEmpty, "lease 7's end would delete nothing")
+    }
+
+    /// Attachments a write moved without a revision are pending like one: undone with the
+    /// changes after them, in order, confirmed in order — and move the key back.
+    @Test func attachmentsMovedWithoutARevisionAreUndoneAndConfirmedInOrder() throws {
+        var c = core()
+        try write(&c, [.set("a", value(1)), .set("b", value(1))])
+        let equal: [WriteOp<CanonicalJSON>] = [.set("a", value(1))]
+        c.recordAttachments(c.attach(equal, leases: [4]), durable: false)
+        let ops: [WriteOp<CanonicalJSON>] = [.set("b", value(2))]
+        let moves = c.attach(ops, leases: [5])
+        c.commit(try c.plan(ops, limits: unlimited), time: 0, writer: nil, origin: 0, durable: false, moves: moves)
+        c.recordAttachments(c.attach([.set("b", value(2))], leases: [6]), durable: false)
+        #expect(c.pendingChanges == 3 && c.pending.count == 1)
+        #expect(c.keys(attachedTo: 4) == ["a"] && c.keys(attachedTo: 6) == ["b"])
+        // The newest two undone: b back to lease 5, then to none (with its revision).
+        let (undone, _, movedBack) = c.undo(last: 2)
+        #expect(undone == 1 && c.revision == 1 && c["b"]?.value == value(1))
+        #expect(movedBack.map(\.key) == ["b", "b"] && movedBack.map(\.to) == [5, nil])
+        #expect(c.lease(of: "a") == 4 && c.lease(of: "b") == nil && c.keys(attachedTo: 5).isEmpty)
+        var shown: [UInt64] = []
+        #expect(c.confirm(1) { shown.append($0.revision) } == 0 && shown.isEmpty, "the first is no revision")
+        #expect(c.pendingChanges == 0)
     }
 
     /// Random writes, batches, deletes and undos against a dictionary: the core's state, its

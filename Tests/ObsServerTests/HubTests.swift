@@ -13,10 +13,13 @@ import Testing
 
 /// A write as a session makes it, decided at once (a local store).
 func write(_ hub: Hub, _ repository: Repository, _ ops: [WriteOp<CanonicalJSON>], maxRepositories: Int = 1000, maxKeys: Int = 1000) -> WriteDecision? {
-    let request = WriteRequest(
-        ops: ops, limits: WriteLimits(maxKeys: maxKeys, maxRevisionBytes: 1 << 20), maxRepositories: maxRepositories,
-        peer: Peer(uid: 0, gid: 0, pid: 1, daemonUID: 0), writer: Writer(uid: 0, gid: 0, pid: 1), origin: .next(), time: 0)
-    return hub.sequencer.submit(request, to: repository, route: AnswerRoute(loop: hub.shards[0].loop) { _, _ in }, token: 0)
+    WriteOps(ops).withRawOps { raw in
+        let input = WriteInput(
+            ops: raw, limits: WriteLimits(maxKeys: maxKeys, maxRevisionBytes: 1 << 20), maxRepositories: maxRepositories,
+            peer: Peer(uid: 0, gid: 0, pid: 1, daemonUID: 0), writer: Writer(uid: 0, gid: 0, pid: 1), origin: ConnectionID.next(), time: 0,
+            single: ops.count == 1)
+        return hub.sequencer.submit(input, to: repository, scratch: WriteScratch(), route: { AnswerRoute(loop: hub.shards[0].loop) { _, _, _ in } }, token: 0)
+    }
 }
 
 @Suite struct HubTests {

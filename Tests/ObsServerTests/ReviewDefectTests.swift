@@ -19,7 +19,8 @@ import TestSupport
     /// tells both loops; the writer on loop B writes again — a revision the store then keeps —
     /// before its loop has heard of the undo. Only the undone writes fail.
     @Test func anUndoFailsExactlyTheUndoneWritesNotALaterOneOnAnotherLoop() throws {
-        let server = try TestServer(storage: ManualStorage(), loops: 2)
+        let storage = ManualStorage()
+        let server = try TestServer(storage: storage, loops: 2)
         let hub = server.hub
         let a = try TestConnection(server, loop: 0)
         let b = try TestConnection(server, loop: 1)
@@ -36,7 +37,7 @@ import TestSupport
         // B writes again before its loop has handled the news; the store keeps it.
         try b.send(lines(#"{"id":2,"op":"set","repo":"r","key":"b","value":2}"#), run: false)
         server.run(1)
-        repository.durable(through: 1)
+        storage.confirmAll()
         let replies = try b.received()
         #expect(replies.map(\.["id"]) == [.int(1), .int(2)])
         #expect(replies.first?.errorCode == "internal", "the undone write fails")
@@ -138,16 +139,18 @@ import TestSupport
     /// attachment back with the value: the lease's end later deletes nothing — not the value
     /// the undo restored, which no lease ever held.
     @Test func aWriteStorageFailedLeavesNoLeaseAttachmentBehind() throws {
-        let server = try TestServer(storage: ManualStorage())
+        let storage = ManualStorage()
+        let server = try TestServer(storage: storage)
         let hub = server.hub
         let owner = try TestConnection(server)
         try owner.send(lines(#"{"id":1,"op":"grant","ttl":60}"#, #"{"id":11,"op":"grant","ttl":60}"#))
+        storage.confirmAll()
         let granted = try owner.received().compactMap { $0["lease"]?.uint64Value }
         try #require(granted.count == 2)
         let (lease, other) = (granted[0], granted[1])
         try owner.send(lines(#"{"id":2,"op":"set","repo":"r","key":"k","value":1}"#))
         let repository = try #require(hub.existing("r"))
-        repository.durable(through: 1)
+        storage.confirmAll()
         #expect(try owner.received().map(\.errorCode) == [nil])
 
         try owner.send(
@@ -155,14 +158,11 @@ import TestSupport
         repository.failed(after: 1, error: StorageError(.io, "injected"))
         #expect(try owner.received().map(\.errorCode) == ["internal", "internal"], "the undone writes fail")
         #expect(repository.lease(of: "k") == nil && repository.lease(of: "j") == nil, "their attachments are undone with them")
-        // The lease table (and its journal, which a restart reads) holds no key of them either.
-        guard case .success(let ended) = hub.leases.revoke(other, by: testPeer) else {
-            Issue.record("lease \(other) not revoked")
-            return
-        }
-        #expect(ended.keys.isEmpty, "the lease table still names \(ended.keys)")
+        // No key of the repository is attached to a lease any more (a restart reads the same).
+        #expect(repository.attachedLeases.isEmpty, "keys still attached to \(repository.attachedLeases)")
 
         try owner.send(lines(#"{"id":4,"op":"revoke","lease":\#(lease)}"#))
+        storage.confirmAll()
         #expect(try owner.received().map(\.errorCode) == [nil])
         #expect(repository.revision == 1, "the lease's end deleted nothing")
         try owner.send(lines(#"{"id":5,"op":"get","repo":"r","key":"k"}"#))
@@ -172,27 +172,34 @@ import TestSupport
     /// A lease's end whose deletion storage fails: the revision is undone, the keys are
     /// attached to the ended lease again, and the deletion is made again a second later.
     @Test func aLeaseEndsDeletionStorageFailedIsMadeAgain() throws {
-        let server = try TestServer(storage: ManualStorage())
+        let storage = ManualStorage()
+        let server = try TestServer(storage: storage)
         let owner = try TestConnection(server)
         try owner.send(lines(#"{"id":1,"op":"grant","ttl":60}"#))
+        storage.confirmAll()
         let lease = try #require(try owner.received().first?["lease"]?.uint64Value)
         try owner.send(lines(#"{"id":2,"op":"set","repo":"r","key":"k","value":1,"lease":\#(lease)}"#))
         let repository = try #require(server.hub.existing("r"))
-        repository.durable(through: 1)
+        storage.confirmAll()
         #expect(try owner.received().map(\.errorCode) == [nil])
 
         try owner.send(lines(#"{"id":3,"op":"revoke","lease":\#(lease)}"#))
         #expect(repository.revision == 2, "the deletion is applied, not yet durable")
         repository.failed(after: 1, error: StorageError(.io, "injected"))
-        _ = try owner.received()
+        server.hub.leases.durable(through: .max)
+        // The revoke is answered with what is true: the lease has ended, its keys go later.
+        let answer = try #require(try owner.received().first)
+        #expect(answer.errorCode == "internal" && answer.errorMessage?.contains("lease \(lease) is revoked") == true, "\(answer)")
         #expect(repository.revision == 1 && repository.lease(of: "k") == lease, "undone: the key is back, attached to the ended lease")
+        try owner.send(lines(#"{"id":31,"op":"revoke","lease":\#(lease)}"#))
+        #expect(try owner.received().first?.errorCode == "not_found", "it has ended for good")
 
         // Made again a second later: the key is deleted, by the lease's end.
         server.advanceTime(by: .milliseconds(990))
         #expect(repository.revision == 1, "not before the second")
         server.advanceTime(by: .milliseconds(10))
         try #require(repository.revision == 2, "the deletion was not made again")
-        repository.durable(through: 2)
+        storage.confirmAll()
         try owner.send(lines(#"{"id":4,"op":"get","repo":"r","key":"k"}"#))
         #expect(try owner.received().last?.errorCode == "not_found")
         #expect(repository.lease(of: "k") == nil)

@@ -1,9 +1,11 @@
 // A large subscription start in process: a snapshot past `Session.streamAbove` is encoded a
 // piece at a time as the client reads it — the connection's queue never holds much more than
 // the stream's window — arrives byte for byte as one snapshot event at the revision the reply
-// names, and what follows it (a later change, the reply to a later request) comes after it;
-// held while its state is not durable, it streams once it is. Large starts being sent at once
-// are bounded daemon-wide (`limits.max-start-bytes`), one alone always allowed.
+// names, with the values of that revision whatever is written while it streams, and what
+// follows it (a later change, the reply to a later request) comes after it; held while its
+// state is not durable, it streams once it is; its reader of the repository closes when it
+// is sent or its connection closes. Large replays being sent at once are bounded daemon-wide
+// (`limits.max-start-bytes`), one alone always allowed, a catch-up never refused.
 
 import ObsProtocol
 import ObsStore
@@ -89,16 +91,41 @@ extension String {
         #expect(messages[13]["event"] == "synced" && messages[13]["rev"] == .int(12))
     }
 
-    @Test func largeStartsBeingSentTogetherAreBoundedDaemonWide() throws {
+    @Test func aLargeSnapshotHasTheValuesOfItsRevisionAndClosesItsReader() throws {
+        let server = try TestServer()
+        let writer = try fill(server, count: 6000)
+        _ = try writer.received()
+        let repository = try #require(server.hub.existing("r"))
+        let subscriber = try TestConnection(server)
+        try subscriber.send(lines(#"{"id":1,"op":"subscribe","repo":"r","initial":true}"#))
+        #expect(repository.openReaders == 1, "more than fits in one piece: read as the client reads")
+        // Written while it streams: the last key (sent last) and one deleted.
+        try writer.send(lines(#"{"id":98,"op":"set","repo":"r","key":"k05999","value":"new"}"#, #"{"id":99,"op":"delete","repo":"r","key":"k05998"}"#))
+        let messages = try subscriber.received()
+        try #require(messages.count == 4)
+        let values = try #require(messages[1]["values"]?.objectValue)
+        #expect(values.count == 6000 && values["k05999"] == .string(String(repeating: "v", count: 1000)) && values["k05998"] != nil)
+        #expect(messages[2]["rev"] == .int(13) && messages[3]["rev"] == .int(14), "the writes come after it, as changes")
+        #expect(repository.openReaders == 0)
+
+        // A client that closes before reading it closes its reader too.
+        let gone = try TestConnection(server)
+        try gone.send(lines(#"{"id":1,"op":"subscribe","repo":"r","initial":true}"#))
+        #expect(repository.openReaders == 1)
+        gone.close()
+        #expect(repository.openReaders == 0)
+    }
+
+    @Test func largeReplaysBeingSentTogetherAreBoundedDaemonWide() throws {
         var limits = Limits.testing
-        limits.maxStartBytes = 1 << 20  // less than one ~6 MB start
+        limits.maxStartBytes = 1 << 20  // less than one ~6 MB replay
         let server = try TestServer(limits: limits)
         let writer = try fill(server, count: 6000)
         _ = try writer.received()
         let budget = server.hub.startBudget
-        let subscribe = #"{"id":1,"op":"subscribe","repo":"r","initial":true}"#
+        let subscribe = #"{"id":1,"op":"subscribe","repo":"r","since":0}"#
 
-        // Alone, a start larger than the whole budget streams; its client does not read yet.
+        // Alone, a replay larger than the whole budget streams; its client does not read yet.
         let first = try TestConnection(server)
         try first.send(lines(subscribe))
         #expect(budget.bytes > 6_000_000)
@@ -113,14 +140,20 @@ extension String {
         try writer.send(lines(#"{"id":99,"op":"set","repo":"r","key":"k00001","value":1}"#))
         #expect(try second.received().isEmpty, "no event for a refused subscription")
 
+        // A resume with catchup is never refused: a resume never fails.
+        let resumed = try TestConnection(server)
+        try resumed.send(lines(#"{"id":1,"op":"subscribe","repo":"r","since":0,"catchup":true}"#))
+        let caughtUp = try resumed.received()
+        #expect(caughtUp.first?["catchup"] == "replay" && caughtUp.count == 1 + 13 + 1)
+
         // Once the first is read, what it took is given back, and the second may start.
         let messages = try first.received()
-        #expect(messages.count == 3 && messages[1]["values"]?.objectValue?.count == 6000)
+        #expect(messages.count == 1 + 13 + 1)
         #expect(budget.bytes == 0)
-        try second.send(lines(#"{"id":2,"op":"subscribe","repo":"r","initial":true}"#))
+        try second.send(lines(#"{"id":2,"op":"subscribe","repo":"r","since":0}"#))
         #expect(budget.bytes > 0)
         let started = try second.received()
-        #expect(started.count == 2 && started[0]["ok"] == .bool(true) && started[1]["event"] == "snapshot")
+        #expect(started.count == 1 + 13 + 1 && started[0]["ok"] == .bool(true))
         #expect(budget.bytes == 0)
 
         // A client that closes before reading its start gives it back too.

@@ -72,21 +72,35 @@ final class TestServer {
     }
 }
 
-/// Storage that keeps what it is given and reports durability only when the test says so
-/// (`Repository.durable` / `failed`, called by the test as the committer would).
+/// Storage that takes what it is given and reports durability only when the test says so
+/// (`durable` / `failed` on the listeners — a repository, the lease table — called by the test
+/// as the committer would; `confirmAll` tells every listener everything it queued is durable).
 final class ManualStorage: Storage {
-    private let queued = Mutex<[RevisionRecord]>([])
+    private let queued = Mutex<[(listener: any DurabilityListener, sequence: UInt64)]>([])
     var isImmediate: Bool { false }
     var summary: String { "manual (test)" }
     var counters: StorageCounters? { nil }
     var notices: [String] { [] }
     func load() -> [LoadedRepository] { [] }
-    func append(_ record: RevisionRecord, listener: any DurabilityListener) -> Bool {
-        queued.withLock { $0.append(record) }
+    func append(_ frame: LogFrame, sequence: UInt64, listener: any DurabilityListener) -> Bool {
+        queued.withLock { $0.append((listener, sequence)) }
         return true
     }
-    func discard(_ listener: any DurabilityListener, after revision: UInt64) {}
+    func discard(_ listener: any DurabilityListener, after sequence: UInt64) {
+        queued.withLock { $0.removeAll { $0.listener === listener && $0.sequence > sequence } }
+    }
     func close() {}
+
+    /// Tells each listener that everything it queued so far is durable.
+    func confirmAll() {
+        let last = queued.withLock { q -> [(any DurabilityListener, UInt64)] in
+            defer { q.removeAll() }
+            var last: [ObjectIdentifier: (any DurabilityListener, UInt64)] = [:]
+            for (listener, sequence) in q { last[ObjectIdentifier(listener)] = (listener, max(sequence, last[ObjectIdentifier(listener)]?.1 ?? 0)) }
+            return Array(last.values)
+        }
+        for (listener, sequence) in last { listener.durable(through: sequence) }
+    }
 }
 
 /// One client connection over a socket pair, the daemon's end served by a `Connection` on
@@ -263,6 +277,7 @@ extension JSONValue {
 
     /// An error reply's code.
     var errorCode: String? { self["error"]?["code"]?.stringValue }
+    var errorMessage: String? { self["error"]?["message"]?.stringValue }
 }
 
 extension Array {

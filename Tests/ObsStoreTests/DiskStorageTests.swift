@@ -11,15 +11,16 @@ import Synchronization
 import TestSupport
 import Testing
 
-/// A repository as the store sees it: records what storage reports.
+/// A repository as the store sees it: records what storage reports. Its frames are numbered
+/// by their revisions (`append(_:listener:)`), so the sequences it hears are revisions.
 final class ListenerStub: DurabilityListener {
     let epoch = Epoch.random()
     private let reports = Mutex<(durable: UInt64, failedAfter: UInt64?, failures: Int, error: StorageError?)>((0, nil, 0, nil))
 
-    func durable(through revision: UInt64) { reports.withLock { $0.durable = max($0.durable, revision) } }
-    func failed(after revision: UInt64, error: StorageError) {
+    func durable(through sequence: UInt64) { reports.withLock { $0.durable = max($0.durable, sequence) } }
+    func failed(after sequence: UInt64, error: StorageError) {
         reports.withLock {
-            $0.failedAfter = revision
+            $0.failedAfter = sequence
             $0.failures += 1
             $0.error = error
         }
@@ -30,6 +31,13 @@ final class ListenerStub: DurabilityListener {
     var failures: Int { reports.withLock { $0.failures } }
     /// The error of the last failure reported.
     var lastError: StorageError? { reports.withLock { $0.error } }
+}
+
+extension Storage {
+    /// Queues `record` as the frame numbered by its revision.
+    func append(_ record: RevisionRecord, listener: ListenerStub) -> Bool {
+        append(.revision(RevisionFrame(record, epoch: listener.epoch)), sequence: record.revision, listener: listener)
+    }
 }
 
 func record(_ repo: String, _ revision: UInt64, _ key: String = "k", _ value: JSONValue = 1, time: Int64 = 1_700_000_000) -> RevisionRecord {
@@ -211,12 +219,12 @@ func crashedAfterTenRevisions() throws -> String { try crashedAfter(10) }
         let crashed = try crashedAfterTenRevisions()
         defer { try? FileManager.default.removeItem(atPath: crashed) }
         let segment = crashed + "/wal/" + segments(crashed).last!
-        // Flip a byte of the first record's payload (after the 16-byte header, the 16-byte
+        // Flip a byte of the first record's payload (after the 32-byte header, the 16-byte
         // group-start frame and the record's 8-byte frame header).
         let file = try FileHandle(forUpdating: URL(fileURLWithPath: segment))
-        try file.seek(toOffset: 46)
+        try file.seek(toOffset: 62)
         let byte = try #require(try file.read(upToCount: 1)?.first)
-        try file.seek(toOffset: 46)
+        try file.seek(toOffset: 62)
         try file.write(contentsOf: Data([byte ^ 0x40]))
         try file.close()
 
@@ -224,7 +232,7 @@ func crashedAfterTenRevisions() throws -> String { try crashedAfter(10) }
             try open(options(crashed))
         } throws: { error in
             guard let error = error as? StorageError else { return false }
-            return error.kind == .corrupt && error.description.contains(segment) && error.description.contains("offset 32")
+            return error.kind == .corrupt && error.description.contains(segment) && error.description.contains("offset 48")
         }
     }
 
@@ -337,13 +345,15 @@ func crashedAfterTenRevisions() throws -> String { try crashedAfter(10) }
     }
 }
 
-/// Where the last valid frame of a segment ends (frames: u32 length, u32 crc, payload, pad to 8).
+/// Where the last valid frame of a segment's log ends (frames: u32 length, u32 crc, payload,
+/// pad to 8; after the header, 32 bytes in a format 3 segment, 16 before): at an all-zero
+/// frame header, or where the frame that names the next segment begins.
 func lastFrameEnd(_ path: String) throws -> Int {
     let bytes = [UInt8](try Data(contentsOf: URL(fileURLWithPath: path)))
-    var at = 16
+    var at = walHeaderSize(bytes)
     while at + 8 <= bytes.count {
         let length = Int(bytes[at]) | Int(bytes[at + 1]) << 8 | Int(bytes[at + 2]) << 16 | Int(bytes[at + 3]) << 24
-        if length == 0 { break }
+        if length == 0 || (length == 9 && at + 8 < bytes.count && bytes[at + 8] == 0xFE) { break }
         at = (at + 8 + length + 7) & ~7
     }
     return at

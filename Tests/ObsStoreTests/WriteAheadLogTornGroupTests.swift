@@ -154,12 +154,12 @@ private func segmentFiles(_ dir: String) throws -> [String] {
         let names = try segmentFiles(dir)
         #expect(names.count == 2, "appends went to a new segment")
         let header = try #require(FileManager.default.contents(atPath: names[1]))
-        #expect(WriteAheadLog.format(of: header) == 2)
+        #expect(WriteAheadLog.format(of: header) == 3)
         #expect(try replay(dir).records == [[1, 0], [1, 1], [1, 2], [2, 0]])
 
         // In a format 1 segment, damage with any valid record after it is refused, as before.
         try FileManager.default.removeItem(atPath: names[1])
-        try loseSector(old, inFrameAt: 1 + UInt64(WriteAheadLog.headerSize))
+        try loseSector(old, inFrameAt: 1 + UInt64(WriteAheadLog.legacyHeaderSize))
         #expect {
             _ = try replay(dir)
         } throws: { error in

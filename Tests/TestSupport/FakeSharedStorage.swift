@@ -82,7 +82,7 @@ public final class FakeSharedStorage: SharedStorage {
     public var counters: StorageCounters? { nil }
     public var notices: [String] { [] }
     public func load() throws(StorageError) -> [LoadedRepository] { [] }
-    public func append(_ record: RevisionRecord, listener: any DurabilityListener) -> Bool { false }
-    public func discard(_ listener: any DurabilityListener, after revision: UInt64) {}
+    public func append(_ frame: LogFrame, sequence: UInt64, listener: any DurabilityListener) -> Bool { false }
+    public func discard(_ listener: any DurabilityListener, after sequence: UInt64) {}
     public func close() {}
 }

@@ -8,11 +8,11 @@ import ObsStore
 extension LoopShard {
     // MARK: Durability waits (on the loop)
 
-    /// Holds a reply in its slot until its state is durable; `Repository.awaitDurable` said
+    /// Holds a reply in its slot until its state is durable; the line's `awaitDurable` said
     /// it is pending, and registered this loop for the news.
-    func wait(_ waiter: Waiter, on repository: Repository) {
+    func wait(_ waiter: Waiter, on line: some DurableLine) {
         loop.assertInLoop()
-        waiters[repository.id, default: []].append(waiter)
+        waiters[line.lineID, default: []].append(waiter)
     }
 
     /// Handles the news posted since the last tick — replies whose states are now durable
@@ -27,15 +27,17 @@ extension LoopShard {
     func handle(_ news: [DurabilityNews]) {
         for item in news {
             switch item {
-            case .durable(let repository, let sequence): release(repository, through: sequence)
-            case .failed(let repository, let undone, let error): fail(repository, undone: undone, error)
+            case .durable(let line, let sequence): release(line, through: sequence)
+            case .failed(let line, let undone, let error):
+                fail(line, undone: undone, error)
+                checkSyncs(failed: (line, undone, error))
             }
         }
     }
 
     /// Sends the waiting replies whose states are now durable, in order.
-    fileprivate func release(_ repository: Repository, through sequence: StateSequence) {
-        guard var queue = waiters.removeValue(forKey: repository.id) else { return }
+    fileprivate func release(_ line: any DurableLine, through sequence: StateSequence) {
+        guard var queue = waiters.removeValue(forKey: line.lineID) else { return }
         var released = 0
         for waiter in queue {
             guard waiter.sequence <= sequence else { break }
@@ -52,13 +54,13 @@ extension LoopShard {
             markDirty(waiter.connection)
         }
         queue.removeFirst(released)
-        if !queue.isEmpty { waiters[repository.id] = queue }
+        if !queue.isEmpty { waiters[line.lineID] = queue }
     }
 
     /// Replaces the waiting replies whose states were undone by the error; a subscription that
     /// began on undone state ends with it (it saw values that are gone).
-    fileprivate func fail(_ repository: Repository, undone: ClosedRange<StateSequence>, _ error: StorageError) {
-        guard let queue = waiters.removeValue(forKey: repository.id) else { return }
+    fileprivate func fail(_ line: any DurableLine, undone: ClosedRange<StateSequence>, _ error: StorageError) {
+        guard let queue = waiters.removeValue(forKey: line.lineID) else { return }
         var kept: [Waiter] = []
         for waiter in queue {
             guard undone.contains(waiter.sequence) else {
@@ -72,10 +74,10 @@ extension LoopShard {
                 guard !group.failed else { continue }
                 group.failed = true
             }
-            let reply = Replies.storageFailure(id: waiter.id, error, repo: repository.name)
+            let reply = waiter.failure?(error) ?? Replies.storageFailure(id: waiter.id, error, in: line.subject)
             waiter.connection.outbox.fill(waiter.slot, with: reply)
             markDirty(waiter.connection)
         }
-        if !kept.isEmpty { waiters[repository.id] = kept }
+        if !kept.isEmpty { waiters[line.lineID] = kept }
     }
 }

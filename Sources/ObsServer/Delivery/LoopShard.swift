@@ -61,14 +61,6 @@ final class WaitGroup {
     init(remaining: Int) { self.remaining = remaining }
 }
 
-/// Durability news for a loop.
-enum DurabilityNews: Sendable {
-    /// Every state of the repository up to this sequence is durable.
-    case durable(Repository, through: StateSequence)
-    /// These states of the repository were undone.
-    case failed(Repository, undone: ClosedRange<StateSequence>, StorageError)
-}
-
 final class LoopShard: @unchecked Sendable {
     // @unchecked Sendable: `inbox` is a Mutex and `backlog` and `counters` are atomics; every
     // other stored property is read and written only on `loop` — by its connections, sessions
@@ -139,10 +131,12 @@ final class LoopShard: @unchecked Sendable {
         var group: WaitGroup? = nil
         /// A large subscription start, sent as a stream instead of `bytes`.
         var stream: OutboxStream? = nil
+        /// The reply if the state is undone (nil: the plain storage failure).
+        var failure: (@Sendable (StorageError) -> [UInt8])? = nil
     }
 
     var routes: [UInt64: RepositoryRoutes] = [:]
-    /// Replies waiting for durability, by repository (LoopShard+Durability.swift).
+    /// Replies waiting for durability, by line (LoopShard+Durability.swift).
     var waiters: [UInt64: [Waiter]] = [:]
     /// Taken from the inbox and not yet delivered (the last tick ran out of its budget), and
     /// what they weigh in the backlog.
@@ -168,6 +162,9 @@ final class LoopShard: @unchecked Sendable {
     private(set) var recentTickWrites = 0
     static let manyWrites = 32  // past this many connections, a tick may write the newest first
     private(set) var hub: Hub?
+    /// Connections whose session waits for a `sync` (Session+Sync.swift): checked after each
+    /// tick's delivery.
+    private var syncing: [Connection] = []
     /// Subscriptions that asked for `progress`, and the timer that sends them (while any).
     var progressing: [ObserverID: Subscription] = [:]
     var progressTimer: TimerID?
@@ -263,6 +260,24 @@ final class LoopShard: @unchecked Sendable {
         hub?.subscriptionEnded(subscription.repository)
     }
 
+    /// Checks `connection`'s pending `sync` after each tick's delivery until it is answered.
+    func awaitSync(_ connection: Connection) {
+        loop.assertInLoop()
+        syncing.append(connection)
+        loop.requestTick()
+    }
+
+    /// Answers the pending `sync`s whose events are now queued (or storage undid `undone` of
+    /// `line`: those it covers fail).
+    func checkSyncs(failed: (line: any DurableLine, undone: ClosedRange<StateSequence>, error: StorageError)? = nil) {
+        guard !syncing.isEmpty else { return }
+        syncing.removeAll { connection in
+            guard let session = connection.session else { return true }
+            if let failed { session.failSync(failed.line, undone: failed.undone, failed.error) }
+            return session.answerSync()
+        }
+    }
+
     /// The newest revision of `repository` delivered to this loop (0: none yet).
     func latestRevision(of repository: Repository) -> UInt64 {
         routes[repository.id]?.revision ?? 0
@@ -317,6 +332,7 @@ final class LoopShard: @unchecked Sendable {
         }
         taken.removeFirst(n)
         if delivered > 0 { counters.count(events: delivered) }
+        checkSyncs()
         recentTickEvents = max(delivered, recentTickEvents - recentTickEvents / 8)
         if taken.isEmpty, takenWeight > 0 {
             settle(takenWeight)

@@ -1,9 +1,13 @@
 // ObsServer — what happens when a lease ends (revoked, expired, or its connection closed):
-// in each repository where it still holds keys, they are deleted in one revision through the
-// hub's sequencer — the same write path as any write (durability gating, history, `since`,
-// coalescing, `writers`, `echo`) — and the clock that expires leases with a TTL. A deletion
-// storage fails (and its repository undoes) is made again a second later, the keys attached
-// to the ended lease meanwhile (and in the lease journal, so a restart makes it too).
+// in each repository where it may hold keys, those still attached to it are deleted in one
+// revision through the hub's sequencer — the same write path as any write (durability
+// gating, history, `since`, coalescing, `writers`, `echo`) — and the clock that expires
+// leases with a TTL.
+//
+// Storage may fail a deletion (a full disk): the repository undoes it, which attaches its
+// keys to the ended lease again; it — like any undo that leaves a key attached to a lease
+// that has ended meanwhile — is made again a second later, as often as storage fails it. The
+// end's own frame, if storage failed it, is written again the same way.
 
 import ObsCore
 import ObsProtocol
@@ -18,16 +22,14 @@ struct LeaseDeletion: Sendable {
 }
 
 extension Hub {
-    /// Deletes what `ended` held; `done` gets the deletions (repositories where nothing was
+    /// Deletes what `ended` holds; `done` gets the deletions (repositories where nothing was
     /// attached any more make none), from any thread, once all are decided.
     func end(_ ended: EndedLease, time: Int64, done: @escaping @Sendable ([LeaseDeletion]) -> Void = { _ in }) {
-        let targets = ended.keys.sorted { $0.key.utf8.lexicographicallyPrecedes($1.key.utf8) }.compactMap { repo, keys in
-            existing(repo).map { ($0, keys) }
-        }
+        let targets = ended.repos.sorted { $0.utf8.lexicographicallyPrecedes($1.utf8) }.compactMap(existing)
         guard !targets.isEmpty else { return done([]) }
         let collected = Mutex<(left: Int, deletions: [LeaseDeletion])>((targets.count, []))
-        for (repository, keys) in targets {
-            sequencer.end(ended, keys: keys, in: repository, time: time) { outcome in
+        for repository in targets {
+            sequencer.end(ended, in: repository, time: time) { outcome in
                 let finished = collected.withLock { c -> [LeaseDeletion]? in
                     if let outcome { c.deletions.append(LeaseDeletion(repository: repository, outcome: outcome)) }
                     c.left -= 1
@@ -42,6 +44,23 @@ extension Hub {
     func connectionClosed(_ connection: ConnectionID, time: Int64) {
         if sharedLeases != nil { return sharedConnectionClosed(connection) }
         for ended in leases.connectionClosed(connection) { end(ended, time: time) }
+    }
+
+    /// An undo in `repository` attached keys to `attachedTo` again: those of them that have
+    /// ended meanwhile owe their deletion, made a second later.
+    func reattached(in repository: Repository, to attachedTo: Set<UInt64>) {
+        for id in attachedTo where !leases.isLive(id) {
+            let ended = leases.endOf(id) ?? PersistedLeases.Ended(reason: .closed, owner: Writer(uid: 0, gid: 0, pid: 0))
+            leaseClock.retry(
+                EndedLease(id: id, owner: ended.owner, end: LeaseEnd.Reason(rawValue: ended.reason.rawValue), repos: [repository.name]))
+        }
+    }
+
+    /// Storage failed lease frames: the leases whose grants it failed have ended (their keys
+    /// go now), and the ends it failed are written again a second later.
+    func leaseFramesFailed(ended: [EndedLease], rewrite: [(UInt64, SharedLeaseReason, Writer)]) {
+        for lease in ended { end(lease, time: WallClock.unixSeconds()) }
+        if !rewrite.isEmpty { leaseClock.rewrite(rewrite) }
     }
 }
 
@@ -63,8 +82,8 @@ final class LeaseClock: @unchecked Sendable {
 
     func attach(to hub: Hub) { self.hub = hub }
 
-    /// A lease with a TTL was granted or kept alive (from any loop): the timer may need to
-    /// fire sooner.
+    /// A lease with a TTL was granted or kept alive, or the clocks started (from any loop):
+    /// the timer may need to fire sooner.
     func deadlineMoved() {
         loop.execute { [self] in check() }
     }
@@ -83,15 +102,21 @@ final class LeaseClock: @unchecked Sendable {
         timer = loop.schedule(in: delay) { [self] in due() }
     }
 
-    /// How long after a failed deletion it is made again.
+    /// How long after a failed deletion, or end, it is made again.
     static let retryDelay: UInt64 = 1_000_000_000
 
-    /// A lease's end whose deletion storage failed (and its repository undid): makes it again
-    /// in a second — its keys are attached to the lease again meanwhile — as often as storage
-    /// fails it. (From any thread.)
+    /// Deletes what `ended` holds in a second — storage failed its deletion, and the keys are
+    /// attached to it again meanwhile — as often as storage fails it. (From any thread.)
     func retry(_ ended: EndedLease) {
         loop.execute { [self] in
             _ = loop.schedule(in: Self.retryDelay) { [self] in hub.end(ended, time: loop.wallSeconds) }
+        }
+    }
+
+    /// Writes the frames of these ends again in a second. (From any thread.)
+    func rewrite(_ ends: [(UInt64, SharedLeaseReason, Writer)]) {
+        loop.execute { [self] in
+            _ = loop.schedule(in: Self.retryDelay) { [self] in hub.leases.rewriteEnds(ends) }
         }
     }
 

@@ -1,10 +1,12 @@
 // ObsServer — leases across a restart of a daemon that persists (the contract: TTL leases and
 // their keys survive, each TTL starting again in full when the daemon serves; keys of
 // connection-bound leases are deleted with `end: "closed"` in revisions made before the first
-// request; ids are never reused). The lease journal (ObsStore LeaseJournal.swift) holds what
-// that takes; this file turns what it found into the lease table's state and the deletions
-// to make — including those a kill interrupted: a lease's end whose deletion was not yet
-// durable is made again, with the reason it had.
+// request; ids are never reused). Nothing is trusted but what storage recovered: the leases
+// (LEAS and the log's grants and ends) and each repository's attachments, moved by the same
+// log records as the writes that moved them — so an attachment is there exactly when its
+// write is. From them the table is rebuilt, and every key attached to a lease that is not a
+// live TTL lease is deleted: a connection-bound one's (`closed`), one that ended before the
+// stop — its deletion a kill interrupted, or storage failed — with the reason it ended for.
 
 import ObsCore
 import ObsProtocol
@@ -12,66 +14,20 @@ import ObsStore
 import ObservableKit
 
 extension Hub {
-    /// Restores the leases storage persisted, makes the deletions a restart owes, and
-    /// rewrites the journal compact. Call once, after loading and before serving.
-    func restoreLeases(now: UInt64, time: Int64) throws(StorageError) {
-        guard let journal = leases.journal else { return }
-        let found = journal.takeLoaded()
-        var owed = OwedDeletions()
-        var kept: [UInt64: [String: Set<Key>]] = [:]
-        for (repo, attached) in found.attachments {
-            guard let repository = existing(repo) else { continue }
-            for (key, id) in attached {
-                if let lease = found.live[id] {
-                    attach(key, in: repository, to: id)
-                    if lease.ttl != nil {
-                        kept[id, default: [:]][repo, default: []].insert(key)
-                    } else {
-                        owed.add(key, of: repo, lease: id, owner: lease.owner, reason: .closed)
-                    }
-                } else if let ended = found.ended[id] {
-                    // Ended, and killed before its deletion here was recorded — or after it was
-                    // recorded and undone (a deletion record detaches its keys; the undo
-                    // attached them again).
-                    attach(key, in: repository, to: id)
-                    owed.add(key, of: repo, lease: id, owner: ended.owner ?? Writer(uid: 0, gid: 0, pid: 0), reason: ended.reason)
-                }
-            }
+    /// Restores the leases storage kept and makes the deletions a restart owes. Call once,
+    /// after loading and before serving; `startLeaseClocks` once serving.
+    func restoreLeases(time: Int64) {
+        guard shared == nil else { return }
+        var repos: [UInt64: Set<String>] = [:]
+        for repository in allRepositories() {
+            for lease in repository.attachedLeases { repos[lease, default: []].insert(repository.name) }
         }
-        for d in found.deletions {
-            // Recorded, but the repository is no further than before it: not durable then.
-            guard let repository = existing(d.repo), repository.withState({ $0.core.revision }) <= d.before else { continue }
-            for key in d.keys {
-                attach(key, in: repository, to: d.lease)
-                owed.add(key, of: d.repo, lease: d.lease, owner: d.owner, reason: d.reason)
-            }
-        }
-        leases.restore(Array(found.live.values), keys: kept, nextID: found.nextID, now: now)
-        for ended in owed.leases { end(ended, time: time) }
-        try leases.compactJournal(keeping: [])
+        for ended in leases.restore(storage.loadLeases(), repos: repos) { end(ended, time: time) }
+    }
+
+    /// Starts the TTL of every restored lease, in full: the daemon serves from now.
+    func startLeaseClocks(now: UInt64) {
+        leases.startClocks(now: now)
         leaseClock.deadlineMoved()
     }
-
-    private func attach(_ key: Key, in repository: Repository, to lease: UInt64) {
-        repository.withState { _ = $0.core.setAttachment(key, to: lease) }
-    }
-}
-
-/// The deletions a restart owes, gathered by lease and reason.
-private struct OwedDeletions {
-    private var byLease: [UInt64: EndedLease] = [:]
-
-    mutating func add(_ key: Key, of repo: String, lease: UInt64, owner: Writer, reason: SharedLeaseReason) {
-        var keys = byLease[lease]?.keys ?? [:]
-        keys[repo, default: []].insert(key)
-        let end: LeaseEnd.Reason = switch reason {
-        case .expired: .expired
-        case .revoked: .revoked
-        case .closed: .closed
-        }
-        byLease[lease] = EndedLease(id: lease, owner: byLease[lease]?.owner ?? owner, end: byLease[lease]?.end ?? end, keys: keys)
-    }
-
-    /// In id order.
-    var leases: [EndedLease] { byLease.keys.sorted().map { byLease[$0]! } }
 }

@@ -141,7 +141,7 @@ extension Hub {
     /// daemon does; one deletion per repository goes through), then lets the store forget it.
     func sharedLeaseEnded(_ lease: SharedLease, reason: SharedLeaseReason) {
         guard let shared = sharedLeases else { return }
-        let ended = EndedLease(id: lease.id, owner: lease.owner, end: LeaseEnd.Reason(rawValue: reason.rawValue), keys: shared.keys(of: lease.id))
+        let ended = EndedLease(id: lease.id, owner: lease.owner, end: LeaseEnd.Reason(rawValue: reason.rawValue), repos: Set(shared.keys(of: lease.id).keys))
         end(ended, time: WallClock.unixSeconds()) { deletions in
             shared.store.leaseFinished(lease.id)
             shared.finished(lease.id, deletions)

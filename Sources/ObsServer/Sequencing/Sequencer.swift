@@ -15,9 +15,10 @@ import ObsValues
 import ObservableKit
 import Synchronization
 
-/// A write, as a session hands it over.
-struct WriteRequest: Sendable {
-    let ops: [WriteOp<CanonicalJSON>]
+/// A write as a session hands it over: its operations, read in place (valid during
+/// `submit`), and who writes.
+struct WriteInput {
+    let ops: UnsafeBufferPointer<RawWriteOp>
     let limits: WriteLimits
     let maxRepositories: Int
     /// Who writes (for the leases it names).
@@ -26,17 +27,51 @@ struct WriteRequest: Sendable {
     let origin: ConnectionID
     /// The wall clock, in seconds since 1970.
     let time: Int64
-    /// The lease each `set` names (by position in `ops`; empty: none names one).
-    var leases: [UInt64?] = []
+    /// Whether its reply carries the value it replaced (`set`, `delete`; not `batch`).
+    let single: Bool
 }
+
+/// A write that waits for a shared store: its operations owning their bytes.
+struct WriteRequest: Sendable {
+    let ops: WriteOps
+    let limits: WriteLimits
+    let maxRepositories: Int
+    let peer: Peer
+    let writer: Writer
+    let origin: ConnectionID
+    let time: Int64
+    let single: Bool
+
+    init(_ input: WriteInput) {
+        ops = WriteOps(copying: input.ops)
+        (limits, maxRepositories, peer, writer, origin, time, single) =
+            (input.limits, input.maxRepositories, input.peer, input.writer, input.origin, input.time, input.single)
+    }
+
+    /// The leases its `set`s name.
+    var leases: Set<UInt64> { ops.leases }
+}
+
+/// Space a session reuses for its writes: what the write rules decide per operation, and the
+/// value a single-key write replaced, copied out for its reply. (A class its session keeps:
+/// handed down by reference, nothing of it is copied per write.)
+final class WriteScratch {
+    var plans = OpPlanBuffer()
+    var old: [UInt8] = []
+}
+
+@available(*, unavailable)
+extension WriteScratch: Sendable {}
 
 /// What a write did, for its reply.
 struct WriteOutcome: Sendable {
     /// The repository revision after the write.
     let revision: UInt64
     let changed: Bool
-    /// The key's previous value (single-key writes only).
-    let previous: CanonicalJSON?
+    /// Whether the key a single-key write names existed (its reply then carries `old`: the
+    /// value it replaced, in the session's `WriteScratch.old` — or, decided by a shared
+    /// store later, given with the answer).
+    let existed: Bool
     /// The state the reply reports: it is sent once that state is durable.
     let sequence: StateSequence
 }
@@ -56,56 +91,38 @@ enum WriteFailure: Error, Sendable {
 
 typealias WriteDecision = Result<WriteOutcome, WriteFailure>
 
-/// What a single-key write decided at once did, for its reply (its `old`, if the key existed,
-/// was copied out for it).
-struct SingleOutcome {
-    /// The repository revision after the write.
-    let revision: UInt64
-    let changed: Bool
-    /// Whether the key existed before the write (its reply carries `old`).
-    let existed: Bool
-    /// The state the reply reports: it is sent once that state is durable.
-    let sequence: StateSequence
-}
-
 /// Where a write decided later is answered: a connection's loop. Sendable; the session it
 /// leads to is touched only on that loop.
 final class AnswerRoute: Sendable {
     let loop: IOLoop
-    private let deliver: @Sendable (UInt64, WriteDecision) -> Void
+    private let deliver: @Sendable (UInt64, WriteDecision, CanonicalJSON?) -> Void
 
-    /// `deliver` runs on `loop` with a write's token and result.
-    init(loop: IOLoop, deliver: @escaping @Sendable (UInt64, WriteDecision) -> Void) {
+    /// `deliver` runs on `loop` with a write's token, result, and the value a single-key write
+    /// replaced (or left in place).
+    init(loop: IOLoop, deliver: @escaping @Sendable (UInt64, WriteDecision, CanonicalJSON?) -> Void) {
         self.loop = loop
         self.deliver = deliver
     }
 
     /// Answers write `token` (from any thread).
-    func answer(_ token: UInt64, _ result: WriteDecision) {
-        loop.execute { [deliver] in deliver(token, result) }
+    func answer(_ token: UInt64, _ result: WriteDecision, previous: CanonicalJSON?) {
+        loop.execute { [deliver] in deliver(token, result, previous) }
     }
 }
 
 /// Decides writes. (A class: the hub's sequencer is used on every write, and an existential
 /// of a struct is copied — its references retained — at each use.)
 protocol Sequencer: AnyObject, Sendable {
-    /// Decides `write` on `repository`: returns its result now, or nil — then `route` is
-    /// answered with `token` exactly once, later.
-    func submit(_ write: WriteRequest, to repository: Repository, route: AnswerRoute, token: UInt64) -> WriteDecision?
+    /// Decides `write` on `repository`: returns its result now, or nil — then `route()` is
+    /// answered with `token` exactly once, later. `scratch` is the session's: a write decided
+    /// now that replaced a value leaves it in `scratch.old` for its reply.
+    func submit(_ write: WriteInput, to repository: Repository, scratch: WriteScratch, route: () -> AnswerRoute, token: UInt64) -> WriteDecision?
 
-    /// Decides a single-key write given as bytes (`RepositoryCore.planSingle`) here and now, if
-    /// it can, copying the key's value before it into `old` (emptied first); nil, with nothing
-    /// applied: `submit` takes the write (a refusal, leases, the shared store).
-    func submitSingle(
-        _ write: SingleWrite, to repository: Repository, limits: WriteLimits, writer: Writer, origin: ConnectionID, time: Int64,
-        old: inout [UInt8]
-    ) -> SingleOutcome?
-
-    /// A lease ended: deletes its `keys` of `repository` that are still attached to it, in
-    /// one revision whose event says which lease and why — a write like any other, written
-    /// by no connection, by the lease's owner. `done` is called once with the outcome (nil:
-    /// nothing was attached any more), from any thread.
-    func end(_ lease: EndedLease, keys: Set<Key>, in repository: Repository, time: Int64, done: @escaping @Sendable (WriteOutcome?) -> Void)
+    /// A lease ended: deletes the keys of `repository` still attached to it, in one revision
+    /// whose event says which lease and why — a write like any other, written by no
+    /// connection, by the lease's owner. `done` is called once with the outcome (nil: nothing
+    /// was attached any more), from any thread.
+    func end(_ lease: EndedLease, in repository: Repository, time: Int64, done: @escaping @Sendable (WriteOutcome?) -> Void)
 }
 
 /// Decisions made here and now: the local store (memory, or the write-ahead log).
@@ -120,129 +137,123 @@ final class LocalSequencer: Sequencer {
         self.leases = leases
     }
 
-    func submit(_ write: WriteRequest, to repository: Repository, route: AnswerRoute, token: UInt64) -> WriteDecision? {
-        repository.withState { s -> WriteDecision in
+    func submit(_ write: WriteInput, to repository: Repository, scratch: WriteScratch, route: () -> AnswerRoute, token: UInt64) -> WriteDecision? {
+        let plans = scratch.plans.room(for: write.ops.count)
+        return repository.withState { s -> WriteDecision in
             let plan: WritePlan
-            do throws(WriteRefusal) { plan = try s.core.plan(write.ops, limits: write.limits) } catch { return .failure(.refused(error)) }
-            // A lease named must exist and be the writer's (checked under this lock: a lease
-            // that ends meanwhile ends either before — refused — or after, taking the key).
-            for case let lease? in write.leases {
-                if let refusal = leases.check(lease, by: write.peer) { return .failure(.lease(refusal)) }
+            do throws(WriteRefusal) { plan = try s.core.plan(write.ops, limits: write.limits, into: plans) } catch {
+                return .failure(.refused(error))
             }
-            var moves: [RepositoryCore.AttachmentMove] = []
-            if !write.leases.isEmpty || !s.core.attachments.isEmpty {
-                moves = s.core.attach(write.ops, leases: write.leases)
-                for move in moves { leases.move(move.key, of: repository.name, from: move.from, to: move.to) }
+            // A lease named must exist and be the writer's — checked, and this repository
+            // recorded in the lease, under this lock: a lease that ends meanwhile ends either
+            // before (refused) or after, its end then finding the key this write attaches.
+            for op in write.ops where op.lease != nil && op.value != nil {
+                if let refusal = leases.admit(op.lease!, by: write.peer, into: repository.name) { return .failure(.lease(refusal)) }
             }
-            guard !plan.changes.isEmpty else {
-                return .success(WriteOutcome(revision: s.core.revision, changed: false, previous: plan.previous, sequence: s.current))
+            // The value a single-key write replaced (or left in place), for its reply: copied
+            // out before the install overwrites it.
+            var existed = false
+            if write.single {
+                if scratch.old.capacity > 1 << 16 { scratch.old = [] }
+                let old = plans[0].old
+                scratch.old.replaceSubrange(scratch.old.indices, with: old ?? UnsafeRawBufferPointer(start: nil, count: 0))
+                existed = old != nil
+            }
+            guard plan.changed > 0 else {
+                // No revision; the attachments it moves are stored all the same, and its reply
+                // waits until they are durable.
+                let moves = s.core.attach(write.ops)
+                guard !moves.isEmpty else {
+                    return .success(WriteOutcome(revision: s.core.revision, changed: false, existed: existed, sequence: s.ledger.current))
+                }
+                guard let sequence = attach(moves, &s, repository) else { return .failure(.storageClosed) }
+                return .success(WriteOutcome(revision: s.core.revision, changed: false, existed: existed, sequence: sequence))
             }
             // Only a `set` brings an empty repository into existence; the count is reserved
             // atomically, so concurrent creators cannot pass the limit together.
             if plan.creates, !stats.reserveRepository(limit: write.maxRepositories) {
                 return .failure(.tooManyRepositories(limit: write.maxRepositories))
             }
-            return commit(plan, &s, repository, time: write.time, writer: write.writer, origin: write.origin.value, moves: moves)
-        }
-    }
-
-    func submitSingle(
-        _ write: SingleWrite, to repository: Repository, limits: WriteLimits, writer: Writer, origin: ConnectionID, time: Int64,
-        old: inout [UInt8]
-    ) -> SingleOutcome? {
-        repository.withState { s -> SingleOutcome? in
-            guard let plan = s.core.planSingle(write, limits: limits) else { return nil }
-            if old.capacity > 1 << 16 { old = [] }
-            old.replaceSubrange(old.indices, with: plan.old ?? UnsafeRawBufferPointer(start: nil, count: 0))
-            guard plan.changes else {
-                return SingleOutcome(revision: s.core.revision, changed: false, existed: plan.old != nil, sequence: s.current)
-            }
-            let immediate = storage.isImmediate
-            let info = s.core.commitSingle(write, plan, time: time, writer: writer, origin: origin.value, durable: immediate)
-            // Not immediate: storage encodes the revision as it queues it, from the request's
-            // bytes and the old value's copy (the table may have overwritten it in place).
-            let stored = old.withUnsafeBytes { old in
-                immediate
-                    || storage.append(
-                        SingleRevision(
-                            repo: repository.name, revision: info.revision, time: info.time, writer: info.writer, key: write.key,
-                            old: plan.old == nil ? nil : old, oldIsPlain: plan.oldIsPlain, new: write.value, newIsPlain: write.isPlain),
-                        listener: repository)
-            }
-            guard let sequence = finish(&s, repository, info, stored: stored, immediate: immediate, creates: false) else { return nil }
-            return SingleOutcome(revision: info.revision, changed: true, existed: plan.old != nil, sequence: sequence)
-        }
-    }
-
-    func end(_ lease: EndedLease, keys: Set<Key>, in repository: Repository, time: Int64, done: @escaping @Sendable (WriteOutcome?) -> Void) {
-        let outcome = repository.withState { s -> WriteOutcome? in
-            let doomed = s.core.attached(keys, to: lease.id)
-            s.core.detach(keys.filter { s.core.lease(of: $0) == lease.id })
-            guard !doomed.isEmpty else { return nil }
-            let ops = doomed.map { WriteOp<CanonicalJSON>.delete($0) }
-            guard let plan = try? s.core.plan(ops, limits: WriteLimits(maxKeys: .max, maxRevisionBytes: .max)), !plan.changes.isEmpty else { return nil }
-            let end = SharedLeaseEnd(lease: lease.id, reason: SharedLeaseReason(lease.end))
-            // Journaled before the revision exists: a restart that finds the repository no
-            // further than this makes the deletion again.
-            leases.journal?.deleting(
-                PersistedLeases.Deletion(lease: lease.id, reason: end.reason, owner: lease.owner, repo: repository.name, before: s.core.revision, keys: doomed))
-            // The keys' detachment goes with the revision: if storage fails it and it is undone,
-            // they are attached to the lease again, and the deletion is made again later.
-            let moves = doomed.map { (key: $0, from: UInt64?.some(lease.id), to: UInt64?.none) }
+            let moves = s.core.attach(write.ops)
             guard
-                case .success(let outcome) = commit(plan, &s, repository, time: time, writer: lease.owner, origin: 0, leaseEnd: end, moves: moves)
-            else { return nil }
-            if !storage.isImmediate {
-                s.leaseEnds.append((outcome.revision, EndedLease(id: lease.id, owner: lease.owner, end: lease.end, keys: [repository.name: Set(doomed)])))
+                let revision = commit(
+                    plan, write.ops, plans, &s, repository, time: write.time, writer: write.writer, origin: write.origin.value, moves: moves)
+            else { return .failure(.storageClosed) }
+            return .success(WriteOutcome(revision: revision.revision, changed: true, existed: existed, sequence: revision.sequence))
+        }
+    }
+
+    func end(_ lease: EndedLease, in repository: Repository, time: Int64, done: @escaping @Sendable (WriteOutcome?) -> Void) {
+        let outcome = repository.withState { s -> WriteOutcome? in
+            let attached = s.core.keys(attachedTo: lease.id)
+            guard !attached.isEmpty else { return nil }
+            let end = SharedLeaseEnd(lease: lease.id, reason: SharedLeaseReason(lease.end))
+            return WriteOps(deleting: attached).withRawOps { ops -> WriteOutcome? in
+                withUnsafeTemporaryAllocation(of: OpPlan.self, capacity: ops.count) { plans -> WriteOutcome? in
+                    guard let plan = try? s.core.plan(ops, limits: WriteLimits(maxKeys: .max, maxRevisionBytes: .max), into: plans), plan.changed > 0
+                    else { return nil }
+                    // The keys' detachment goes with the revision: if storage fails it and it is
+                    // undone, they are attached to the lease again, and the deletion is made again.
+                    let moves = s.core.attach(ops)
+                    guard let revision = commit(plan, ops, plans, &s, repository, time: time, writer: lease.owner, origin: 0, leaseEnd: end, moves: moves)
+                    else { return nil }
+                    return WriteOutcome(revision: revision.revision, changed: true, existed: false, sequence: revision.sequence)
+                }
             }
-            return outcome
         }
         done(outcome)
     }
 
-    /// Commits a planned revision and hands it to storage; shows it at once if storage is
-    /// immediate (memory), else once storage says it is durable.
-    private func commit(
-        _ plan: WritePlan, _ s: inout Repository.State, _ repository: Repository, time: Int64, writer: Writer?, origin: UInt64,
-        leaseEnd: SharedLeaseEnd? = nil, moves: [RepositoryCore.AttachmentMove] = []
-    ) -> WriteDecision {
+    /// Stores attachments a write moved without making a revision, as the repository's next
+    /// state; nil: storage is closed (they are moved back).
+    private func attach(_ moves: [RepositoryCore.AttachmentMove], _ s: inout Repository.State, _ repository: Repository) -> StateSequence? {
         let immediate = storage.isImmediate
-        let info = s.core.commit(
-            plan, time: time, writer: writer, origin: origin, durable: immediate, tail: leaseEnd.map(RepositoryCore.tail) ?? [], moves: moves)
-        // Storage never calls back from inside `append` (this lock is held); a store that no
-        // longer takes revisions says so, and the revision is taken back (`finish`).
         let stored =
             immediate
-            || storage.append(
-                RevisionRecord(
-                    repo: repository.name, changeSet: ChangeSet(revision: info.revision, changes: plan.changes), time: info.time,
-                    writer: info.writer, leaseEnd: leaseEnd),
-                listener: repository)
-        guard let sequence = finish(&s, repository, info, stored: stored, immediate: immediate, creates: plan.creates) else {
-            return .failure(.storageClosed)
-        }
-        return .success(WriteOutcome(revision: info.revision, changed: true, previous: plan.previous, sequence: sequence))
-    }
-
-    /// After the core committed revision `info` and handed it to storage (`stored`; always, if
-    /// storage is `immediate`, memory): takes the revision back if storage no longer takes
-    /// any, else names its state and shows it at once if storage is immediate (else once
-    /// storage says it is durable). Returns the state's sequence; nil: storage is closed and
-    /// the revision was undone.
-    private func finish(_ s: inout Repository.State, _ repository: Repository, _ info: RevisionInfo, stored: Bool, immediate: Bool, creates: Bool)
-        -> StateSequence?
-    {
+            || storage.append(.attachments(repo: repository.name, revision: s.core.revision, moves: moves), sequence: Repository.nextSequence(s), listener: repository)
         guard stored else {
-            for move in s.core.undo(after: info.revision - 1).movedBack { leases.move(move.key, of: repository.name, from: move.from, to: move.to) }
-            if creates { stats.repositories.subtract(1, ordering: .relaxed) }
+            for move in moves.reversed() { s.core.setAttachment(move.key, to: move.from) }
             return nil
         }
-        if creates { repository.makePermanent() }
-        let sequence = Repository.applied(&s, revision: info.revision, durable: immediate, on: repository)
+        s.core.recordAttachments(moves, durable: immediate)
+        return Repository.applied(&s, durable: immediate, on: repository)
+    }
+
+    /// Commits `ops`, planned (a write that changes something), as the repository's next
+    /// revision: hands its frame to storage — encoded from the request's bytes and the table's,
+    /// before they change — then records and installs it, and shows it at once if storage is
+    /// immediate (memory), else once storage says it is durable. Nil: storage is closed, and
+    /// nothing was applied (the attachment `moves` are taken back).
+    private func commit(
+        _ plan: WritePlan, _ ops: UnsafeBufferPointer<RawWriteOp>, _ plans: UnsafeMutableBufferPointer<OpPlan>, _ s: inout Repository.State, _ repository: Repository,
+        time: Int64, writer: Writer?, origin: UInt64, leaseEnd: SharedLeaseEnd? = nil, moves: [RepositoryCore.AttachmentMove]
+    ) -> (revision: UInt64, sequence: StateSequence)? {
+        let immediate = storage.isImmediate
+        let info = s.core.nextRevision(plan, time: time, writer: writer, origin: origin)
+        if !immediate {
+            // Storage never calls back from inside `append` (this lock is held).
+            let sequence = Repository.nextSequence(s)
+            let stored = RepositoryCore.withChanges(ops, plans, changed: plan.changed) { changes in
+                storage.append(
+                    .revision(
+                        RevisionFrame(
+                            repo: repository.name, epoch: repository.epoch, revision: info.revision, time: info.time, writer: info.writer,
+                            leaseEnd: leaseEnd, moves: moves, changes: .raw(changes))),
+                    sequence: sequence, listener: repository)
+            }
+            guard stored else {
+                for move in moves.reversed() { s.core.setAttachment(move.key, to: move.from) }
+                if plan.creates { stats.repositories.subtract(1, ordering: .relaxed) }
+                return nil
+            }
+        }
+        s.core.commit(plan, ops, plans, as: info, durable: immediate, tail: leaseEnd.map(RepositoryCore.tail) ?? [], moves: moves)
+        if plan.creates { repository.makePermanent() }
+        let sequence = Repository.applied(&s, durable: immediate, on: repository)
         if immediate {
             let loops = s.subscriberLoops
             if !loops.isEmpty { s.core.withLastRecord { Repository.publish($0, to: loops, of: repository) } }
         }
-        return sequence
+        return (info.revision, sequence)
     }
 }

@@ -12,7 +12,7 @@ import ObservableKit
 
 extension SharedSequencer {
     /// Plans `items` into a group on the current state. Items whose answer needs no store — a
-    /// batch naming a key twice, a lease that is not live, a deadline passed, a revision too
+    /// lease that is not live, a deadline passed, a revision too
     /// large for one commit, a lease's end with nothing left to delete — are `decided`; those
     /// that do not fit this group are the `rest`.
     func plan(_ items: [Item], in repository: Repository) -> (Group?, decided: [(Item, WriteDecision)], rest: [Item]) {
@@ -22,7 +22,7 @@ extension SharedSequencer {
         return repository.withState { s in
             let basis = s.core.revision
             var decided: [(Item, WriteDecision)] = []
-            var answers: [(item: Item, answer: WriteDecision)] = []
+            var answers: [(item: Item, answer: WriteDecision, previous: CanonicalJSON?)] = []
             var records: [RevisionRecord] = []
             var tentatives: [RepositoryCore.Tentative] = []
             var origins: [UInt64: ConnectionID] = [:]
@@ -32,6 +32,7 @@ extension SharedSequencer {
             var moved: [Key: UInt64?] = [:]
             var named: [UInt64: SharedLease] = [:]
             var leaseEnds: [UInt64: SharedLeaseEnd] = [:]
+            var planBuffer = OpPlanBuffer()
             func attachment(_ key: Key, _ core: RepositoryCore) -> UInt64? {
                 if let lease = moved[key] { return lease }
                 return core.lease(of: key)
@@ -45,7 +46,9 @@ extension SharedSequencer {
                     decided.append((item, .failure(.shared(failure))))
                     continue
                 }
-                let plan: WritePlan
+                let changes: [Change<CanonicalJSON>]
+                var previous: CanonicalJSON? = nil
+                var creates = false
                 var writer: Writer?
                 var origin: ConnectionID?
                 var moves: [(Key, UInt64?)] = []
@@ -53,15 +56,23 @@ extension SharedSequencer {
                 var end: SharedLeaseEnd?
                 switch item.work {
                 case .write(let write):
-                    do throws(WriteRefusal) {
-                        plan = try s.core.plan(write.ops, limits: write.limits)
-                    } catch {
-                        if case .rules(.duplicateKey) = error {
-                            decided.append((item, .failure(.refused(error))))
-                        } else {
-                            answers.append((item, .failure(.refused(error))))  // a conflict: true if the state is current
+                    // The write rules, on the state the group leaves so far: its changes (and the
+                    // value a single-key write replaced) copied out, as the store takes values.
+                    let planned = write.ops.withRawOps { ops in
+                        Result { () throws(WriteRefusal) -> (changes: [Change<CanonicalJSON>], previous: CanonicalJSON?, creates: Bool) in
+                            let plans = planBuffer.room(for: ops.count)
+                            let plan = try s.core.plan(ops, limits: write.limits, into: plans)
+                            let previous = write.single ? plans[0].old.map { CanonicalJSON(canonical: Array($0), isPlain: plans[0].oldIsPlain) } : nil
+                            let changes = RepositoryCore.withChanges(ops, plans, changed: plan.changed) { $0.map(\.materialized) }
+                            return (changes, previous, plan.creates)
                         }
+                    }
+                    switch planned {
+                    case .failure(let error):
+                        answers.append((item, .failure(.refused(error)), nil))  // a conflict: true if the state is current
                         continue
+                    case .success(let planned):
+                        (changes, previous, creates) = planned
                     }
                     switch Self.leases(named: write, in: store) {
                     case .failure(let refusal):
@@ -70,39 +81,46 @@ extension SharedSequencer {
                     case .success(let found):
                         leases = found
                     }
-                    for (i, op) in write.ops.enumerated() {
-                        let to: UInt64? = if case .set = op, i < write.leases.count { write.leases[i] } else { nil }
-                        if attachment(op.key, s.core) != to { moves.append((op.key, to)) }
+                    for i in 0..<write.ops.count {
+                        let op = write.ops.operation(i)
+                        if attachment(op.key, s.core) != op.lease { moves.append((op.key, op.lease)) }
                     }
-                    guard !plan.changes.isEmpty else {
+                    guard !changes.isEmpty else {
                         for (key, lease) in moves { moved[key] = lease }
                         for lease in leases { named[lease.id] = lease }
-                        answers.append((item, .success(WriteOutcome(revision: s.core.revision, changed: false, previous: plan.previous, sequence: 0))))
+                        answers.append((item, .success(WriteOutcome(revision: s.core.revision, changed: false, existed: previous != nil, sequence: 0)), previous))
                         continue
                     }
-                    if plan.creates, stats.repositories.load(ordering: .relaxed) >= write.maxRepositories {
-                        answers.append((item, .failure(.tooManyRepositories(limit: write.maxRepositories))))
+                    if creates, stats.repositories.load(ordering: .relaxed) >= write.maxRepositories {
+                        answers.append((item, .failure(.tooManyRepositories(limit: write.maxRepositories)), nil))
                         continue
                     }
                     (writer, origin) = (write.writer, write.origin)
                     time = max(time, write.time)
-                case .leaseEnd(let ended, let keys, let limit):
-                    let doomed = keys.filter { attachment($0, s.core) == ended.id && s.core[$0] != nil }.sorted().prefix(limit)
-                    guard !doomed.isEmpty,
-                        let deletion = try? s.core.plan(doomed.map { .delete($0) }, limits: WriteLimits(maxKeys: .max, maxRevisionBytes: .max))
-                    else {
+                case .leaseEnd(let ended, let limit):
+                    // The keys attached to it here, and those the group attached to it so far.
+                    let candidates = Set(s.core.keys(attachedTo: ended.id)).union(moved.compactMap { $0.value == ended.id ? $0.key : nil })
+                    let doomed = candidates.filter { attachment($0, s.core) == ended.id && s.core[$0] != nil }.sorted().prefix(limit)
+                    let deletion = WriteOps(deleting: Array(doomed)).withRawOps { ops in
+                        Result { () throws(WriteRefusal) -> [Change<CanonicalJSON>] in
+                            let plans = planBuffer.room(for: ops.count)
+                            let plan = try s.core.plan(ops, limits: WriteLimits(maxKeys: .max, maxRevisionBytes: .max), into: plans)
+                            return RepositoryCore.withChanges(ops, plans, changed: plan.changed) { $0.map(\.materialized) }
+                        }
+                    }
+                    guard !doomed.isEmpty, case .success(let deleted) = deletion, !deleted.isEmpty else {
                         // Nothing left: say which revision deleted them, if it is known.
                         let known = endRevision(of: ended.id, in: repository) ?? 0
-                        decided.append((item, .success(WriteOutcome(revision: known, changed: false, previous: nil, sequence: s.current))))
+                        decided.append((item, .success(WriteOutcome(revision: known, changed: false, existed: false, sequence: s.ledger.current))))
                         continue
                     }
-                    plan = deletion
+                    changes = deleted
                     writer = ended.owner
                     moves = doomed.map { ($0, nil) }
                     end = SharedLeaseEnd(lease: ended.id, reason: SharedLeaseReason(rawValue: ended.end.rawValue) ?? .closed)
                 }
                 let revision = s.core.revision + 1
-                let record = RevisionRecord(repo: repository.name, changeSet: ChangeSet(revision: revision, changes: plan.changes), time: time, writer: writer)
+                let record = RevisionRecord(repo: repository.name, changeSet: ChangeSet(revision: revision, changes: changes), time: time, writer: writer)
                 let extra = moved.count + moves.count + named.count + leases.count
                 if let reason = store.limitExceeded(by: records + [record], extraOperations: extra) {
                     guard records.isEmpty else {
@@ -112,13 +130,13 @@ extension SharedSequencer {
                     decided.append((item, .failure(.shared(SharedFailure(.tooLarge, reason)))))
                     continue
                 }
-                tentatives.append(s.core.installTentatively(plan))
+                tentatives.append(s.core.installTentatively(changes))
                 records.append(record)
                 for (key, lease) in moves { moved[key] = lease }
                 for lease in leases { named[lease.id] = lease }
                 if let origin { origins[revision] = origin }
                 if let end { leaseEnds[revision] = end }
-                answers.append((item, .success(WriteOutcome(revision: revision, changed: true, previous: plan.previous, sequence: 0))))
+                answers.append((item, .success(WriteOutcome(revision: revision, changed: true, existed: previous != nil, sequence: 0)), previous))
             }
             // After the group: the lease of every key it changed, and the keys it only re-attached.
             var changed = Set<Key>()
@@ -149,7 +167,7 @@ extension SharedSequencer {
     /// daemon knows — the store's compare has the last word), or another uid's.
     private static func leases(named write: WriteRequest, in store: any SharedStorage) -> Result<[SharedLease], LeaseRefusal> {
         var found: [SharedLease] = []
-        for id in Set(write.leases.compactMap { $0 }).sorted() {
+        for id in write.leases.sorted() {
             guard let lease = store.liveLease(id) else { return .failure(.notFound(id)) }
             guard lease.owner.uid == write.peer.uid || write.peer.uid == 0 else { return .failure(.forbidden(id, owner: lease.owner.uid)) }
             found.append(lease)

@@ -49,8 +49,8 @@ final class SharedSequencer: Sequencer, Sendable {
     struct Item: Sendable {
         enum Work: Sendable {
             case write(WriteRequest)
-            /// Deletes those of `keys` still attached to the lease (at most `limit`).
-            case leaseEnd(EndedLease, keys: Set<Key>, limit: Int)
+            /// Deletes the keys still attached to the lease (at most `limit`).
+            case leaseEnd(EndedLease, limit: Int)
         }
 
         let work: Work
@@ -58,7 +58,8 @@ final class SharedSequencer: Sequencer, Sendable {
         let loop: IOLoop
         /// Past it, the item is answered with an error instead of being planned again.
         let deadline: ContinuousClock.Instant
-        let answer: @Sendable (WriteDecision) -> Void
+        /// Called once with the result (and the value a single-key write replaced, if any).
+        let answer: @Sendable (WriteDecision, CanonicalJSON?) -> Void
     }
 
     /// A group's connections per revision, kept until its revisions arrive (or for a while
@@ -92,16 +93,14 @@ final class SharedSequencer: Sequencer, Sendable {
         self.leaseLoop = leaseLoop
     }
 
-    /// Every write is the cluster's to decide: none is decided here and now.
-    func submitSingle(
-        _ write: SingleWrite, to repository: Repository, limits: WriteLimits, writer: Writer, origin: ConnectionID, time: Int64,
-        old: inout [UInt8]
-    ) -> SingleOutcome? { nil }
-
-    func submit(_ write: WriteRequest, to repository: Repository, route: AnswerRoute, token: UInt64) -> WriteDecision? {
-        let item = Item(work: .write(write), loop: route.loop, deadline: .now + Self.writeTimeout) { route.answer(token, $0) }
+    /// Every write is the cluster's to decide: none is decided here and now. The write, copied
+    /// out of the request's bytes, waits in its repository's queue.
+    func submit(_ input: WriteInput, to repository: Repository, scratch: WriteScratch, route: () -> AnswerRoute, token: UInt64) -> WriteDecision? {
+        let write = WriteRequest(input)
+        let route = route()
+        let item = Item(work: .write(write), loop: route.loop, deadline: .now + Self.writeTimeout) { route.answer(token, $0, previous: $1) }
         // A lease granted on another daemon a moment ago may not have reached this one yet.
-        let unknown = Set(write.leases.compactMap { $0 }).filter { store.liveLease($0) == nil }.sorted()
+        let unknown = write.leases.filter { store.liveLease($0) == nil }.sorted()
         guard !unknown.isEmpty else {
             enqueue(item, to: repository)
             return nil
@@ -109,8 +108,8 @@ final class SharedSequencer: Sequencer, Sendable {
         Task(executorPreference: route.loop) {
             for id in unknown {
                 switch await self.store.lease(id) {
-                case .success(nil): return item.answer(.failure(.lease(.notFound(id))))
-                case .failure(let failure): return item.answer(.failure(.shared(failure)))
+                case .success(nil): return item.answer(.failure(.lease(.notFound(id))), nil)
+                case .failure(let failure): return item.answer(.failure(.shared(failure)), nil)
                 case .success: continue
                 }
             }
@@ -122,22 +121,21 @@ final class SharedSequencer: Sequencer, Sendable {
     /// Deletes the keys still attached to `lease` in `repository`, in revisions of at most
     /// `leaseEndKeys` keys, retrying while the cluster cannot commit; `done` gets the first
     /// revision that deleted them — this daemon's, or another's that came first — or nil.
-    func end(_ lease: EndedLease, keys: Set<Key>, in repository: Repository, time: Int64, done: @escaping @Sendable (WriteOutcome?) -> Void) {
-        end(lease, keys: keys, in: repository, limit: Self.leaseEndKeys, first: nil, done: done)
+    func end(_ lease: EndedLease, in repository: Repository, time: Int64, done: @escaping @Sendable (WriteOutcome?) -> Void) {
+        end(lease, in: repository, limit: Self.leaseEndKeys, first: nil, done: done)
     }
 
     private func end(
-        _ lease: EndedLease, keys: Set<Key>, in repository: Repository, limit: Int, first: WriteOutcome?,
-        done: @escaping @Sendable (WriteOutcome?) -> Void
+        _ lease: EndedLease, in repository: Repository, limit: Int, first: WriteOutcome?, done: @escaping @Sendable (WriteOutcome?) -> Void
     ) {
-        let item = Item(work: .leaseEnd(lease, keys: keys, limit: limit), loop: leaseLoop, deadline: .now + Self.writeTimeout) { [self] decision in
+        let item = Item(work: .leaseEnd(lease, limit: limit), loop: leaseLoop, deadline: .now + Self.writeTimeout) { [self] decision, _ in
             switch decision {
             case .success(let outcome) where outcome.changed:
                 // Deleted up to `limit` keys: plan again for any left.
-                end(lease, keys: keys, in: repository, limit: limit, first: first ?? outcome, done: done)
+                end(lease, in: repository, limit: limit, first: first ?? outcome, done: done)
             case .success(let outcome):
                 // Nothing left; `revision` names another daemon's deletion if one is known.
-                let known = outcome.revision > 0 ? WriteOutcome(revision: outcome.revision, changed: true, previous: nil, sequence: outcome.sequence) : nil
+                let known = outcome.revision > 0 ? WriteOutcome(revision: outcome.revision, changed: true, existed: false, sequence: outcome.sequence) : nil
                 done(first ?? known)
             case .failure(let failure):
                 // The keys must go: try again (with fewer per revision if the store found too many).
@@ -145,7 +143,7 @@ final class SharedSequencer: Sequencer, Sendable {
                 if case .shared(let shared) = failure, shared.kind == .tooLarge { fewer = max(1, limit / 2) }
                 Task {
                     try? await Task.sleep(for: .milliseconds(500))
-                    self.end(lease, keys: keys, in: repository, limit: fewer, first: first, done: done)
+                    self.end(lease, in: repository, limit: fewer, first: first, done: done)
                 }
             }
         }
@@ -203,7 +201,7 @@ final class SharedSequencer: Sequencer, Sendable {
             }
             guard let loop = items.first?.loop else { return }
             let (group, decided, rest) = plan(items, in: repository)
-            for (item, result) in decided { item.answer(result) }
+            for (item, result) in decided { item.answer(result, nil) }
             if !rest.isEmpty { queues.withLock { q in q[repository.id, default: Queue()].waiting.insert(contentsOf: rest, at: 0) } }
             guard let group else { continue }  // every item decided without the store: on to the next ones
             if !group.records.isEmpty {
@@ -220,12 +218,12 @@ final class SharedSequencer: Sequencer, Sendable {
         let commit: SharedCommit
         let records: [RevisionRecord]
         let origins: [UInt64: ConnectionID]
-        let answers: [(item: Item, answer: WriteDecision)]
+        let answers: [(item: Item, answer: WriteDecision, previous: CanonicalJSON?)]
     }
 
     /// Answers a group's items by the store's outcome, then goes on with the next group.
     private func finish(_ group: Group, in repository: Repository, _ outcome: SharedCommitOutcome) {
-        var answers: [(Item, WriteDecision)] = []
+        var answers: [(Item, WriteDecision, CanonicalJSON?)] = []
         queues.withLock { q in
             var queue = q[repository.id] ?? Queue()
             if case .failed(let failure) = outcome, failure.kind == .outcomeUnknown, let inflight = queue.inflight {
@@ -235,16 +233,16 @@ final class SharedSequencer: Sequencer, Sendable {
             queue.inflight = nil
             switch outcome {
             case .committed, .current:
-                answers = group.answers.map { ($0.item, $0.answer) }
+                answers = group.answers.map { ($0.item, $0.answer, $0.previous) }
             case .stale, .leaseEnded:
                 // Planned again on the newer state (where the ended leases are no longer live).
                 queue.waiting.insert(contentsOf: group.answers.map(\.item), at: 0)
             case .failed(let failure):
-                answers = group.answers.map { ($0.item, .failure(.shared(failure))) }
+                answers = group.answers.map { ($0.item, .failure(.shared(failure)), nil) }
             }
             q[repository.id] = queue
         }
-        for (item, answer) in answers { item.answer(answer) }
+        for (item, answer, previous) in answers { item.answer(answer, previous) }
         commitNextGroup(of: repository)
     }
 }

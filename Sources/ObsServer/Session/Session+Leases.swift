@@ -2,9 +2,11 @@
 // "Keys with a lifetime"). Writes that name a lease go through the write path like any other
 // (Session.swift, Sequencer.swift).
 //
-// With local storage the lease table answers at once. With a shared store (etcd mode) the
-// store keeps the leases (SharedLeases.swift): the request waits for it — the connection's
-// later requests wait behind it, as behind a write — and is answered on the session's loop.
+// With local storage the lease table decides at once; a grant, or a revoke, is answered once
+// what it changed is durable (its frame in the log, and a revoke's deletions). With a shared
+// store (etcd mode) the store keeps the leases (SharedLeases.swift): the request waits for it
+// — the connection's later requests wait behind it, as behind a write — and is answered on
+// the session's loop.
 
 import ObsCore
 import ObsProtocol
@@ -25,9 +27,11 @@ extension Session {
         switch result {
         case .failure(let refusal):
             fail(id: id, refusal.protocolError)
-        case .success(let lease):
+        case .success(let (lease, sequence)):
             if ttl != nil { hub.leaseClock.deadlineMoved() }
-            reply(id, GrantReply(lease: lease, ttl: ttl.map { UInt32($0) }))
+            var bytes: [UInt8] = []
+            GrantReply(lease: lease, ttl: ttl.map { UInt32($0) }).encode(into: &bytes, id: id)
+            hold(bytes, id: id, until: sequence, in: hub.leases)
         }
     }
 
@@ -55,9 +59,24 @@ extension Session {
         let collected = Locked<[LeaseDeletion]>([])
         hub.end(ended, time: shard.loop.wallSeconds) { deletions in collected.withLock { $0 = deletions } }
         let deletions = collected.withLock { $0 }
+        guard let ended = ended.sequence else {
+            return fail(id: id, ProtocolError(.internal, "lease \(lease) ended, but the daemon is stopping and could not record it"))
+        }
         var bytes: [UInt8] = []
         RevokeReply(revisions: Self.revisions(of: deletions)).encode(into: &bytes, id: id)
-        hold(bytes, id: id, until: deletions.map { ($0.repository, $0.outcome.sequence) })
+        let states: [(any DurableLine, StateSequence)] = [(hub.leases, ended)] + deletions.map { ($0.repository, $0.outcome.sequence) }
+        // Storage failing the end or a deletion undoes neither in memory: the lease has ended
+        // here for good, and both are made again until storage takes them.
+        hold(bytes, id: id, until: states) { error in
+            var reply: [UInt8] = []
+            ReplyEncoder.error(
+                &reply, id: id,
+                ProtocolError(
+                    .internal,
+                    "lease \(lease) is revoked — a keepalive, revoke or write naming it is not_found from now on — but storage could not record it yet (\(error.description)): obsd writes the lease's end and deletes its keys again every second until storage takes them; a restart before then may find the lease still granted"
+                ))
+            return reply
+        }
     }
 
     private static func revisions(of deletions: [LeaseDeletion]) -> [String: UInt64] {

@@ -55,53 +55,57 @@ extension Session {
         ReplyEncoder.end(&sink)
     }
 
-    /// Queues `bytes` in a slot, sent once `sequence` of `repository` is durable (or replaced
-    /// by an error if it is undone; a subscription that began there ends).
-    /// (`stream`: a large subscription start, sent as that stream instead of `bytes`.)
-    func hold(
-        _ bytes: [UInt8], events: Int = 0, id: JSONValue, until sequence: StateSequence, in repository: Repository,
-        subscription: Subscription? = nil, stream: OutboxStream? = nil
+    /// Queues `bytes` in a slot, sent once `sequence` of `line` is durable (or replaced by an
+    /// error if it is undone — `failure`'s, else the plain storage failure; a subscription that
+    /// began there ends). (`stream`: a large subscription start, sent as that stream instead
+    /// of `bytes`.)
+    func hold<Line: DurableLine>(
+        _ bytes: [UInt8], events: Int = 0, id: JSONValue, until sequence: StateSequence, in line: Line,
+        subscription: Subscription? = nil, stream: OutboxStream? = nil, failure: (@Sendable (StorageError) -> [UInt8])? = nil
     ) {
         let slot = outbox.reserveSlot()
-        switch repository.awaitDurable(sequence, on: shard) {
+        switch line.awaitDurable(sequence, on: shard) {
         case .durable:
             if let stream { outbox.fill(slot, with: stream) } else { outbox.fill(slot, with: bytes, events: events) }
         case .pending:
             shard.wait(
                 LoopShard.Waiter(
                     sequence: sequence, connection: connection, slot: slot, bytes: bytes, events: events, id: id, subscription: subscription,
-                    stream: stream),
-                on: repository)
+                    stream: stream, failure: failure),
+                on: line)
         case .failed(let error):
             if let subscription, outbox.unregister(subscription.id) != nil { shard.unroute(subscription) }
-            outbox.fill(slot, with: Replies.storageFailure(id: id, error, repo: repository.name))
+            outbox.fill(slot, with: failure?(error) ?? Replies.storageFailure(id: id, error, in: line.subject))
         }
         shard.markDirty(connection)
     }
 
     /// Queues `bytes` in a slot, sent once every listed state is durable (or replaced by an
-    /// error if one is undone) — a reply that reports revisions of several repositories.
-    func hold(_ bytes: [UInt8], id: JSONValue, until states: [(Repository, StateSequence)]) {
+    /// error if one is undone, as `hold(_:events:id:until:in:)` does) — a reply that reports
+    /// states of several lines (a `revoke`: the lease table's, and each repository's).
+    func hold(
+        _ bytes: [UInt8], id: JSONValue, until states: [(any DurableLine, StateSequence)], failure: (@Sendable (StorageError) -> [UInt8])? = nil
+    ) {
         let pending = states.filter { !$0.0.isDurable($0.1) }
         if pending.isEmpty {
             bytes.withUnsafeBytes { outbox.append($0) }
             return shard.markDirty(connection)
         }
-        if pending.count == 1 { return hold(bytes, id: id, until: pending[0].1, in: pending[0].0) }
         let slot = outbox.reserveSlot()
         let group = WaitGroup(remaining: pending.count)
-        for (repository, sequence) in pending {
-            switch repository.awaitDurable(sequence, on: shard) {
+        for (line, sequence) in pending {
+            switch line.awaitDurable(sequence, on: shard) {
             case .durable:
                 group.remaining -= 1
             case .pending:
                 shard.wait(
                     LoopShard.Waiter(
-                        sequence: sequence, connection: connection, slot: slot, bytes: bytes, events: 0, id: id, subscription: nil, group: group),
-                    on: repository)
+                        sequence: sequence, connection: connection, slot: slot, bytes: bytes, events: 0, id: id, subscription: nil, group: group,
+                        failure: failure),
+                    on: line)
             case .failed(let error):
+                if !group.failed { outbox.fill(slot, with: failure?(error) ?? Replies.storageFailure(id: id, error, in: line.subject)) }
                 group.failed = true
-                outbox.fill(slot, with: Replies.storageFailure(id: id, error, repo: repository.name))
             }
         }
         if group.remaining == 0, !group.failed { outbox.fill(slot, with: bytes) }
@@ -110,35 +114,42 @@ extension Session {
 
     // MARK: Writes
 
-    /// Replies to a write decided at once, after the state it reports is durable.
-    func answerWrite(_ id: JSONValue, _ repository: Repository, _ result: WriteDecision, single: Bool) {
-        switch result {
-        case .success(let outcome):
-            if outcome.changed { shard.counters.countWrite() }
-            reply(id, Self.message(outcome, single: single), after: outcome.sequence, in: repository)
-        case .failure(.refused(.rules(let error))):
-            // Reports the state it was checked against.
-            fail(id: id, Self.protocolError(.refused(.rules(error)), repo: repository.name), after: repository.sequence, in: repository)
-        case .failure(let failure):
-            fail(id: id, Self.protocolError(failure, repo: repository.name))
+    /// Replies to a write that succeeded, once the state it reports is durable: straight into
+    /// the outbox if it is, else held in a slot. `old`: the value a single-key write replaced
+    /// (canonical bytes), if its reply carries one.
+    @inline(__always)
+    func answerWrite(_ id: JSONValue, _ outcome: WriteOutcome, old: UnsafeRawBufferPointer?, in repository: Repository) {
+        if repository.isDurable(outcome.sequence) {
+            outboxRef._withUnsafeGuaranteedRef { outbox in
+                outbox.appendReply {
+                    WriteReply<CanonicalJSON>.encode(into: &$0, id: id, revision: outcome.revision, changed: outcome.changed, canonicalOld: old)
+                }
+            }
+            connectionRef._withUnsafeGuaranteedRef { connection in
+                if !connection.isDirty { shardRef._withUnsafeGuaranteedRef { $0.markDirty(connection) } }
+            }
+        } else {
+            var bytes: [UInt8] = []
+            bytes.reserveCapacity(64 + (old?.count ?? 0))
+            WriteReply<CanonicalJSON>.encode(into: &bytes, id: id, revision: outcome.revision, changed: outcome.changed, canonicalOld: old)
+            hold(bytes, id: id, until: outcome.sequence, in: repository)
         }
     }
 
-    /// Encodes the whole reply to a write decided later (its state is current: shown at once).
-    func encodeWrite(_ sink: inout [UInt8], _ id: JSONValue, _ repo: String, _ result: WriteDecision, single: Bool) {
+    /// Encodes the whole reply to a write decided later (its state is current: shown at once),
+    /// with `previous`, the value a single-key write replaced or left in place.
+    func encodeWrite(_ sink: inout [UInt8], _ id: JSONValue, _ repo: String, _ result: WriteDecision, previous: CanonicalJSON?) {
         switch result {
         case .success(let outcome):
             if outcome.changed { shard.counters.countWrite() }
-            Self.message(outcome, single: single).encode(into: &sink, id: id)
+            let old = outcome.existed ? previous : nil
+            (old?.bytes ?? []).withUnsafeBytes { bytes in
+                WriteReply<CanonicalJSON>.encode(into: &sink, id: id, revision: outcome.revision, changed: outcome.changed, canonicalOld: old == nil ? nil : bytes)
+            }
         case .failure(let failure):
             hub.stats.errors.add(1, ordering: .relaxed)
             ReplyEncoder.error(&sink, id: id, Self.protocolError(failure, repo: repo))
         }
-    }
-
-    /// A write's reply: `set`/`delete` carry the value replaced, `batch` none.
-    private static func message(_ outcome: WriteOutcome, single: Bool) -> WriteReply<CanonicalJSON> {
-        WriteReply(revision: outcome.revision, changed: outcome.changed, old: single ? outcome.previous : nil)
     }
 
     /// The error reply for a write that failed.
@@ -167,11 +178,13 @@ extension Session {
     // MARK: Reads in etcd mode
 
     /// The repositories a request reads (nil: it reads no repository state).
-    static func readScope(_ command: Command) -> SharedScope? {
+    func readScope(_ command: Command) -> SharedScope? {
         switch command {
         case .get(let repo, _), .list(let repo, _, _): .repository(repo)
         case .subscribe(let request): .repository(request.repo)
         case .repos: .all
+        // A `sync` reads its subscription's repository (an unknown `sub` is answered at once).
+        case .sync(let sub): outbox.live[sub].map { .repository($0.repository.name) }
         default: nil
         }
     }
@@ -196,12 +209,13 @@ struct UncheckedSendableBox<Value>: @unchecked Sendable {
 /// Replies the daemon makes outside a session's flow.
 enum Replies {
     /// The reply to a request whose outcome storage could not keep — or, for
-    /// `.outcomeUnknown`, could not say whether it kept (a restart may apply it).
-    static func storageFailure(id: JSONValue, _ error: StorageError, repo: String) -> [UInt8] {
+    /// `.outcomeUnknown`, could not say whether it kept (a restart may apply it) — in
+    /// `subject` ("repository ui", "the lease table").
+    static func storageFailure(id: JSONValue, _ error: StorageError, in subject: String) -> [UInt8] {
         let message =
             error.kind == .outcomeUnknown
-            ? "storage failure in repository \(repo): the change this reply depends on may or may not have been stored: its outcome is unknown (\(error.description)); read after obsd restarts before retrying"
-            : "storage failure in repository \(repo): the change this reply depends on could not be stored and was undone (\(error.description)); retry once the cause is fixed"
+            ? "storage failure in \(subject): the change this reply depends on may or may not have been stored: its outcome is unknown (\(error.description)); read after obsd restarts before retrying"
+            : "storage failure in \(subject): the change this reply depends on could not be stored and was undone (\(error.description)); retry once the cause is fixed"
         var bytes: [UInt8] = []
         ReplyEncoder.error(&bytes, id: id, ProtocolError(.internal, message))
         return bytes

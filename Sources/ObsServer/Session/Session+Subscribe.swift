@@ -1,5 +1,6 @@
-// ObsServer — subscribing: the reply, then the snapshot or the replay, then `synced` — one
-// run of bytes appended to the outbox (past `streamAbove`, a stream encoded as the socket
+// ObsServer — subscribing: the reply, then the state it starts with (a snapshot, or a
+// catch-up's diff) or the replay, then `synced` — one run of bytes appended to the outbox (past
+// `streamAbove`, or with a state too large to read at once, a stream encoded as the socket
 // takes it: no size is refused), held in a slot while the state it starts from is not
 // durable; the subscription is live from the revision it reports.
 
@@ -9,7 +10,7 @@ import ObsStore
 import ObservableKit
 
 extension Session {
-    /// A subscription's start larger than this (its reply, snapshot or replay, in bytes) is
+    /// A subscription's start larger than this (its reply, state or replay, in bytes) is
     /// streamed (OutboxStream.swift) instead of appended whole.
     static let streamAbove = 4 << 20
 
@@ -20,68 +21,86 @@ extension Session {
         let repository = hub.hold(request.repo)
         defer { hub.release(request.repo) }
         let subscription = Subscription(id: number, repository: repository, connection: connection, request: request)
-        let started: (start: RepositoryCore.Start, sequence: StateSequence, registered: Bool)
+        let started: Repository.Started
         do throws(RepositoryCore.StartRefusal) {
-            started = try repository.subscribe(subscription, request, now: now)
+            started = try repository.subscribe(subscription, request, now: now, firstBytes: Self.streamAbove)
         } catch {
             switch error {
             case .compacted(let message): return fail(id: id, ProtocolError(.compacted, message))
-            case .tooLarge(let message): return fail(id: id, ProtocolError(.tooLarge, message))
             }
         }
-        let (start, sequence, registered) = started
-        // The run: the reply, then the snapshot (its head, entries and end) or the replay and
-        // `synced` — one array, or past `streamAbove` a stream of head, entries and the rest.
+        let start = started.start
+        // The run: the reply, the state event's head and first members (its other members read
+        // later, if it has more), then its end, the replay and `synced`.
         var head: [UInt8] = []
-        SubscribeReply(subscription: number, revision: start.revision, epoch: repository.epoch).encode(into: &head, id: id)
-        var entries: [(key: Key, value: CanonicalJSON)] = []
-        if var snapshot = start.snapshot {
-            snapshot.sort { $0.key < $1.key }
+        SubscribeReply(subscription: number, revision: start.revision, epoch: repository.epoch, catchup: start.catchUp).encode(into: &head, id: id)
+        switch start.state?.kind {
+        case .snapshot:
             SnapshotEvent<CanonicalJSON>(subscription: number, repository: repository.name, revision: start.revision, entries: []).encodeHead(into: &head)
-            entries = snapshot
+        case .diff(let from, _):
+            CatchUpEvent<CanonicalJSON>(subscription: number, repository: repository.name, from: from, revision: start.revision, entries: [], deleted: [])
+                .encodeHead(into: &head)
+        case nil:
+            break
         }
+        head.append(contentsOf: started.members)
         // A `once` subscription whose change was replayed ended there: no `synced` follows.
         let synced = request.since != nil && !(request.once && start.replayed > 0)
-        let events = (start.snapshot == nil ? 0 : 1) + start.replayed + (synced ? 1 : 0)
-        /// What follows the entries.
-        func writeRest(_ sink: inout [UInt8]) {
-            if start.snapshot != nil { SnapshotEvent<CanonicalJSON>.encodeTail(into: &sink) }
-            sink.append(contentsOf: start.replay)
-            if synced { SyncedEvent(subscription: number, repository: repository.name, revision: start.revision).encode(into: &sink) }
+        let events = (start.state == nil ? 0 : 1) + start.replayed + (synced ? 1 : 0)
+        var rest: [UInt8] = []
+        switch start.state?.kind {
+        case .snapshot:
+            SnapshotEvent<CanonicalJSON>.encodeTail(into: &rest)
+        case .diff(_, let deleted):
+            CatchUpEvent<CanonicalJSON>.encodeDeletedHead(into: &rest)
+            for (i, key) in deleted.enumerated() { CatchUpEvent<CanonicalJSON>.encodeDeleted(key, first: i == 0, into: &rest) }
+            CatchUpEvent<CanonicalJSON>.encodeTail(into: &rest)
+        case nil:
+            break
         }
-        let size = head.count + Self.encodedBytes(of: entries, values: true) + start.replay.count
-        if size > Self.streamAbove {
-            // Large: encoded a piece at a time as the socket takes it (OutboxStream.swift),
-            // within the daemon's budget of such copies (StartBudget.swift).
+        rest.append(contentsOf: start.replay)
+        if synced { SyncedEvent(subscription: number, repository: repository.name, revision: start.revision).encode(into: &rest) }
+
+        if let reader = started.reader {
+            let state = StateSource(
+                repository: repository, reader: reader, keys: started.keys, next: started.next, sorted: started.sorted, first: started.members.isEmpty)
+            return send(OutboxStream(head: head, state: state, tail: rest, events: events), id: id, started: started, subscription: subscription, in: repository)
+        }
+        if head.count + rest.count > Self.streamAbove {
+            // A large replay — a copy of history records — streams within the daemon's budget of
+            // such copies (StartBudget.swift); a subscription that asked to be caught up is never
+            // refused for it (its copy is bounded by the history's limits).
+            let size = head.count + rest.count
             let limit = limits.maxStartBytes
-            guard hub.startBudget.take(size, limit: limit) else {
+            guard request.catchup || hub.startBudget.take(size, limit: limit) else {
                 if outbox.unregister(subscription.id) != nil { shard.unroute(subscription) }
                 return fail(
                     id: id,
                     ProtocolError(
                         .overloaded,
-                        "this subscription starts with \(size >> 20) MiB of snapshot or replay, and other subscriptions' large starts hold \(hub.startBudget.bytes >> 20) MiB being sent (limits.max-start-bytes: \(limit >> 20) MiB); nothing was subscribed: retry shortly, or select fewer keys"
+                        "this subscription starts with \(size >> 20) MiB of replay, and other subscriptions' large starts hold \(hub.startBudget.bytes >> 20) MiB being sent (limits.max-start-bytes: \(limit >> 20) MiB); nothing was subscribed: retry shortly, resume with catchup: true, or select fewer keys"
                     ))
             }
-            var rest: [UInt8] = []
-            writeRest(&rest)
-            let stream = OutboxStream(head: head, entries: entries, tail: rest, events: events, budget: (hub.startBudget, size))
-            if repository.isDurable(sequence) {
-                outbox.append(stream)
-                shard.markDirty(connection)
-            } else {
-                hold([], events: events, id: id, until: sequence, in: repository, subscription: registered ? subscription : nil, stream: stream)
-            }
-            return
+            let budget = request.catchup ? nil : (hub.startBudget, size)
+            return send(OutboxStream(head: head, tail: rest, events: events, budget: budget), id: id, started: started, subscription: subscription, in: repository)
         }
         var bytes = head
-        for (i, entry) in entries.enumerated() { SnapshotEvent<CanonicalJSON>.encodeMember(entry.key, entry.value, first: i == 0, into: &bytes) }
-        writeRest(&bytes)
-        if repository.isDurable(sequence) {
+        bytes.append(contentsOf: rest)
+        if repository.isDurable(started.sequence) {
             bytes.withUnsafeBytes { outbox.append($0, events: events) }
             shard.markDirty(connection)
         } else {
-            hold(bytes, events: events, id: id, until: sequence, in: repository, subscription: registered ? subscription : nil)
+            hold(bytes, events: events, id: id, until: started.sequence, in: repository, subscription: started.registered ? subscription : nil)
+        }
+    }
+
+    /// Queues a start streamed: at once if the state it reports is durable, else in a slot.
+    private func send(_ stream: OutboxStream, id: JSONValue, started: Repository.Started, subscription: Subscription, in repository: Repository) {
+        if repository.isDurable(started.sequence) {
+            outbox.append(stream)
+            shard.markDirty(connection)
+        } else {
+            hold([], events: stream.events, id: id, until: started.sequence, in: repository, subscription: started.registered ? subscription : nil, stream: stream)
         }
     }
 }

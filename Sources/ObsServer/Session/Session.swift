@@ -43,15 +43,16 @@ final class Session {
     /// repository and the connection owns outbox and shard beyond the session's life, so each
     /// view is valid whenever the session runs.
     private var lastWrittenRef: Unmanaged<Repository>?
-    private let connectionRef: Unmanaged<Connection>
-    private let outboxRef: Unmanaged<Outbox>
-    private let shardRef: Unmanaged<LoopShard>
+    let connectionRef: Unmanaged<Connection>
+    let outboxRef: Unmanaged<Outbox>
+    let shardRef: Unmanaged<LoopShard>
     /// The hub's sequencer (kept here: read through the hub, it was retained per write).
     private let sequencer: any Sequencer
-    /// Scratch space the request scanner canonicalizes values into, and where a single-key
-    /// write's old value is copied for its reply.
+    /// Scratch space the request scanner canonicalizes values into, and what writes reuse
+    /// (their plans; where a single-key write's old value is copied for its reply).
     private var scanValues: [UInt8] = []
-    private var singleOld: [UInt8] = []
+    private let scratch = WriteScratch()
+    private let scratchRef: Unmanaged<WriteScratch>
 
     /// Why the connection holds its further requests for now, if it does.
     enum Wait {
@@ -59,11 +60,15 @@ final class Session {
         case cluster
         /// This session wrote while a loop's delivery backlog was at its limit.
         case delivery
+        /// A `sync` waits for its subscription's events (Session+Sync.swift).
+        case sync
     }
 
     private(set) var waits: Set<Wait> = []
     /// Whether the connection must hold its further requests for now.
     var holdsInput: Bool { !waits.isEmpty }
+    /// The `sync` waiting for its subscription's events, if one is (Session+Sync.swift).
+    var pendingSync: PendingSync?
     /// Writes waiting for the shared store, by token: their reply slots and what they need.
     var pendingWrites: [UInt64: PendingWrite] = [:]
     private var nextToken: UInt64 = 0
@@ -83,6 +88,7 @@ final class Session {
         self.connectionRef = Unmanaged.passUnretained(connection)
         self.outboxRef = Unmanaged.passUnretained(connection.outbox)
         self.shardRef = Unmanaged.passUnretained(connection.shard)
+        self.scratchRef = Unmanaged.passUnretained(scratch)
         self.sequencer = hub.sequencer
         self.hub = hub
         self.peer = peer
@@ -119,10 +125,11 @@ final class Session {
         case .tooLarge:
             fail(id: .null, ProtocolError(.tooLarge, "line longer than \(maxLine) bytes; the rest of it is discarded"))
         case .line(let bytes):
-            // The fast path reads the common requests in place; a single-key write may not
-            // even become a `Request`. What it cannot read, the general decoder does.
+            // The fast path reads the common requests in place; a write to the repository this
+            // session writes may not even become a `Request`. What it cannot read, the general
+            // decoder does.
             let handled = Request.scan(bytes, maxDepth: maxDepth, values: &scanValues) { scanned in
-                if let write = scanned.write, writeSingle(scanned.id, write) { return true }
+                if scanned.withWrite({ repo, single, ops in writeInPlace(scanned.id, repo, single, ops) }) == true { return true }
                 guard let request = scanned.request() else { return false }
                 execute(request)
                 return true
@@ -139,6 +146,7 @@ final class Session {
 
     /// Ends every subscription; called when the connection closes.
     func close() {
+        pendingSync = nil
         for subscription in outbox.close() { shard.unroute(subscription) }
         for (_, pending) in pendingWrites where pending.held { hub.release(pending.repository.name) }
         pendingWrites.removeAll()
@@ -162,7 +170,7 @@ final class Session {
             }
             guard permits(repo, needed, op: request.command.op, id: id) else { return }
         }
-        if let shared = hub.shared, let scope = Self.readScope(request.command) {
+        if let shared = hub.shared, let scope = readScope(request.command) {
             return afterLinearizing(scope, shared) { $0.perform(request) }
         }
         perform(request)
@@ -179,27 +187,20 @@ final class Session {
         case .get(let repo, let key):
             get(id, repo: repo, key: key)
         case .set(let repo, let key, let value, let ifRev, let force):
-            guard withinValueLimit(value, key: key, id: id) else { return }
             let lease = request.leases.isEmpty ? nil : request.leases[key]
-            write(id, repo: repo, [.set(key, value, ifRevision: ifRev, force: force)], leases: lease.map { [$0] } ?? [], single: true)
+            write(id, repo: repo, WriteOps([.set(key, value, ifRevision: ifRev, force: force)], leases: [lease]), single: true)
         case .delete(let repo, let key, let ifRev):
-            write(id, repo: repo, [.delete(key, ifRevision: ifRev)], single: true)
+            write(id, repo: repo, WriteOps([.delete(key, ifRevision: ifRev)]), single: true)
         case .batch(let repo, let ops):
-            guard ops.count <= limits.maxKeysPerRequest else {
-                return fail(id: id, ProtocolError(.tooLarge, "the batch has \(ops.count) operations; the limit is \(limits.maxKeysPerRequest)"))
-            }
-            for case .set(let key, let value, _, _) in ops {
-                guard withinValueLimit(value, key: key, id: id) else { return }
-            }
             // The lease each `set` names, by position (a `delete` detaches).
             let leases: [UInt64?] =
                 request.leases.isEmpty ? [] : ops.map { op in if case .set = op { request.leases[op.key] } else { nil } }
-            write(id, repo: repo, ops, leases: leases, single: false)
+            write(id, repo: repo, WriteOps(ops, leases: leases), single: false)
         case .list(let repo, let prefix, let values):
             list(id, repo: repo, prefix: prefix, values: values)
         case .repos:
             // Held until every state it reports is durable, as a `list` is.
-            var states: [(Repository, StateSequence)] = []
+            var states: [(any DurableLine, StateSequence)] = []
             let repos = hub.listed().filter { permission($0.name) >= .read }.map { repository in
                 let (revision, keys, sequence) = repository.summary
                 states.append((repository, sequence))
@@ -226,6 +227,8 @@ final class Session {
             reply(id, EmptyReply())
         case .stats:
             stats(id)
+        case .sync(let sub):
+            sync(id, sub)
         case .lease(.grant(let ttl)):
             grant(id, ttl: ttl.map(Int64.init))
         case .lease(.keepalive(let lease)):
@@ -261,92 +264,90 @@ final class Session {
 
     // MARK: Writing
 
-    private func write(_ id: JSONValue, repo: String, _ ops: [WriteOp<CanonicalJSON>], leases: [UInt64?] = [], single: Bool) {
-        let limits = self.limits
-        let request = WriteRequest(
-            ops: ops, limits: WriteLimits(maxKeys: limits.maxKeysPerRepository, maxRevisionBytes: limits.maxRevisionBytes),
-            maxRepositories: limits.maxRepositories, peer: peer, writer: writer, origin: outbox.connection, time: shard.loop.wallSeconds,
-            leases: leases)
+    /// A write the general decoder read (its access was checked): its operations, copied into
+    /// one buffer, go the one way every write goes.
+    private func write(_ id: JSONValue, repo: String, _ ops: WriteOps, single: Bool) {
         // A repository the hub keeps for good needs no hold; any other is held while the
         // write is under way (a write that changes nothing leaves no repository behind).
-        let repository: Repository
-        let held: Bool
-        if let last = lastWritten, last.name == repo {
-            (repository, held) = (last, false)
-        } else {
-            repository = hub.hold(repo)
-            held = true
+        let held = lastWritten?.name != repo
+        let repository = held ? hub.hold(repo) : lastWritten!
+        ops.withRawOps { write(id, ops: $0, to: repository, held: held, single: single) }
+    }
+
+    /// A write — `set`, `delete`, `batch` — read in place, to the repository this session wrote
+    /// last (whose write access it was granted under the current policy): it goes the one way
+    /// every write goes with nothing copied out of the request, no `Request` made. False, with
+    /// nothing done, for any other repository: the general decoder and the access check take it.
+    private func writeInPlace(_ id: JSONValue, _ repo: UnsafeRawBufferPointer, _ single: Bool, _ ops: UnsafeBufferPointer<RawWriteOp>) -> Bool {
+        // Read through `_withUnsafeGuaranteedRef` (see `lastWrittenRef`): as plain loads, the
+        // optimizer retained and released the objects a write passes through.
+        guard let last = lastWrittenRef, last._withUnsafeGuaranteedRef({ $0.hasName(repo) }) else { return false }
+        last._withUnsafeGuaranteedRef { repository in write(id, ops: ops, to: repository, held: false, single: single) }
+        return true
+    }
+
+    /// The one write path: every `set`, `delete` and `batch`, its operations read in place —
+    /// checked against the request limits, handed to the sequencer, answered once what it
+    /// reports is durable. `held`: the repository is held for it (and released here).
+    private func write(_ id: JSONValue, ops: UnsafeBufferPointer<RawWriteOp>, to repository: Repository, held: Bool, single: Bool) {
+        let limits = self.limits
+        if let refusal = Self.refusal(ops, limits) {
+            if held { hub.release(repository.name) }
+            return fail(id: id, refusal)
         }
         nextToken += 1
         let token = nextToken
-        if let result = sequencer.submit(request, to: repository, route: connection.answers, token: token) {
-            if held { hub.release(repo) }
-            if repository.isPermanent { lastWritten = repository }
-            answerWrite(id, repository, result, single: single)
-            holdForDelivery()
-            return
-        }
-        // Decided later: its reply holds its place, and the connection's later requests wait
-        // for it, so they take effect in the order they were sent and each sees the ones before.
-        pendingWrites[token] = PendingWrite(id: id, repository: repository, slot: outbox.reserveSlot(), single: single, held: held)
-        wait(for: .cluster)
-    }
-
-    /// A single-key write read in place, decided here and now when the sequencer can (the
-    /// repository this session writes, a success): applied and answered with no `Request`,
-    /// `WriteOp` or value copied. False, with nothing applied: the general path takes it.
-    private func writeSingle(_ id: JSONValue, _ scanned: ScannedWrite) -> Bool {
-        // Every reference is read through `_withUnsafeGuaranteedRef` (see `lastWrittenRef`):
-        // as plain loads, the optimizer retained and released six objects per write here,
-        // 6 % of the daemon's time at fan-out 1.
-        guard let last = lastWrittenRef else { return false }
-        return last._withUnsafeGuaranteedRef { repository in
-            guard repository.hasName(scanned.repo) else { return false }
-            let limits = self.limits
-            if let value = scanned.value, value.count > limits.maxValueBytes { return false }
-            let write = SingleWrite(key: scanned.key, value: scanned.value, isPlain: scanned.isPlain, ifRevision: scanned.ifRev, force: scanned.force)
-            // The old value's buffer, moved out for the write: read as this class's stored
-            // property, it was retained and released around every reply.
-            var singleOld: [UInt8] = []
-            swap(&singleOld, &self.singleOld)
-            defer { swap(&singleOld, &self.singleOld) }
-            return shardRef._withUnsafeGuaranteedRef { shard in
-                outboxRef._withUnsafeGuaranteedRef { outbox in
-                    guard
-                        let outcome = sequencer.submitSingle(
-                            write, to: repository,
-                            limits: WriteLimits(maxKeys: limits.maxKeysPerRepository, maxRevisionBytes: limits.maxRevisionBytes),
-                            writer: writer, origin: outbox.connection, time: shard.loop.wallSeconds, old: &singleOld)
-                    else { return false }
-                    if outcome.changed { shard.counters.countWrite() }
-                    singleOld.withUnsafeBytes { old in
-                        let old = outcome.existed ? old : nil
-                        if repository.isDurable(outcome.sequence) {
-                            outbox.appendReply {
-                                WriteReply<CanonicalJSON>.encode(into: &$0, id: id, revision: outcome.revision, changed: outcome.changed, canonicalOld: old)
-                            }
-                            connectionRef._withUnsafeGuaranteedRef { connection in
-                                if !connection.isDirty { shard.markDirty(connection) }
-                            }
-                        } else {
-                            var bytes: [UInt8] = []
-                            bytes.reserveCapacity(64 + (old?.count ?? 0))
-                            WriteReply<CanonicalJSON>.encode(into: &bytes, id: id, revision: outcome.revision, changed: outcome.changed, canonicalOld: old)
-                            hold(bytes, id: id, until: outcome.sequence, in: repository)
-                        }
-                    }
-                    holdForDelivery()
-                    return true
+        // The scratch space and the shard read unretained (the session holds them beyond any
+        // write): as plain loads they were retained and released around every reply.
+        scratchRef._withUnsafeGuaranteedRef { scratch in
+            shardRef._withUnsafeGuaranteedRef { shard in
+                let input = WriteInput(
+                    ops: ops, limits: WriteLimits(maxKeys: limits.maxKeysPerRepository, maxRevisionBytes: limits.maxRevisionBytes),
+                    maxRepositories: limits.maxRepositories, peer: peer, writer: writer, origin: connection.id, time: shard.loop.wallSeconds, single: single)
+                guard let result = sequencer.submit(input, to: repository, scratch: scratch, route: { connection.answers }, token: token) else {
+                    // Decided later: its reply holds its place, and the connection's later requests
+                    // wait for it, so they take effect in the order they were sent and each sees the
+                    // ones before.
+                    pendingWrites[token] = PendingWrite(id: id, repository: repository, slot: outbox.reserveSlot(), single: single, held: held)
+                    return wait(for: .cluster)
                 }
+                if held { hub.release(repository.name) }
+                if lastWrittenRef?.toOpaque() != Unmanaged.passUnretained(repository).toOpaque(), repository.isPermanent { lastWritten = repository }
+                switch result {
+                case .success(let outcome):
+                    if outcome.changed { shard.counters.countWrite() }
+                    scratch.old.withUnsafeBytes { old in answerWrite(id, outcome, old: single && outcome.existed ? old : nil, in: repository) }
+                case .failure(.refused(.rules(let error))):
+                    // Reports the state it was checked against.
+                    fail(id: id, Self.protocolError(.refused(.rules(error)), repo: repository.name), after: repository.sequence, in: repository)
+                case .failure(let failure):
+                    fail(id: id, Self.protocolError(failure, repo: repository.name))
+                }
+                holdForDelivery()
             }
         }
     }
 
+    /// The request limits a write's operations pass (nil), or the refusal: too many
+    /// operations, a value too large.
+    private static func refusal(_ ops: UnsafeBufferPointer<RawWriteOp>, _ limits: Limits) -> ProtocolError? {
+        if ops.count > 1, ops.count > limits.maxKeysPerRequest {
+            return ProtocolError(.tooLarge, "the batch has \(ops.count) operations; the limit is \(limits.maxKeysPerRequest)")
+        }
+        for op in ops {
+            guard let value = op.value, value.count > limits.maxValueBytes else { continue }
+            let key = Key(String(decoding: op.key, as: UTF8.self))
+            return ProtocolError(
+                .tooLarge, "the value of key \(key.debugDescription) is \(value.count) bytes of JSON; the limit is \(limits.maxValueBytes)")
+        }
+        return nil
+    }
+
     /// A write decided later is answered (on this loop).
-    func answered(_ token: UInt64, _ result: WriteDecision) {
+    func answered(_ token: UInt64, _ result: WriteDecision, previous: CanonicalJSON?) {
         guard let pending = pendingWrites.removeValue(forKey: token) else { return }
         var reply: [UInt8] = []
-        encodeWrite(&reply, pending.id, pending.repository.name, result, single: pending.single)
+        encodeWrite(&reply, pending.id, pending.repository.name, result, previous: pending.single ? previous : nil)
         outbox.fill(pending.slot, with: reply)
         if pending.held { hub.release(pending.repository.name) }
         shard.markDirty(connection)
@@ -387,14 +388,6 @@ final class Session {
         entries.reduce(0) { $0 + 2 * $1.key.utf8Count + 4 + (values ? $1.value.bytes.count : 0) }
     }
 
-    /// Whether the value's encoding is within the limit; if not, replies `too_large`.
-    private func withinValueLimit(_ value: CanonicalJSON, key: Key, id: JSONValue) -> Bool {
-        guard value.bytes.count > limits.maxValueBytes else { return true }
-        fail(
-            id: id,
-            ProtocolError(.tooLarge, "the value of key \(key.debugDescription) is \(value.bytes.count) bytes of JSON; the limit is \(limits.maxValueBytes)"))
-        return false
-    }
 }
 
 @available(*, unavailable)

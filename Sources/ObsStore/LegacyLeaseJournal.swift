@@ -1,4 +1,7 @@
-// ObsStore — the lease journal's records (LeaseJournal.swift) and what reading them yields.
+// ObsStore — the lease journal an earlier obsd kept beside its log (`leases` in the data
+// directory), read once to migrate it: leases and their attachments now ride in the log's own
+// records and in the snapshot (LogFrame.swift). Start-up reads the journal, folds it into the
+// state it loaded, writes a snapshot holding it all, and removes the journal.
 //
 // The file is `OBSDLSE1` then frames `u32 length · u32 CRC-32C of the payload · payload`,
 // little-endian. A payload starts with its kind:
@@ -19,57 +22,79 @@
 import ObsValues
 import ObservableKit
 
-/// The leases a data directory holds, as a restart finds them.
-public struct PersistedLeases: Sendable {
-    /// A lease that had not ended.
-    public struct Lease: Sendable, Equatable {
-        public let id: UInt64
-        public let owner: Writer
-        /// Seconds; nil: bound to a connection (which a restart has ended).
-        public let ttl: Int64?
+#if canImport(Glibc)
+import Glibc
+#endif
 
-        public init(id: UInt64, owner: Writer, ttl: Int64?) {
-            self.id = id
-            self.owner = owner
-            self.ttl = ttl
-        }
-    }
-
+/// What an earlier obsd's lease journal held.
+struct LegacyLeases: Sendable {
     /// Keys a lease's end deleted (or was about to) in one repository.
-    public struct Deletion: Sendable, Equatable {
-        public let lease: UInt64
-        public let reason: SharedLeaseReason
-        public let owner: Writer
-        public let repo: String
+    struct Deletion: Sendable, Equatable {
+        let lease: UInt64
+        let reason: SharedLeaseReason
+        let owner: Writer
+        let repo: String
         /// The repository's revision before the deletion's revision.
-        public let before: UInt64
-        public let keys: [Key]
-
-        public init(lease: UInt64, reason: SharedLeaseReason, owner: Writer, repo: String, before: UInt64, keys: [Key]) {
-            self.lease = lease
-            self.reason = reason
-            self.owner = owner
-            self.repo = repo
-            self.before = before
-            self.keys = keys
-        }
+        let before: UInt64
+        let keys: [Key]
     }
 
-    /// The id the next grant hands out (ids are never reused while the data persists).
-    public var nextID: UInt64 = 1
-    /// Leases not ended, by id.
-    public var live: [UInt64: Lease] = [:]
-    /// Leases that ended, why, and who held them.
-    public var ended: [UInt64: (reason: SharedLeaseReason, owner: Writer?)] = [:]
+    var leases = PersistedLeases()
     /// Repository → key → the lease it is attached to (the last `attach` of each key).
-    public var attachments: [String: [Key: UInt64]] = [:]
+    var attachments: [String: [Key: UInt64]] = [:]
     /// The deletions lease ends made, newest last.
-    public var deletions: [Deletion] = []
+    var deletions: [Deletion] = []
 
-    public init() {}
+    /// Reads the journal at `path`: nil if there is none. A torn last frame is ignored (a
+    /// record a crash interrupted); a damaged or foreign file refuses start-up, naming it.
+    static func read(_ path: String) throws(StorageError) -> LegacyLeases? {
+        let fd = open(path, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else {
+            if errno == ENOENT { return nil }
+            throw StorageError.from(errno, "cannot open \(path)")
+        }
+        defer { close(fd) }
+        var st = stat()
+        guard fstat(fd, &st) == 0 else { throw StorageError.from(errno, "cannot stat \(path)") }
+        var bytes = [UInt8](repeating: 0, count: Int(st.st_size))
+        var got = 0
+        while got < bytes.count {
+            let n = bytes.withUnsafeMutableBytes { pread(fd, $0.baseAddress! + got, $0.count - got, off_t(got)) }
+            if n < 0, errno == EINTR { continue }
+            guard n > 0 else { throw StorageError.from(n < 0 ? errno : EIO, "cannot read \(path)") }
+            got += n
+        }
+        if bytes.count < LeaseRecord.magic.count, LeaseRecord.magic.starts(with: bytes) { return LegacyLeases() }
+        guard Array(bytes.prefix(LeaseRecord.magic.count)) == LeaseRecord.magic else {
+            throw StorageError(.corrupt, "\(path) is not an obsd lease journal (bad header); refusing to start")
+        }
+        var found = LegacyLeases()
+        try bytes.withUnsafeBytes { raw in Result { () throws(StorageError) in
+            var offset = LeaseRecord.magic.count
+            while offset < raw.count {
+                var header = PayloadReader(UnsafeRawBufferPointer(rebasing: raw[offset...]))
+                guard let length = header.u32(), let crc = header.u32(), Int(length) <= raw.count - offset - LeaseRecord.frameHeader else {
+                    return  // a frame cut short: the last write a crash interrupted
+                }
+                let start = offset + LeaseRecord.frameHeader
+                let payload = UnsafeRawBufferPointer(rebasing: raw[start..<(start + Int(length))])
+                guard CRC32C.checksum(payload) == crc else {
+                    if start + Int(length) == raw.count { return }
+                    throw StorageError(.corrupt, "\(path) is damaged at byte \(offset) (a record whose checksum does not match, with more after it); refusing to start")
+                }
+                guard LeaseRecord.apply(payload, to: &found) else {
+                    throw StorageError(.corrupt, "\(path) holds a record obsd cannot read at byte \(offset); refusing to start")
+                }
+                offset = start + Int(length)
+            }
+        } }.get()
+        return found
+    }
 }
 
 enum LeaseRecord {
+    /// The journal's name in the data directory.
+    static let fileName = "leases"
     static let magic: [UInt8] = Array("OBSDLSE1".utf8)
     static let frameHeader = 8
 
@@ -92,7 +117,7 @@ enum LeaseRecord {
         }
     }
 
-    // MARK: Encoding
+    // MARK: Encoding (what an earlier obsd wrote: tests write a journal to migrate)
 
     static func grant(_ lease: PersistedLeases.Lease, into out: inout [UInt8]) {
         frame(into: &out) { w in
@@ -120,7 +145,7 @@ enum LeaseRecord {
         }
     }
 
-    static func deletion(_ d: PersistedLeases.Deletion, into out: inout [UInt8]) {
+    static func deletion(_ d: LegacyLeases.Deletion, into out: inout [UInt8]) {
         frame(into: &out) { w in
             w.u8(Kind.deletion.rawValue)
             w.u64(d.lease)
@@ -158,24 +183,22 @@ enum LeaseRecord {
 
     // MARK: Decoding
 
-    /// Applies one checksummed payload to `leases`; false if it does not decode.
-    static func apply(_ payload: UnsafeRawBufferPointer, to leases: inout PersistedLeases) -> Bool {
+    /// Applies one checksummed payload to `found`; false if it does not decode.
+    static func apply(_ payload: UnsafeRawBufferPointer, to found: inout LegacyLeases) -> Bool {
         var r = PayloadReader(payload)
         guard let byte = r.u8(), let kind = Kind(rawValue: byte) else { return false }
         switch kind {
         case .grant:
             guard let id = r.u64(), let owner = owner(&r), let ttl = r.u64(), r.atEnd, id > 0 else { return false }
-            leases.live[id] = PersistedLeases.Lease(id: id, owner: owner, ttl: ttl == 0 ? nil : Int64(bitPattern: ttl))
-            leases.nextID = max(leases.nextID, id + 1)
+            found.leases.granted(PersistedLeases.Lease(id: id, owner: owner, ttl: ttl == 0 ? nil : Int64(bitPattern: ttl)))
         case .end:
             guard let id = r.u64(), let reason = r.u8().flatMap(reason), r.atEnd else { return false }
-            let owner = leases.live.removeValue(forKey: id)?.owner ?? leases.ended[id]?.owner
-            leases.ended[id] = (reason, owner)
-            leases.nextID = max(leases.nextID, id + 1)
+            let owner = found.leases.live[id]?.owner ?? found.leases.ended[id]?.owner ?? Writer(uid: 0, gid: 0, pid: 0)
+            found.leases.ended(id, reason, owner: owner)
         case .attach:
             guard let lease = r.u64(), let repo = r.text(lengthBytes: 2), let key = r.text(lengthBytes: 2), r.atEnd else { return false }
-            leases.attachments[repo, default: [:]][Key(key)] = lease == 0 ? nil : lease
-            if leases.attachments[repo]?.isEmpty == true { leases.attachments[repo] = nil }
+            found.attachments[repo, default: [:]][Key(key)] = lease == 0 ? nil : lease
+            if found.attachments[repo]?.isEmpty == true { found.attachments[repo] = nil }
         case .deletion:
             guard let lease = r.u64(), let reason = r.u8().flatMap(reason), let owner = owner(&r), let repo = r.text(lengthBytes: 2),
                 let before = r.u64(), let count = r.u32(), Int(count) <= payload.count
@@ -186,14 +209,14 @@ enum LeaseRecord {
                 keys.append(Key(key))
             }
             guard r.atEnd else { return false }
-            leases.deletions.append(PersistedLeases.Deletion(lease: lease, reason: reason, owner: owner, repo: repo, before: before, keys: keys))
+            found.deletions.append(LegacyLeases.Deletion(lease: lease, reason: reason, owner: owner, repo: repo, before: before, keys: keys))
             // The deletion detaches them: an `attach` to the ended lease after it means the
             // deletion was undone (storage failed it), and is owed again.
-            for key in keys where leases.attachments[repo]?[key] == lease { leases.attachments[repo]![key] = nil }
-            if leases.attachments[repo]?.isEmpty == true { leases.attachments[repo] = nil }
+            for key in keys where found.attachments[repo]?[key] == lease { found.attachments[repo]![key] = nil }
+            if found.attachments[repo]?.isEmpty == true { found.attachments[repo] = nil }
         case .next:
             guard let id = r.u64(), r.atEnd else { return false }
-            leases.nextID = max(leases.nextID, id)
+            found.leases.nextID = max(found.leases.nextID, id)
         }
         return true
     }
