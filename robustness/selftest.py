@@ -6,13 +6,17 @@ validator. Part of `make test` (`make robustness-short` runs it first).
 - a mutating proxy (obsrobust/proxy.py) between the clients and the daemon drops an event,
   duplicates one, swaps two, rewrites an `old`, a coalesced `new`, a snapshot's value, an
   `overflow`'s `revs`, a `progress` revision, strips a lease end's `lease`, takes `echo: false`
-  out of a subscribe request, rewrites a `get`'s value, a `list`'s revision, a write's `changed`;
+  out of a subscribe request, rewrites a `get`'s value, a `list`'s revision, a write's `changed`,
+  a catch-up's `values`, drops one of its `deleted`, holds a change event back behind its
+  subscription's `sync` reply;
 - the daemon's test-only failpoints acknowledge a write that never reached the log
   (`wal.write=drop`), then kill -9 — acknowledged writes lost; the data directory copied (a
   restored backup) — a new epoch where the suite expected none; every TTL ending 1.5 s early
   (`lease.expire=early(1500)`);
-- hand-written histories of catch-ups and `sync` replies (obsrobust/synthetic.py), which the
-  daemon does not do yet: the right ones pass, the wrong ones are caught.
+- hand-written histories of catch-ups and `sync` replies (obsrobust/synthetic.py): the right
+  ones pass, the wrong ones (a diff from another epoch, a snapshot while the history holds every
+  revision, sync before synced or above the repository) are caught — cases the daemon, right,
+  never shows the proxy.
 
 Each expectation names the validator, the violation's title, and the client whose history
 must show it. Exit status 0 when every defect was caught.
@@ -41,12 +45,16 @@ PROXY = [
     ("slow0", "overflow_revs", 0, "watch", ["overflow revs not honest"]),
     ("slow1", "coalesce_new", 0, "watch", ["a coalesced event does not bring the subscriber to the state at its revision"]),
     ("slow1", "snapshot_alter", 0, "watch", ["snapshot differs from the state at its revision"]),
-    ("s1", "progress_ahead", 0, "watch", ["progress past an undelivered revision", "progress above the repository's revision"]),
+    ("s1", "progress_ahead", 0, "watch", ["progress past an undelivered revision", "progress above the repository's revision",
+                                          "progress while the coalescing subscription lags"]),
     ("s0", "strip_lease", 0, "watch", ["an event's lease is not its revision's", "two subscribers of every key saw a revision differently", "an event of a lease's end without its lease"]),
     ("w0", "get_value", 200, "kv", ["get returns a state outside its window", "get returns a key the repository never held"]),
     ("w1", "list_stale", 200, "kv", ["list at a revision outside its window", "list returns other keys than the model holds"]),
     ("w2", "write_unchanged", 200, "kv", ["a write answered changed: false made a revision",
                                           "a write answered changed: false would change the state"]),
+    ("s0", "catchup_values", 0, "watch", ["a catch-up's values are not the keys changed above from"]),
+    ("s1", "catchup_deleted", 0, "watch", ["a catch-up's deleted is not the keys gone since from"]),
+    ("a0", "sync_early", 2, "watch", ["sync answered before a selected change up to its revision"]),
 ]
 
 SCENARIOS = [
@@ -56,8 +64,11 @@ SCENARIOS = [
         "overrides": {
             "faults": [],
             "proxy": [{"client": c, "kind": k, "after": a} for c, k, a, _, _ in PROXY],
-            "clients": {"slow0": {"coalesce_p": 0.0}, "s0": {"rate": 150}, "s1": {"rate": 150},
-                        "l0": {"lease_keys": 4}},
+            # A short history: the watchers' resumes from past it (every 450 revisions or so)
+            # are catch-ups by diff.
+            "history_limit": 300,
+            "clients": {"a0": {"sync_every": [0.01, 0.05]}, "slow0": {"coalesce_p": 0.0}, "s0": {"rate": 150},
+                        "s1": {"rate": 150}, "l0": {"lease_keys": 4}},
             "extra_clients": [{"name": "slow1", "role": "slow", "coalesce_p": 1.0}],
         },
         "expect": [(c, v, titles, k) for c, k, a, v, titles in PROXY],
@@ -116,7 +127,7 @@ def main():
     os.makedirs(out)
     print(f"robustness self-test: seed {seed}, run directory {out}", flush=True)
     failed = 0
-    # What the daemon does not do yet (catch-up, sync): their validators on hand-written histories.
+    # Catch-up and sync cases the daemon never shows: their validators on hand-written histories.
     from obsrobust import synthetic
     for name, ok, what in synthetic.run_cases(os.path.join(out, "synthetic"), validate.validate_run):
         if ok:

@@ -39,6 +39,7 @@ class ConnCheck:
         self.inc = conn.inc["inc"] if conn.inc else 0
         self.subs = {}
         self.ended_subs = {}
+        self.unchecked = set()  # live subscriptions not checked (history unknown, or a violation already reported)
         self.overflowed = None
 
     def hist(self, repo):
@@ -329,6 +330,8 @@ class ConnCheck:
             sid = obj.get("sub")
             s = self.subs.get(sid)
             if s is None:
+                if sid in self.unchecked:
+                    continue
                 if sid in self.ended_subs:
                     self.res.add("watch", f"an event after its subscription ended: sub {sid} on {self.conn.name}",
                                  [self.ended_subs[sid], self.ref(ln)])
@@ -345,6 +348,16 @@ class ConnCheck:
                 s.at_end()
 
     def subscribed(self, r):
+        cu = r.obj.get("catchup")
+        if cu is True and (r.obj.get("since") is None or r.obj.get("once")):
+            # Contract, "Catching up": only with since, never with once.
+            self.res.checked["watch"] += 1
+            if r.ok or r.code != "bad_request":
+                self.res.add("watch", f"catchup {'with once' if r.obj.get('once') else 'without since'} not refused as bad_request",
+                             [self.ref(r.ln), self.ref(r.rln)], f"the reply: {r.rep}")
+            if r.ok:
+                self.unchecked.add(r.rep.get("sub"))
+            return
         if not r.ok:
             self.subscribe_refused(r)
             return
@@ -353,6 +366,7 @@ class ConnCheck:
         if sid in self.subs or sid in self.ended_subs:
             self.res.add("watch", f"a sub number given twice on {self.conn.name}: {sid}", [self.ref(r.rln)])
         if h is None:
+            self.unchecked.add(sid)
             return
         lo, hi = self.window(h, r, True)
         if not lo <= r.rep["rev"] <= hi:
@@ -365,15 +379,21 @@ class ConnCheck:
             mode = self.catchup_reply(r, h, lo)
             if mode is not None:
                 self.subs[sid] = SubCheck(self, r, h, catchup=mode)
+            else:
+                self.unchecked.add(sid)
             return
+        if "catchup" in r.rep:
+            self.res.add("watch", f"a reply with catchup to a subscribe without it: {h.repo}", [self.ref(r.ln), self.ref(r.rln)])
         if since is not None:
             if ep is not None and ep != r.rep.get("epoch"):
                 self.res.add("watch", f"since with another history's epoch was not compacted: {h.repo}",
                              [self.ref(r.ln), self.ref(r.rln)], f"asked epoch {ep}, the repository's is {r.rep.get('epoch')}")
+                self.unchecked.add(sid)
                 return
             if since > r.rep["rev"]:
                 self.res.add("watch", f"since above the repository's revision was not compacted: {h.repo} since {since}",
                              [self.ref(r.ln), self.ref(r.rln)])
+                self.unchecked.add(sid)
                 return
         self.subs[sid] = SubCheck(self, r, h)
 
@@ -390,6 +410,7 @@ class ConnCheck:
             self.res.add("watch", f"a catch-up reply without catchup: {h.repo}", refs)
             return None
         self.res.checked["watch"] += 1
+        self.res.seen[mode] += 1
         foreign = ep is not None and ep != r.rep.get("epoch")
         if (foreign or since > R0) and mode != "snapshot":
             self.res.add("watch", f"a catch-up from another history or the future not by snapshot: {h.repo} since {since}", refs,
@@ -399,14 +420,31 @@ class ConnCheck:
                 and since >= h.known_from and mode != "replay" and lo >= since:
             self.res.add("watch", f"a catch-up by {mode} though the history holds every revision above since: {h.repo} since {since}",
                          refs, f"revision {R0}; the history keeps the last {self.ctx.history_limit}")
+        elif not foreign and since <= R0 and mode == "snapshot" and self.ctx.tombstones_kept:
+            # docs/PROTOCOL.md: a snapshot only for another epoch, a since from the future, or
+            # deletions forgotten past the tombstone limit — which this run's few keys never reach.
+            self.res.add("watch", f"a catch-up by snapshot though the daemon remembers every deletion: {h.repo} since {since}",
+                         refs, f"same epoch ({r.rep.get('epoch')}), since {since} ≤ revision {R0}; the suite deletes far fewer keys "
+                               f"than the tombstone limit (100,000 per repository), so the answer is a replay or a diff")
         return mode
 
     def sync_reply(self, r):
-        """`sync` (contract, "Sync"): answered after every selected change up to its revision."""
+        """`sync` (contract, "Sync"): answered after every selected change up to its revision;
+        `bad_request` for a missing or non-integer sub, `not_found` for one not live."""
         sid = r.obj.get("sub")
-        s = self.subs.get(sid)
         self.res.checked["watch"] += 1
+        if not isinstance(sid, int) or isinstance(sid, bool):
+            if r.ok or r.code != "bad_request":
+                self.res.add("watch", f"sync with sub {sid!r} not refused as bad_request", [self.ref(r.ln), self.ref(r.rln)],
+                             f"the reply: {r.rep}")
+            return
+        if sid in self.unchecked:
+            return
+        s = self.subs.get(sid)
         if s is None:
+            if not r.ok and r.code not in ("not_found", "internal"):
+                self.res.add("watch", f"sync of a subscription that is not live answered {r.code}, not not_found: sub {sid}",
+                             [self.ref(r.ln), self.ref(r.rln)])
             if r.ok:
                 self.res.add("watch", f"sync of a subscription that is not live answered: sub {sid}", [self.ref(r.ln), self.ref(r.rln)])
             return
@@ -417,6 +455,14 @@ class ConnCheck:
         s.sync_check(r)
 
     def subscribe_refused(self, r):
+        if r.obj.get("catchup") is True and r.obj.get("since") is not None:
+            # Contract, "Catching up": the reply succeeds, never compacted (nor refused for its
+            # size, docs/PROTOCOL.md).
+            self.res.checked["watch"] += 1
+            if r.code in ("compacted", "bad_request", "overloaded"):
+                self.res.add("watch", f"a catch-up refused: {r.code}: {r.obj.get('repo')} since {r.obj.get('since')}",
+                             [self.ref(r.ln), self.ref(r.rln)], f"the reply: {r.rep}")
+            return
         if r.code != "compacted":
             return
         since = r.obj.get("since")
@@ -434,6 +480,11 @@ class ConnCheck:
 
     def unsubscribed(self, r):
         sid = r.obj.get("sub")
+        if sid in self.unchecked:
+            if r.ok:
+                self.unchecked.discard(sid)
+                self.ended_subs[sid] = self.ref(r.rln)
+            return
         s = self.subs.get(sid)
         if r.ok:
             if s is None:
@@ -651,6 +702,7 @@ class SubCheck:
     def catchup_event(self, m, ln):
         h = self.h
         self.res.checked["watch"] += 1
+        self.res.seen["catchup event"] += 1
         if self.phase != "catchup":
             self.res.add("watch", f"a catch-up event not asked for, or twice: sub {self.sid}", self.refs(ln))
             return
@@ -711,8 +763,10 @@ class SubCheck:
             self.res.add("watch", f"sync answered before the subscription caught up: sub {self.sid}", refs)
             return
         if self.coalesce:
+            # Its events may already have gone past S (the reply follows those up to S, not
+            # only them); if not, what it received must be the selected state at S.
             self.apply_own(S)
-            want = self.state_view(S)
+            want = self.state_view(S) if self.told < S else UNKNOWN
             if self.view is not UNKNOWN and self.view is not None and want is not UNKNOWN and self.view != want:
                 self.res.add("watch", f"sync answered before the coalescing subscription's state reached its revision: {h.repo} sub {self.sid}",
                              refs)
@@ -721,6 +775,7 @@ class SubCheck:
             if nxt is not None and nxt <= S and not unc:
                 self.res.add("watch", f"sync answered before a selected change up to its revision: {h.repo} sub {self.sid} sync {S}, revision {nxt} not delivered",
                              refs + ([h.revs[nxt].src] if nxt in h.revs else []))
+        self.res.seen["sync"] += 1
         if not self.echo:
             self.pass_own(S + 1)
         self.told = max(self.told, S)

@@ -348,6 +348,14 @@ class Watcher:
         self.auditor = cfg.get("auditor", False)
         self.catchup = cfg.get("catchup", False)
         self.sync = cfg.get("sync", False)
+        # Where subscriptions stood a while ago (time, spec, last, epoch): resumed from there
+        # later with `catchup`, past what the history holds — a diff (contract, "Catching up").
+        self.old_positions = []
+        self.next_note = 0.0
+        self.stale_n = 0
+        self.repo_rev = {}  # repo -> the highest revision seen in it (replies, events)
+        self.history_limit = cfg.get("history_limit", 5000)
+        self.next_sync = 0.0
 
     def start(self, r):
         pass
@@ -396,22 +404,29 @@ class Watcher:
             spec["echo"] = False
         return spec
 
-    def subscribe(self, r, s, resume=False):
+    def subscribe(self, r, s, resume=False, catchup=None):
         req = dict(s.spec)
         rng = r.rng
+        # `once` never goes with `catchup` (bad_request), nor does `catchup` without `since`.
+        can_catch_up = self.catchup and not s.once
         if resume and s.last is not None:
             req["since"] = s.last
-            if s.epoch is not None and rng.random() < 0.85:
+            if s.epoch is not None and (rng.random() < 0.85 or catchup is True):
                 req["epoch"] = s.epoch
-            if self.catchup and rng.random() < 0.5:
+            if can_catch_up and (catchup if catchup is not None else rng.random() < 0.5):
                 req["catchup"] = True
         elif rng.random() < 0.5:
             req["initial"] = True
         elif rng.random() < 0.15:
-            # Deliberately bad resumes: another history, or a revision from the future.
+            # Deliberately bad resumes: another history, or a revision from the future (with
+            # `catchup`: a snapshot, never compacted).
             req["since"] = rng.randrange(0, 5)
             if rng.random() < 0.5:
                 req["epoch"] = "0" * 32
+            if can_catch_up and rng.random() < 0.5:
+                req["catchup"] = True
+        if self.catchup and "catchup" not in req and rng.random() < 0.05:
+            req["catchup"] = False  # the same as leaving it out
         s.conn = self.conn
         s.live = False
         rid = self.conn.request(req, lambda q, rep: self.subscribed(r, s, q, rep))
@@ -428,7 +443,9 @@ class Watcher:
             s.sub = rep["sub"]
             s.live = True
             s.epoch = rep.get("epoch")
-            s.last = req["since"] if "since" in req else rep["rev"]
+            # A catch-up by diff or snapshot brings the subscription to the reply's revision
+            # (which may be below `since`: another history's).
+            s.last = req["since"] if "since" in req and rep.get("catchup") in (None, "replay") else rep["rev"]
             self.subs[s.sub] = s
         elif rep.get("error", {}).get("code") == "compacted":
             spec = dict(s.spec)
@@ -439,6 +456,11 @@ class Watcher:
             if self.conn is not None and self.conn.alive:
                 self.conn.request(req2, lambda q, rep2: self.subscribed(r, s2, q, rep2))
                 r.ops += 1
+
+    def note_rev(self, q, rep):
+        if rep is not None and isinstance(rep.get("rev"), int) and isinstance(q.get("repo"), str):
+            if rep["rev"] > self.repo_rev.get(q["repo"], 0):
+                self.repo_rev[q["repo"]] = rep["rev"]
 
     def event(self, c, m, t):
         ev = m["event"]
@@ -454,6 +476,8 @@ class Watcher:
         rev = m.get("rev")
         if rev is not None and (s.last is None or rev > s.last):
             s.last = rev
+        if rev is not None and rev > self.repo_rev.get(m.get("repo"), 0):
+            self.repo_rev[m.get("repo")] = rev
         if ev == "change" and s.once:
             s.done = True
             s.live = False
@@ -471,6 +495,12 @@ class Watcher:
             self.subscribe(r, Sub(self.new_spec(r)))
         if self.auditor:
             return
+        now = time.monotonic()
+        if self.catchup:
+            self.stale_resumes(r, now)
+        if self.sync and now >= self.next_sync:
+            self.next_sync = now + rng.uniform(0.05, 0.5)
+            self.sync_request(r)
         x = rng.random()
         if x < 0.01 and self.subs:
             s = rng.choice(list(self.subs.values()))
@@ -489,8 +519,20 @@ class Watcher:
         elif x < 0.0125:
             c.close("watcher reconnects")
             return
-        elif x < 0.0135 and self.sync and self.subs:
-            c.request({"op": "sync", "sub": rng.choice(list(self.subs))})
+        elif x < 0.0128 and self.catchup:
+            # catchup: true without since, or with once: bad_request.
+            spec = self.new_spec(r)
+            if rng.random() < 0.5:
+                spec["once"] = True
+                spec["since"] = rng.randrange(0, 5)
+            else:
+                spec["initial"] = True
+            spec["catchup"] = True
+            c.request(spec)
+            r.ops += 1
+        elif x < 0.0131 and self.sync:
+            # sync without a sub, with one that is not an integer (bad_request), with an unknown one (not_found).
+            c.request(rng.choice([{"op": "sync"}, {"op": "sync", "sub": "1"}, {"op": "sync", "sub": rng.randrange(1000, 2000)}]))
             r.ops += 1
         # Writes of its own, on keys it watches.
         for _ in range(self.bucket.take(6 - c.in_flight)):
@@ -503,8 +545,37 @@ class Watcher:
                 req = {"op": "delete", "repo": repo, "key": key}
             else:
                 req = {"op": "get", "repo": repo, "key": key}
-            c.request(req)
+            c.request(req, self.note_rev)
             r.ops += 1
+
+    def sync_request(self, r):
+        if self.subs and self.conn is not None and self.conn.alive and self.conn.in_flight < 8:
+            self.conn.request({"op": "sync", "sub": r.rng.choice(list(self.subs))})
+            r.ops += 1
+
+    def stale_resumes(self, r, now):
+        """Every 1-3 s notes where a live subscription stands; once its repository has moved
+        on by one and a half histories (--history-limit) — or 40 s later at the latest —
+        subscribes again from there with `catchup`: the history no longer reaches back so
+        far, and the reply is a diff. Every fourth such resume names another history's epoch:
+        a snapshot. (By revisions, not time: a slow machine makes them all the same.)"""
+        rng = r.rng
+        if now >= self.next_note:
+            self.next_note = now + rng.uniform(1.0, 3.0)
+            live = [s for s in self.subs.values() if s.live and s.last is not None and not s.once]
+            if live and len(self.old_positions) < 8:
+                s = rng.choice(live)
+                self.old_positions.append((now, dict(s.spec), s.last, s.epoch))
+        if self.old_positions and len(self.subs) < self.max_subs + 2 and self.conn.in_flight < 4:
+            t, spec, last, epoch = self.old_positions[0]
+            moved = self.repo_rev.get(spec["repo"], 0) - last
+            if moved > 1.5 * self.history_limit or now - t >= self.cfg.get("stale_after_max", 40.0):
+                self.old_positions.pop(0)
+                self.stale_n += 1
+                s = Sub(spec)
+                s.last = last
+                s.epoch = "0" * 32 if self.stale_n % 4 == 0 else epoch
+                self.subscribe(r, s, resume=True, catchup=True)
 
     def drain(self, r):
         pass
@@ -534,12 +605,14 @@ class Auditor(Watcher):
                 self.subscribe(r, s)
         return ok
 
-    def subscribe(self, r, s, resume=False):
+    def subscribe(self, r, s, resume=False, catchup=None):
         req = dict(s.spec)
         if resume and s.last is not None:
             req["since"] = s.last
             if s.epoch is not None:
                 req["epoch"] = s.epoch
+            if self.catchup and r.rng.random() < 0.5:
+                req["catchup"] = True
         else:
             req["initial"] = True
         s.conn = self.conn
@@ -556,7 +629,7 @@ class Auditor(Watcher):
             s.sub = rep["sub"]
             s.live = True
             s.epoch = rep.get("epoch")
-            if "since" not in req:
+            if "since" not in req or rep.get("catchup") in ("diff", "snapshot"):
                 s.last = rep["rev"]
             self.subs[s.sub] = s
         elif rep.get("error", {}).get("code") == "compacted" or rep.get("error", {}).get("code") == "internal":
@@ -567,7 +640,12 @@ class Auditor(Watcher):
             self.subscribe(r, s, resume=True)
 
     def tick(self, r):
-        self.ensure(r)
+        if self.ensure(r) and self.sync:
+            now = time.monotonic()
+            if now >= self.next_sync:
+                lo, hi = self.cfg.get("sync_every", (0.1, 0.6))
+                self.next_sync = now + r.rng.uniform(lo, hi)
+                self.sync_request(r)
 
 
 class SlowReader:
@@ -628,6 +706,8 @@ class SlowReader:
                     req["since"] = since
                     if epoch is not None:
                         req["epoch"] = epoch
+                    if self.cfg.get("catchup") and rng.random() < 0.5:
+                        req["catchup"] = True
                 else:
                     req["initial"] = True
                 if rng.random() < 0.3:
@@ -636,7 +716,7 @@ class SlowReader:
                 def done(q, rep, repo=repo):
                     if rep is not None and rep.get("ok"):
                         self.subs[rep["sub"]] = repo
-                        if "since" not in q:
+                        if "since" not in q or rep.get("catchup") in ("diff", "snapshot"):
                             self.resume[repo] = (rep["rev"], rep.get("epoch"))
                         elif repo in self.resume:
                             self.resume[repo] = (self.resume[repo][0], rep.get("epoch"))

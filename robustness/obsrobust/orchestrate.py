@@ -146,7 +146,6 @@ class Mode:
         sockets = [d.socket for d in self.daemons]
         if "proxy" in self.overrides:
             sockets = [self.start_proxy(sockets[0])]
-        self.procs = []
         for c in clients:
             cfg = dict(c)
             cfg.update({

@@ -3,7 +3,9 @@ daemon, forwards every byte, and — once, on the connection of a chosen client,
 number of matching lines — breaks what the daemon sent the way a buggy daemon would: drops an
 event, duplicates one, swaps two, rewrites an `old`, a coalesced `new`, a snapshot's value, an
 `overflow`'s `revs`, a `progress` revision, a lease end's `lease`, a `get` or `list` reply, a
-write's `changed`; or removes `echo: false` from a subscribe request on its way to the daemon.
+write's `changed`, a catch-up's `values` or `deleted`; holds a change event back behind the
+`sync` reply of its subscription; or removes `echo: false` from a subscribe request on its way
+to the daemon.
 The histories the clients record then hold a defect the validators must find.
 
 Run as `python3 -m obsrobust.proxy CONFIG.json`: {"listen", "upstream", "log", "mutations":
@@ -50,6 +52,9 @@ class Pair:
         self.ops = []  # ops of requests not yet answered (for reply mutations)
         self.held = None  # a change event held back (reorder)
         self.ops_lock = threading.Lock()
+        self.syncs = {}  # sub -> sync requests of it not yet answered
+        self.sync_subs = []  # the subs of the sync requests not yet answered, in order
+        self.sync_held = None  # (sub, rev, [lines]): a change event and what followed it, held for sync_early
 
     def start(self):
         try:
@@ -93,7 +98,11 @@ class Pair:
                         self.name = obj["client"]
                     with self.ops_lock:
                         self.ops.append(obj.get("op"))
-                    if obj.get("op") == "subscribe" and obj.get("echo") is False:
+                        if obj.get("op") == "sync" and isinstance(obj.get("sub"), int):
+                            self.syncs[obj["sub"]] = self.syncs.get(obj["sub"], 0) + 1
+                            self.sync_subs.append(obj["sub"])
+                    # (Not a `once` subscription, nor one of a few keys: its own writes must show.)
+                    if obj.get("op") == "subscribe" and obj.get("echo") is False and not obj.get("once") and "keys" not in obj:
                         with self.p.m.lock:
                             m = self.p.m.pick(self.name, lambda k: k == "echo_flip")
                             if m is not None:
@@ -119,6 +128,10 @@ class Pair:
                     self.c.sendall(line)
                     break
                 self.forward(line)
+            if self.sync_held is not None:
+                for held in self.sync_held[2]:
+                    self.send(held)
+                self.sync_held = None
         except OSError:
             pass
         try:
@@ -130,6 +143,27 @@ class Pair:
         for out in self.mutate_event(line):
             self.send(out)
 
+    def sync_early(self, obj, line, is_reply, op, sync_sub):
+        """sync_early: a change event of a subscription with a `sync` outstanding is held, with
+        every event after it, until that sync's reply, which then goes first — if the change
+        is at or below the reply's revision and no other reply was held (replies stay in
+        order). The lines to send now, or None to go on as usual."""
+        if self.sync_held is None:
+            return None
+        sub, rev, lines = self.sync_held
+        if not is_reply and len(lines) < 1000:
+            lines.append(line)
+            return []
+        mm = self.p.m
+        self.sync_held = None
+        if op == "sync" and sync_sub == sub and obj.get("ok") and isinstance(obj.get("rev"), int) and rev <= obj["rev"]:
+            with mm.lock:
+                m = mm.pick(self.name, lambda k: k == "sync_early")
+                if m is not None:
+                    mm.record(m, self.name, lines[0].decode(), "held back behind the sync reply " + line.decode())
+                    return [line] + lines
+        return lines + [line]
+
     def mutate_event(self, line):
         """The lines to send for `line` (decided under the mutations' lock, sent outside it:
         a client that does not read must not hold up the other connections)."""
@@ -138,17 +172,36 @@ class Pair:
         except ValueError:
             return [line]
         if "event" not in obj:
+            sync_sub = None
             with self.ops_lock:
                 op = self.ops.pop(0) if self.ops else None
+                if op == "sync" and self.sync_subs:
+                    sync_sub = self.sync_subs.pop(0)
+                    self.syncs[sync_sub] -= 1
+            held = self.sync_early(obj, line, True, op, sync_sub)
+            if held is not None:
+                return held
             return self.mutate_reply(obj, op, line)
         mm = self.p.m
         ev = obj.get("event")
+        held = self.sync_early(obj, line, False, None, None)
+        if held is not None:
+            return held
+        if ev == "change" and "from" not in obj and self.syncs.get(obj.get("sub"), 0) > 0:
+            with mm.lock:
+                m = mm.pick(self.name, lambda k: k == "sync_early")
+                if m is not None:
+                    m["seen"] += 1
+                    if m["seen"] > m.get("after", 0):
+                        self.sync_held = (obj.get("sub"), obj.get("rev", 0), [line])
+                        return []
         with mm.lock:
             if self.held is not None and ev == "change" and obj.get("sub") == self.held[0]:
                 held, self.held = self.held[1], None
                 return [line, held]
             kinds = {"change": ("drop_event", "dup_event", "reorder", "rewrite_old", "coalesce_new", "strip_lease"),
-                     "overflow": ("overflow_revs",), "progress": ("progress_ahead",), "snapshot": ("snapshot_alter",)}.get(ev, ())
+                     "overflow": ("overflow_revs",), "progress": ("progress_ahead",), "snapshot": ("snapshot_alter",),
+                     "catchup": ("catchup_values", "catchup_deleted")}.get(ev, ())
             m = mm.pick(self.name, lambda k: k in kinds)
             if m is None:
                 return [line]
@@ -166,6 +219,10 @@ class Pair:
                 ok = bool(obj.get("values"))
             elif k == "progress_ahead":
                 ok = True
+            elif k == "catchup_values":
+                ok = bool(obj.get("values"))
+            elif k == "catchup_deleted":
+                ok = bool(obj.get("deleted"))
             if ok:
                 m["seen"] += 1
             if not ok or m["seen"] <= m.get("after", 0):
@@ -199,6 +256,11 @@ class Pair:
             elif k == "snapshot_alter":
                 key = sorted(obj["values"])[0]
                 obj["values"][key] = "bogus-snapshot"
+            elif k == "catchup_values":
+                key = sorted(obj["values"])[0]
+                obj["values"][key] = "bogus-catchup"
+            elif k == "catchup_deleted":
+                obj["deleted"] = obj["deleted"][1:]
             out = _encode(obj).encode()
             mm.record(m, self.name, line.decode(), out.decode())
             return [out]

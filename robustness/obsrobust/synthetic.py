@@ -1,8 +1,9 @@
-"""Hand-written histories for the validators of what the daemon does not do yet — catch-up
-(`catchup: true`) and `sync` (contract, "Catching up" and "Sync") — so that those validators
-are seen to pass a correct history and to fail a wrong one before any daemon exercises them
-(selftest.py runs these first, in a second). Each case is a small run directory written from
-lines of wire.py's history format."""
+"""Hand-written histories for the catch-up (`catchup: true`) and `sync` validators (contract,
+"Catching up" and "Sync"): the defects a right daemon never shows and the mutating proxy cannot
+make (a diff from another epoch, a snapshot where a replay or a diff is due, a sync before
+synced or above the repository, a bad request accepted), so that those checks are seen to pass
+a correct history and to fail a wrong one (selftest.py runs these first, in a second). Each
+case is a small run directory written from lines of wire.py's history format."""
 
 import json
 import os
@@ -23,7 +24,7 @@ def write_run(d, lines):
     with open(os.path.join(d, "plan.json"), "w") as f:
         # A history of two revisions: a catch-up from revision 1 of 4 may be a diff.
         json.dump({"seed": 0, "mode": "local", "faults": [], "features": {"catchup": True, "sync": True},
-                   "history_limit": 2}, f)
+                   "history_limit": 2, "tombstones_kept": True, "synthetic": True}, f)
     with open(os.path.join(d, "h-x.log"), "w") as f:
         for t, conn, kind, data in lines:
             f.write(f"{t} {conn} {kind} {json.dumps(data, separators=(',', ':')) if not isinstance(data, str) else data}\n")
@@ -77,6 +78,19 @@ def catchup_lines(mode="diff", values=None, deleted=None, epoch=E, since=1, sync
     return L
 
 
+def bad_requests(once_ok=False, sync_ok=False):
+    L = []
+    t = 6000
+    L.append((t, "b.1", "O", {"daemon": 0, "socket": "s"}))
+    L.append((t + 1, "b.1", ">", {"op": "subscribe", "repo": "r0", "since": 1, "once": True, "catchup": True, "id": 1}))
+    L.append((t + 2, "b.1", ">", {"op": "sync", "sub": "1", "id": 2}))
+    L.append((t + 3, "b.1", "<", {"id": 1, "ok": True, "sub": 1, "rev": 4, "epoch": E, "catchup": "replay"} if once_ok else
+              {"id": 1, "ok": False, "error": {"code": "bad_request", "message": "catchup with once"}}))
+    L.append((t + 4, "b.1", "<", {"id": 2, "ok": True, "rev": 4} if sync_ok else
+              {"id": 2, "ok": False, "error": {"code": "bad_request", "message": "sub"}}))
+    return L
+
+
 # (name, lines, expected violation title prefix or None for a clean history)
 CASES = [
     ("catch-up by diff, right", lambda: base() + catchup_lines("diff"), None),
@@ -91,6 +105,11 @@ CASES = [
      "a catch-up from another history or the future not by snapshot"),
     ("a catch-up by snapshot while the history holds every revision", lambda: base() + catchup_lines("snapshot", since=4),
      "a catch-up by snapshot though the history holds every revision above since"),
+    ("a catch-up by snapshot though every deletion is known", lambda: base() + catchup_lines("snapshot", since=1),
+     "a catch-up by snapshot though the daemon remembers every deletion"),
+    ("catchup with once, sync with a string sub: refused", lambda: base() + bad_requests(), None),
+    ("catchup with once accepted", lambda: base() + bad_requests(once_ok=True), "catchup with once not refused as bad_request"),
+    ("sync with a string sub accepted", lambda: base() + bad_requests(sync_ok=True), "sync with sub '1' not refused as bad_request"),
     ("sync answered before synced", lambda: base() + catchup_lines("diff", sync_before_synced=True),
      "sync answered before the subscription caught up"),
     ("sync above the repository's revision", lambda: base() + catchup_lines("diff", sync_rev=9),

@@ -43,6 +43,8 @@ class Result:
         self.faults = 0
         self.checked = {"kv": 0, "watch": 0, "durability": 0, "lease": 0}
         self.unchecked = {}
+        # What the catch-up and sync checks saw: replies by mode, catchup events, sync replies.
+        self.seen = {"replay": 0, "diff": 0, "snapshot": 0, "catchup event": 0, "sync": 0}
         self.seen_titles = {}
 
     def add(self, validator, title, refs=(), detail=""):
@@ -142,6 +144,9 @@ class Ctx:
             self.plan = json.load(f)
         self.mode = self.plan["mode"]
         self.history_limit = self.plan.get("history_limit", 50000)
+        # Whether the daemon remembers every deletion of the run (tombstones: 100,000 per
+        # repository, docs/PROTOCOL.md): then a catch-up within one epoch is never a snapshot.
+        self.tombstones_kept = self.plan.get("tombstones_kept", False)
         self.histories = {}
         self.epoch_of = {}  # (repo, daemon, inc) -> epoch
         self.epoch_refs = {}
@@ -352,7 +357,7 @@ def scan(conn, ctx):
         spec, ep = s
         repo = spec.get("repo")
         rev = obj.get("rev")
-        if rev is not None and ev in ("change", "snapshot", "synced", "progress"):
+        if rev is not None and ev in ("change", "snapshot", "catchup", "synced", "progress"):
             # Thinned to one a 5 ms per repository and connection (a lower bound stays sound).
             lt = last_obs.get(repo)
             if lt is None or t - lt >= 5_000_000:
@@ -1313,6 +1318,7 @@ def validate_run(run_dir, log):
                 continue
             conn.inc = ctx.tl.incarnation(conn.daemon, conn.t_open)
             checks.ConnCheck(ctx, conn, mod).run()
+    check_catchup_coverage(ctx, res)
     problems = os.path.join(run_dir, "problems.json")
     if os.path.exists(problems):
         with open(problems) as f:
@@ -1326,6 +1332,25 @@ def validate_run(run_dir, log):
     return res
 
 
+def check_catchup_coverage(ctx, res):
+    """The suite's own health: a daemon that does catch-up and sync (contract, "Catching up",
+    "Sync") must be seen doing them. A local run of 40 s or more must have checked catch-ups of
+    every kind and sync replies (the traffic makes them: resumes from past the history, from
+    another history, sync requests); otherwise the checks were silently idle."""
+    feats = ctx.plan.get("features") or {}
+    if ctx.plan.get("synthetic") or ctx.plan.get("selftest"):
+        return
+    if not feats.get("catchup") or not feats.get("sync"):
+        res.add("suite", "the daemon does not do catch-up or sync", [],
+                f"probed at start: {feats}; the contract has both (\"Catching up\", \"Sync\")")
+        return
+    if ctx.mode == "local" and ctx.plan.get("seconds", 0) >= 40:
+        missing = [k for k in ("replay", "diff", "snapshot", "sync") if res.seen[k] == 0]
+        if missing:
+            res.add("suite", f"no catch-up or sync of these kinds was checked: {', '.join(missing)}", [],
+                    f"seen: {res.seen}")
+
+
 def kind_of(title):
     """A violation's kind: its title without the particulars after the colon."""
     return title.split(":")[0]
@@ -1335,7 +1360,9 @@ def report(ctx, res, log):
     mode = ctx.mode
     gaps = sum(len(h.gaps) for h in ctx.histories.values())
     log(f"robustness: {mode}: {res.ops} operations, {res.faults} faults; checked kv {res.checked['kv']}, watch "
-        f"{res.checked['watch']}, durability {res.checked['durability']}, lease {res.checked['lease']}; "
+        f"{res.checked['watch']}, durability {res.checked['durability']}, lease {res.checked['lease']}; catch-ups "
+        f"{res.seen['replay']} replay, {res.seen['diff']} diff ({res.seen['catchup event']} events), {res.seen['snapshot']} snapshot, "
+        f"{res.seen['sync']} sync; "
         f"{len(res.violations)} violations" + (f"; not decidable: {res.unchecked}" if res.unchecked else ""))
     if not res.violations:
         return
