@@ -42,10 +42,6 @@ class Runner:
         self.sockets = cfg["sockets"]
         self.repos = cfg["repos"]
         self.keys = cfg["keys"]
-        self.quiet_file = cfg.get("quiet_file")
-        self.quiet_ack = cfg.get("quiet_ack")
-        self.quiet_checked = 0.0
-        self.quiet_last = None
         self.ops = 0
 
     # Connections
@@ -133,22 +129,6 @@ class Runner:
             c.close("end of run")
         self.rec.add(now_ns(), self.name, "M", wire.encode({"ops": self.ops}))
         self.rec.close()
-
-    def quiet(self):
-        """The number of the orchestrator's request that lease traffic pause (a crash or a
-        disk fault is about to be injected; see ../README.md, "Known open"), or None."""
-        if self.quiet_file is None:
-            return None
-        now = time.monotonic()
-        if now - self.quiet_checked < 0.005:
-            return self.quiet_last
-        self.quiet_checked = now
-        try:
-            with open(self.quiet_file) as f:
-                self.quiet_last = f.read().strip() or "0"
-        except OSError:
-            self.quiet_last = None
-        return self.quiet_last
 
 
 class Bucket:
@@ -771,7 +751,6 @@ class Leaser:
         self.seq = 0
         self.min_ttl = cfg.get("min_ttl", 1)
         self.cross = cfg.get("cross_connection", False)
-        self.quiet_acked = None
         self.nkeys = cfg.get("lease_keys", 12)
 
     def start(self, r):
@@ -809,17 +788,6 @@ class Leaser:
                                          "next_keep": time.monotonic() + (ttl or 1) / 3.0}
 
     def tick(self, r):
-        q = r.quiet()
-        if q is not None:
-            # Nothing that names a lease or writes a lease's key until the fault has passed;
-            # the orchestrator waits for the acknowledgement of its request number `q`.
-            if self.quiet_acked != q and (self.conn is None or self.conn.in_flight == 0) and (
-                    self.other is None or self.other.in_flight == 0):
-                self.quiet_acked = q
-                with open(r.quiet_ack + ".tmp", "w") as f:
-                    f.write(q)
-                os.replace(r.quiet_ack + ".tmp", r.quiet_ack)
-            return
         if not self.ensure(r):
             return
         c = self.conn

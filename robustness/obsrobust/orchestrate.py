@@ -24,6 +24,9 @@ from .wire import Conn, Recorder, now_ns
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROOT = os.path.dirname(HERE)
 
+# --history-limit of every daemon (see Mode.__init__).
+HISTORY_LIMIT = 2000
+
 # Small thresholds so that checkpoints and log roll-overs happen every few seconds under the
 # traffic, and a crash lands in one often (test-only failpoint tunables, Failpoints.swift).
 TUNABLES = ["store.segment-size=value(524288)", "store.snapshot-log-bytes=value(262144)",
@@ -40,6 +43,10 @@ def find(paths):
 class Mode:
     def __init__(self, mode, seed, seconds, out, known_open, obsd, log=print, overrides=None):
         self.overrides = overrides or {}
+        # The history each repository keeps (--history-limit): a few seconds of this traffic
+        # locally, so that a resume from further back is a catch-up by diff (contract,
+        # "Catching up") while an auditor's resume after a fault is still a replay.
+        self.history_limit = self.overrides.get("history_limit", HISTORY_LIMIT)
         self.mode = mode
         self.seed = seed
         self.seconds = seconds
@@ -52,8 +59,6 @@ class Mode:
         self.daemons = []
         self.etcd = None
         self.disk = None
-        self.quiet_file = os.path.join(out, "lease-quiet")
-        self.quiet_ack = os.path.join(out, "lease-quiet.ack")
         self.fault_count = 0
         self.problems = []  # things the orchestrator saw go wrong (a daemon that would not start)
         self.generation = 0
@@ -62,7 +67,7 @@ class Mode:
 
     def daemon_args(self, i):
         common = ["--log-target", "stderr", "--queue-events", "2000", "--queue-bytes", "1048576",
-                  "--overflow-grace", "2", "--max-line", "65536", "--history-limit", "50000", "--threads", "2"]
+                  "--overflow-grace", "2", "--max-line", "65536", "--history-limit", str(self.history_limit), "--threads", "2"]
         if self.mode == "etcd":
             return ["--socket", os.path.join(self.out, f"obsd{i}.sock"), "--etcd-endpoints", ",".join(self.etcd.endpoints),
                     "--etcd-prefix", f"/robust-{self.seed}/"] + common
@@ -146,6 +151,7 @@ class Mode:
         sockets = [d.socket for d in self.daemons]
         if "proxy" in self.overrides:
             sockets = [self.start_proxy(sockets[0])]
+        self.procs = []
         for c in clients:
             cfg = dict(c)
             cfg.update({
@@ -153,9 +159,8 @@ class Mode:
                 "start_ns": start_ns, "end_ns": end_ns, "stop_ns": stop_ns,
                 "sockets": sockets,
                 "repos": planmod.REPOS, "keys": planmod.KEYS, "max_line": 65536,
-                "quiet_file": self.quiet_file if (self.mode == "local" and "i32.2" not in self.known_open) else None,
-                "quiet_ack": self.quiet_ack,
                 "catchup": self.features["catchup"], "sync": self.features["sync"],
+                "history_limit": self.history_limit,
             })
             path = os.path.join(self.out, f"client-{c['name']}.json")
             with open(path, "w") as f:
@@ -184,34 +189,6 @@ class Mode:
 
     # Faults
 
-    def quiet(self):
-        """Asks the lease client to pause and waits until nothing of it is in flight."""
-        if self.mode != "local" or "i32.2" in self.known_open:
-            return
-        self.quiet_n = getattr(self, "quiet_n", 0) + 1
-        with open(self.quiet_file + ".tmp", "w") as f:
-            f.write(str(self.quiet_n))
-        os.replace(self.quiet_file + ".tmp", self.quiet_file)
-        end = time.monotonic() + 10.0
-        while time.monotonic() < end and self.read_ack() != self.quiet_n:
-            time.sleep(0.01)
-        if self.read_ack() != self.quiet_n:
-            self.flog.add(event="fault-note", kind="quiet", acknowledged=False)
-        time.sleep(0.3)  # the log's next sync has taken the lease journal's records too
-
-    def read_ack(self):
-        try:
-            with open(self.quiet_ack) as f:
-                return int(f.read().strip() or 0)
-        except (OSError, ValueError):
-            return None
-
-    def unquiet(self):
-        try:
-            os.unlink(self.quiet_file)
-        except OSError:
-            pass
-
     def restart(self, d, extra=None):
         d.start(extra)
         if not d.wait_serving(60.0):
@@ -239,13 +216,10 @@ class Mode:
         d = self.daemons[p.get("daemon", 0)] if self.daemons else None
         t0 = self.flog.add(event="fault", kind=kind, params=p, phase="start")
         if kind == "kill9":
-            self.quiet()
             d.kill9()
             time.sleep(p["down"])
             self.restart(d, d.extra)
-            self.unquiet()
         elif kind in ("kill9_checkpoint", "kill9_rollover", "torn"):
-            self.quiet()
             spec = {"kill9_checkpoint": "checkpoint.commit=crash@times(1)", "kill9_rollover": "wal.open=crash@times(1)",
                     "torn": "wal.write=torn@times(1)"}[kind]
             self.fp.arm(spec)
@@ -256,13 +230,11 @@ class Mode:
             self.flog.add(event="fault-note", kind=kind, died_by_failpoint=died)
             time.sleep(p["down"])
             self.restart(d, d.extra)
-            self.unquiet()
         elif kind == "sigstop":
             d.stop()
             time.sleep(p["seconds"])
             d.cont()
         elif kind in ("eio", "diskfull"):
-            self.quiet()
             if kind == "eio":
                 self.fp.arm("wal.fdatasync=error(EIO)@p0.3;wal.write=error(EIO)@p0.2")
             elif self.disk and self.disk.real:
@@ -280,31 +252,23 @@ class Mode:
                 self.flog.add(event="fault-note", kind=kind, restart="outcome unknown")
                 d.kill9()
                 self.restart(d, d.extra)
-            self.unquiet()
         elif kind == "restart":
-            self.quiet()
             d.term()
             self.restart(d, d.extra)
-            self.unquiet()
         elif kind == "relaxed":
-            self.quiet()
             d.kill9()
             time.sleep(p["down"])
             relaxed = "relaxed" not in d.extra
             self.restart(d, self.sync_args(relaxed))
-            self.unquiet()
         elif kind == "wipe":
-            self.quiet()
             d.kill9()
             self.new_generation()
             d.base_args = self.daemon_args(d.index)
             time.sleep(p["down"])
             self.restart(d, d.extra)
-            self.unquiet()
         elif kind == "copydir":
             # The data directory copied to a new place (a restored backup): the snapshot file is
             # not the one the store last wrote, so every repository must start a new epoch.
-            self.quiet()
             d.term()
             src = self.data_dir()
             self.generation_copy = getattr(self, "generation_copy", 0) + 1
@@ -314,7 +278,6 @@ class Mode:
             self.dir_override = dst
             self.flog.add(event="fault-note", kind=kind, copied_to=dst)
             self.restart(d, d.extra)
-            self.unquiet()
         elif kind == "truncate":
             d.kill9()
             wal = os.path.join(self.data_dir(), "wal")
@@ -330,7 +293,21 @@ class Mode:
                     f.truncate(max(16, used // 2))
                 self.flog.add(event="fault-note", kind=kind, file=segs[-1], used=used, cut_to=max(16, used // 2))
             time.sleep(p["down"])
-            self.restart(d, d.extra)
+            # A log that lost acknowledged writes outside obsd is refused, naming the file
+            # (README, durability); `obsd --repair-log` goes on without them, every repository
+            # in a new epoch, as an operator would. A daemon that starts on it anyway is seen
+            # by the validators (revision numbers handed out again under the same epoch).
+            d.start(d.extra)
+            if d.wait_serving(60.0):
+                self.flog.add(event="fault-note", kind=kind, refused=False)
+            else:
+                d.reap(timeout=5.0) if d.proc is not None and d.proc.poll() is not None else d.kill9()
+                tail = d.log_tail()
+                self.flog.add(event="fault-note", kind=kind, refused=True, log=tail[-400:])
+                rp = subprocess.run([self.obsd, "--repair-log", "--data-dir", self.data_dir()], capture_output=True, text=True,
+                                    timeout=120, env=d.env)
+                self.flog.add(event="repair", daemon=d.index, rc=rp.returncode, out=(rp.stdout + rp.stderr)[-600:])
+                self.restart(d, d.extra)
         elif kind in ("etcd_kill", "etcd_kill_leader"):
             m = p["member"]
             if kind == "etcd_kill_leader":
@@ -366,7 +343,9 @@ class Mode:
         end = start + int(self.seconds * 1e9)
         drain = 6_000_000_000
         with open(os.path.join(self.out, "plan.json"), "w") as f:
-            json.dump({"seed": self.seed, "mode": self.mode, "seconds": self.seconds, "known_open": sorted(self.known_open), "features": self.features, "history_limit": 50000,
+            json.dump({"seed": self.seed, "mode": self.mode, "seconds": self.seconds, "known_open": sorted(self.known_open), "features": self.features, "history_limit": self.history_limit,
+                       # The daemon remembers 100,000 deletions per repository; the suite has 38 keys.
+                       "tombstones_kept": True, "selftest": bool(self.overrides),
                        "faults": schedule, "start_ns": start, "end_ns": end}, f, indent=1)
         clients = self.start_clients(start, end, end + drain)
         self.flog.add(event="traffic", phase="start", t=start)
@@ -380,7 +359,6 @@ class Mode:
                 self.inject(kind, p)
         finally:
             self.fp.disarm()
-            self.unquiet()
             for d in self.daemons:
                 if d.stopped:
                     d.cont()

@@ -1009,8 +1009,14 @@ def check_epochs(ctx):
                 res.checked["durability"] += 1
                 if prev is not None and existed:
                     pinc, pe, pexisted = prev
+                    lost = any(pinc["spawn"] < f["t0"] < inc["spawn"] for f in truncations)
+                    if pinc["gen"] == inc["gen"] and pe == e and pexisted and lost:
+                        # Acknowledged writes lost outside obsd (the last log segment cut short):
+                        # refused, then `--repair-log` gives every repository a new epoch (issue 32 item 5).
+                        res.add("durability", f"epoch kept across a log segment cut short: {repo}",
+                                [ctx.epoch_refs[(repo, daemon, pinc['inc'])][0], ctx.epoch_refs[k][0]],
+                                f"{e} before and after; the revisions after the cut may be numbered again")
                     if pinc["gen"] == inc["gen"] and pe != e and pexisted:
-                        lost = any(pinc["spawn"] < f["t0"] < inc["spawn"] for f in truncations)
                         if not lost:
                             res.add("durability", f"epoch changed across a restart that kept the history: {repo}",
                                     [ctx.epoch_refs[(repo, daemon, pinc['inc'])][0], ctx.epoch_refs[k][0]],
