@@ -54,7 +54,7 @@ class ConnCheck:
 
     def window(self, h, r, is_read):
         """[lo, hi] of revisions the request may have been served at."""
-        if self.ctx.mode == "etcd" and is_read and (r.rt - r.t) >= 0.9 * NS:
+        if self.ctx.mode == "etcd" and is_read and ((r.rt - r.t) >= 0.9 * NS or self.V.may_serve_own_state(self.ctx, self.conn.daemon, r.t, r.rt)):
             lo = h.r_lo_daemon(r.t, self.conn.daemon)
         else:
             lo = h.r_lo(r.t)

@@ -156,6 +156,7 @@ class Ctx:
         self.pids = {}  # client -> pid
         self.lease_names = []  # (conn, Req, lease id, kind)
         self.conn_ends = {}  # conn name -> (t_end, kind, daemon, inc)
+        self.slow_reads = {}  # daemon -> reply times of reads answered 0.9 s or more after they were sent (etcd mode)
         self.staged = {}  # (repo, epoch, daemon, inc) -> History of what that incarnation showed
         self.rev_range = {}  # (repo, daemon, inc) -> [lowest reply rev, ref, highest rev told, ref]
         self.forks = {}  # (repo, epoch, daemon) -> [inc where the history went back under the same epoch]
@@ -252,6 +253,26 @@ def outcome_of(r):
 
 # Pass 1
 
+# What reads repository state: in etcd mode each first asks the cluster (docs/PROTOCOL.md).
+READ_OPS = ("get", "list", "repos", "subscribe", "sync")
+
+
+def may_serve_own_state(ctx, daemon, t0, t1):
+    """etcd mode: whether a read sent at t0 and answered at t1 may have been served from the
+    daemon's own state without the cluster confirming it (docs/PROTOCOL.md: when the cluster
+    cannot confirm within a second, or failed to answer this daemon in the second before):
+    an etcd member down or stopped, this daemon stopped, or another read of this daemon given
+    up on, around then."""
+    slack = 2 * NS
+    if ctx.tl.etcd_fault_between(t0, t1, slack):
+        return True
+    if any(a <= t1 + slack and b + slack >= t0 for a, b in ctx.tl.stalls.get(daemon, [])):
+        return True
+    import bisect
+    rts = ctx.slow_reads.get(daemon, [])
+    i = bisect.bisect_left(rts, t0 - int(1.2 * NS))
+    return i < len(rts) and rts[i] <= t1 + 50_000_000
+
 
 def scan(conn, ctx):
     res = ctx.result
@@ -259,6 +280,10 @@ def scan(conn, ctx):
     incn = inc["inc"] if inc else 0
     gen = ctx.gen_of(conn.daemon, incn)
     ctx.conn_ends[conn.name] = (conn.t_end, conn.end, conn.daemon, incn, conn.why)
+    if ctx.mode == "etcd":
+        for r in conn.reqs:
+            if r.rt is not None and isinstance(r.obj, dict) and r.obj.get("op") in READ_OPS and r.rt - r.t >= 0.9 * NS:
+                ctx.slow_reads.setdefault(conn.daemon, []).append(r.rt)
     for t, data, ln in conn.notes:
         try:
             note = json.loads(data)
@@ -1317,6 +1342,8 @@ def validate_run(run_dir, log):
     if total and unknown > 0.05 * total:
         res.add("suite", f"the auditors missed {unknown} of {total} revisions", [],
                 "more than 5 %: the validators could not decide what depends on them")
+    for v in ctx.slow_reads.values():
+        v.sort()
     mod = sys.modules[__name__]
     for path in files:
         for conn in H.connections(path):
