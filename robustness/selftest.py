@@ -62,6 +62,9 @@ SCENARIOS = [
         "name": "proxy",
         "seconds": 16,
         "overrides": {
+            # Until every mutation was made (16 s to 90 s): a loaded machine is slower to make
+            # the traffic that triggers the last ones.
+            "max_seconds": 90,
             "faults": [],
             "proxy": [{"client": c, "kind": k, "after": a} for c, k, a, _, _ in PROXY],
             # A short history: the watchers' resumes from past it (every 450 revisions or so)

@@ -775,6 +775,7 @@ class SubCheck:
             if nxt is not None and nxt <= S and not unc:
                 self.res.add("watch", f"sync answered before a selected change up to its revision: {h.repo} sub {self.sid} sync {S}, revision {nxt} not delivered",
                              refs + ([h.revs[nxt].src] if nxt in h.revs else []))
+                return  # (the change may still come: checked as it does)
         self.res.seen["sync"] += 1
         if not self.echo:
             self.pass_own(S + 1)

@@ -39,6 +39,10 @@ class Runner:
         self.start_ns = cfg["start_ns"]
         self.end_ns = cfg["end_ns"]
         self.stop_ns = cfg["stop_ns"]
+        # A self-test scenario may end the traffic early: the orchestrator writes the new end
+        # (monotonic ns) into this file once what it waits for has happened.
+        self.end_file = cfg.get("end_file")
+        self.end_checked = 0.0
         self.sockets = cfg["sockets"]
         self.repos = cfg["repos"]
         self.keys = cfg["keys"]
@@ -57,6 +61,17 @@ class Runner:
         self.sel.register(c.sock, selectors.EVENT_READ, c)
         self.masks[c] = selectors.EVENT_READ
         return c
+
+    def early_end(self):
+        try:
+            with open(self.end_file) as f:
+                end = int(f.read().strip())
+        except (OSError, ValueError):
+            return
+        if end < self.end_ns:
+            drain = self.stop_ns - self.end_ns
+            self.end_ns = end
+            self.stop_ns = end + drain
 
     def _closed(self, on_close):
         def closed(c):
@@ -84,6 +99,9 @@ class Runner:
         phase = "traffic"
         while True:
             t = now_ns()
+            if self.end_file and phase == "traffic" and time.monotonic() - self.end_checked >= 0.1:
+                self.end_checked = time.monotonic()
+                self.early_end()
             if phase == "traffic" and t >= self.end_ns:
                 phase = "drain"
                 role.drain(self)

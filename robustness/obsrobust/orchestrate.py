@@ -43,6 +43,7 @@ def find(paths):
 class Mode:
     def __init__(self, mode, seed, seconds, out, known_open, obsd, log=print, overrides=None):
         self.overrides = overrides or {}
+        self.end_file = os.path.join(out, "traffic-end")
         # The history each repository keeps (--history-limit): a few seconds of this traffic
         # locally, so that a resume from further back is a catch-up by diff (contract,
         # "Catching up") while an auditor's resume after a fault is still a replay.
@@ -161,6 +162,7 @@ class Mode:
                 "repos": planmod.REPOS, "keys": planmod.KEYS, "max_line": 65536,
                 "catchup": self.features["catchup"], "sync": self.features["sync"],
                 "history_limit": self.history_limit,
+                "end_file": self.end_file if "proxy" in self.overrides else None,
             })
             path = os.path.join(self.out, f"client-{c['name']}.json")
             with open(path, "w") as f:
@@ -340,7 +342,11 @@ class Mode:
             schedule = planmod.faults(self.seed, self.mode, self.seconds, self.known_open)
         clients = None
         start = now_ns() + 1_000_000_000
-        end = start + int(self.seconds * 1e9)
+        # A self-test scenario that waits for its proxy's mutations runs at least `seconds`,
+        # at most `max_seconds`, and ends as soon as every mutation was made (a loaded machine
+        # makes the traffic that triggers them slowly).
+        until_done = "proxy" in self.overrides and self.overrides.get("max_seconds")
+        end = start + int((until_done or self.seconds) * 1e9)
         drain = 6_000_000_000
         with open(os.path.join(self.out, "plan.json"), "w") as f:
             json.dump({"seed": self.seed, "mode": self.mode, "seconds": self.seconds, "known_open": sorted(self.known_open), "features": self.features, "history_limit": self.history_limit,
@@ -357,6 +363,8 @@ class Mode:
                 if now_ns() > end - 3_000_000_000:
                     break
                 self.inject(kind, p)
+            if until_done:
+                end = self.until_proxy_done(start + int(self.seconds * 1e9), end)
         finally:
             self.fp.disarm()
             for d in self.daemons:
@@ -367,6 +375,13 @@ class Mode:
                     self.etcd.cont(i)
                     self.etcd.restart(i)
         self.flog.add(event="traffic", phase="end", t=end)
+        if until_done:
+            with open(os.path.join(self.out, "plan.json")) as f:
+                plan = json.load(f)
+            plan["end_ns"] = end
+            plan["seconds"] = (end - start) / 1e9
+            with open(os.path.join(self.out, "plan.json"), "w") as f:
+                json.dump(plan, f, indent=1)
         for name, p in self.procs:
             try:
                 p.wait(timeout=max(10.0, (end + drain - now_ns()) / 1e9 + 30.0))
@@ -379,6 +394,28 @@ class Mode:
                     self.problems.append({"kind": "client", "client": name, "why": f"exit {p.returncode}", "out": f.read()[-3000:]})
         self.final()
         return clients
+
+    def until_proxy_done(self, earliest, latest):
+        """Waits until the proxy has made every mutation (its log has a line for each), no
+        earlier than `earliest`, no later than `latest`; ends the clients' traffic then."""
+        want = len(self.overrides["proxy"])
+        path = os.path.join(self.out, "proxy.log")
+        while now_ns() < latest:
+            try:
+                with open(path) as f:
+                    done = sum(1 for _ in f)
+            except OSError:
+                done = 0
+            if done >= want and now_ns() >= earliest:
+                break
+            time.sleep(0.1)
+        end = min(max(now_ns() + 200_000_000, earliest), latest)
+        with open(self.end_file + ".tmp", "w") as f:
+            f.write(str(end))
+        os.replace(self.end_file + ".tmp", self.end_file)
+        while now_ns() < end:
+            time.sleep(0.02)
+        return end
 
     def final(self):
         """Reads every repository, restarts every daemon gracefully, reads them again (durable
