@@ -178,7 +178,9 @@ class ConnCheck:
         throughout the read's window."""
         if not r.ok:
             return
-        log = h.attach_log.get(key)
+        # (An attachment a no-op write moved after this read was answered is left out: it is
+        # logged at the revision the write was answered at, which the read's window may hold.)
+        log = [x for x in h.attach_log.get(key, []) if x[2] is None or x[2] < r.rt]
         if not log:
             return
         revs = [x[0] for x in log]

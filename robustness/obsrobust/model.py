@@ -145,7 +145,7 @@ class History:
         self.known_from = None
         self.gaps = []  # revisions whose content is unknown
         self.attach = {}  # key -> lease id or None, after replay (final)
-        self.attach_log = {}  # key -> [(rev, seq, lease|None|UNKNOWN, t)]
+        self.attach_log = {}  # key -> [(rev, lease|None|UNKNOWN, send time of the no-op write that moved it, or None)]
         self.epochs = set()
         self.by_only = {}  # rev -> (pid, ref): writers seen by a subscription of some keys
         self.by_pending = {}

@@ -672,12 +672,14 @@ def replay(ctx, h):
         v = state.get(k)
         return v if v is not None else (None, 0)
 
-    def set_attach(k, lid, r, t):
+    def set_attach(k, lid, r, t, noop=False):
         # A write sent while an unknown write on the key may still run leaves it unknown.
         if lid is not UNKNOWN and t and amb_until.get(k, 0) > t:
             lid = UNKNOWN
         attach[k] = lid
-        h.attach_log.setdefault(k, []).append((r, lid))
+        # A no-op write moves it at no revision of its own: logged at the revision it was
+        # answered at, with its send time (a read answered before it was sent did not see it).
+        h.attach_log.setdefault(k, []).append((r, lid, t if noop else None))
 
     r = 0
     top = max(h.max_rev, max((s[0] for s in snaps), default=0))
@@ -812,7 +814,7 @@ def replay(ctx, h):
                 h.lease_end_checks.append((r, lid, got, expect, extra, left, content.src))
             for k in got:
                 attach[k] = None
-                h.attach_log.setdefault(k, []).append((r, None))
+                h.attach_log.setdefault(k, []).append((r, None, None))
             h.created[r] = prev_created
         else:
             cand = None
@@ -869,15 +871,15 @@ def replay(ctx, h):
             ch = write_changes(nw.req, sget)
             if ch is UNKNOWN:
                 for k in touched_keys(nw.req):
-                    set_attach(k, UNKNOWN, r, nw.t)
+                    set_attach(k, UNKNOWN, r, nw.t, noop=True)
                 continue
             if ch is None or ch[0] == "conflict":
                 continue
             for k, lid in ch[1]:
                 if concurrent_noops(noops.get(r, []), nw, k):
-                    set_attach(k, UNKNOWN, r, nw.t)
+                    set_attach(k, UNKNOWN, r, nw.t, noop=True)
                 else:
-                    set_attach(k, lid, r, nw.t)
+                    set_attach(k, lid, r, nw.t, noop=True)
         # A later write by another connection settles an attachment an unknown write clouded
         # only once that write's connection is over.
         for k in [k for k, until in amb_until.items() if until <= h.created[r]]:
@@ -897,7 +899,7 @@ def check_lease_end_keys(ctx, h):
             late = True
         if late:
             # Keys attached to the lease at some point before its end revision may go with it.
-            extra = [k for k in extra if not any(l == lid and rr < r for rr, l in h.attach_log.get(k, []))]
+            extra = [k for k in extra if not any(l == lid and rr < r for rr, l, _ in h.attach_log.get(k, []))]
         if extra or left:
             res.add("lease", f"a lease's end deletes other keys than those attached to it: {h.repo} revision {r} lease {lid}",
                     [src] + lease_refs(ctx, h, lid) + attach_refs(h, extra + left, r),
@@ -948,7 +950,7 @@ def attach_refs(h, keys, before=None):
     """The writes that last attached `keys` (before revision `before`), for a report."""
     out = []
     for k in keys[:2]:
-        for rr, lid in reversed(h.attach_log.get(k, [])):
+        for rr, lid, _ in reversed(h.attach_log.get(k, [])):
             if before is not None and rr >= before:
                 continue
             rv = h.revs.get(rr)
