@@ -166,14 +166,21 @@ let package = Package(
                 "ObsServer", "ObsCore", "ObsStore", "ObsProtocol", "ObservableKit", "CLinux", "TestSupport",
                 .product(name: "Logging", package: "swift-log"),
             ]),
-        .target(name: "TestSupport", dependencies: ["ObsStore", "ObsProtocol"], path: "Tests/TestSupport"),
+        // Test support; InProcessDaemon runs the daemon (ObsServer) in the test process.
+        .target(
+            name: "TestSupport", dependencies: ["ObsStore", "ObsProtocol", "ObsServer", .product(name: "Logging", package: "swift-log")],
+            path: "Tests/TestSupport"),
         // ObsEtcd against a real 3-member etcd cluster on loopback (TestSupport's EtcdCluster).
         .testTarget(name: "ObsEtcdTests", dependencies: ["ObsEtcd", "TestSupport"]),
         // ObsCluster's encodings and key layout, without a cluster; and two real obsd daemons
-        // sharing a real 3-member etcd cluster on loopback (ClusterTests).
+        // sharing a real 3-member etcd cluster on loopback (ClusterTests) — or one daemon run
+        // in the test process, for settings the obsd binary would refuse (a tiny tombstone bound).
         .testTarget(
             name: "ObsClusterTests",
-            dependencies: ["ObsCluster", "ObsStore", "ObsProtocol", "ObservableKit", "ObsClient", "ObsEtcd", "TestSupport", "obsd"]),
+            dependencies: [
+                "ObsCluster", "ObsStore", "ObsProtocol", "ObservableKit", "ObsClient", "ObsEtcd", "TestSupport", "obsd",
+                .product(name: "Logging", package: "swift-log"),
+            ]),
         .testTarget(name: "SystemdTests", dependencies: ["Systemd", "TestSupport", .product(name: "Logging", package: "swift-log")]),
         // Starts the real obsd binary on a temporary socket; drives it over raw sockets,
         // through ObsClient and through obsctl.

@@ -4,11 +4,15 @@
 // state is at (and, for a repository's first revision, the epoch; for each lease the group's
 // writes name, the create revision of its alive key — the lease is still that one), then
 // put the counter, the final value and lease attachment of every key the group changed or
-// re-attached, one log record per revision, and trim the log to `historyLimit`. A group that
-// only moves attachments puts the counter unchanged (its position moves, its revision does
-// not). The failure branch reads the counter and the leases' alive keys, to catch up — or
-// find a lease ended — before planning again. A commit is acknowledged once the watch has
-// delivered it, so the writer's next read on this daemon sees it.
+// re-attached, one log record per revision, and trim the log to `historyLimit`. In the same
+// txn, the tombstones: a tomb key for each key the group leaves deleted, none any more for
+// each it re-creates, the floor key (raised, and the tomb keys at or below it deleted, where
+// the deletions take the repository past its bound) — so etcd's tombstones always match its
+// data, whatever becomes of the log. A group that only moves attachments puts the counter
+// unchanged (its position moves, its revision does not). The failure branch reads the
+// counter and the leases' alive keys, to catch up — or find a lease ended — before planning
+// again. A commit is acknowledged once the watch has delivered it, so the writer's next read
+// on this daemon sees it.
 //
 // What etcd could not answer:
 // - not applied, and transient (no leader, every member unreachable): retried with a backoff
@@ -117,9 +121,12 @@ extension ClusterStorage {
         guard group.writes else { return (compare, [], failure) }
         let last = group.records.last?.revision ?? group.basisRevision
         var success: [EtcdOp] = [.put(key: counterKey, value: Codec.counter(last))]
-        // Each key's final state after the group, in the order keys first changed.
+        // Each key's final state after the group, in the order keys first changed; and the
+        // revision it is left deleted at (nil: it exists).
         var order: [[UInt8]] = []
         var final: [[UInt8]: EtcdOp] = [:]
+        var changedKeys: [Key] = []
+        var deletedAt: [Key: UInt64?] = [:]
         for record in group.records {
             for change in record.changes {
                 let key = layout.dataKey(repo, change.key)
@@ -127,6 +134,7 @@ extension ClusterStorage {
                 final[key] =
                     change.new.map { .put(key: key, value: Codec.data(revision: record.revision, value: $0, lease: group.attachments[change.key])) }
                     ?? .deleteRange(key: key)
+                if deletedAt.updateValue(change.new == nil ? record.revision : nil, forKey: change.key) == nil { changedKeys.append(change.key) }
             }
         }
         for moved in group.reattached {
@@ -140,11 +148,42 @@ extension ClusterStorage {
             success.append(
                 .put(key: layout.logKey(repo, record.revision), value: Codec.log(record, writeID: group.writeID, lease: group.leaseEnds[record.revision])))
         }
+        // The trim stops before the group's own records, which the watch delivers (etcd refuses
+        // a txn that puts a key one of its deletions covers): a group of more revisions than
+        // the limit leaves a few more in the log, until the next commit trims them.
         let keep = UInt64(max(1, configuration.historyLimit))
-        if !group.records.isEmpty, last > keep {
-            success.append(.deleteRange(key: layout.logPrefix(repo), rangeEnd: layout.logKey(repo, last - keep + 1)))
+        if let first = group.records.first?.revision, last > keep, min(last - keep + 1, first) > 1 {
+            success.append(.deleteRange(key: layout.logPrefix(repo), rangeEnd: layout.logKey(repo, min(last - keep + 1, first))))
+        }
+        if !group.records.isEmpty {
+            success += tombstoneOperations(group, changedKeys: changedKeys, deletedAt: deletedAt, last: last)
         }
         return (compare, success, failure)
+    }
+
+    /// The tombstones of a group of revisions: etcd's become what every daemon's install of
+    /// the group makes of its own. Above the floor, a tomb key per key the group leaves
+    /// deleted, none for a key it re-creates; the floor raised to the group's (the oldest
+    /// forgotten) — or to the basis where etcd's tombstones do not reach it (a daemon that
+    /// keeps none committed since, or the repository is older than them) — with every tomb
+    /// key at or below it deleted; never lowered (another daemon may remember fewer).
+    private func tombstoneOperations(_ group: SharedCommit, changedKeys: [Key], deletedAt: [Key: UInt64?], last: UInt64) -> [EtcdOp] {
+        let repo = group.repo
+        let known = tombFloors.withLock { $0[repo] }
+        var floor = max(group.tombstoneFloor, known?.floor ?? 0)
+        if (known?.through ?? 0) != group.basisRevision { floor = max(floor, group.basisRevision) }
+        var operations: [EtcdOp] = []
+        if floor > (known?.floor ?? 0) {
+            operations.append(.deleteRange(key: layout.tombPrefix(repo), rangeEnd: layout.tombPrefix(repo, revision: floor + 1)))
+        }
+        for (key, revision) in group.tombstonesRemoved.sorted(by: { $0.key < $1.key }) where revision > floor {
+            operations.append(.deleteRange(key: layout.tombKey(repo, revision, key)))
+        }
+        for key in changedKeys {
+            if case .some(.some(let revision)) = deletedAt[key], revision > floor { operations.append(.put(key: layout.tombKey(repo, revision, key), value: [])) }
+        }
+        operations.append(.put(key: layout.tombFloorKey(repo), value: Codec.tombFloor(TombFloor(floor: floor, through: last))))
+        return operations
     }
 
     /// The leases of `group` whose alive key the failed txn's reads found gone or replaced.
@@ -274,15 +313,21 @@ extension ClusterStorage {
 
     public func limitExceeded(by records: [RevisionRecord], extraOperations: Int) -> String? {
         var keys = Set<Key>()
+        var deleted = Set<Key>()
         var bytes = 0
         for record in records {
-            for change in record.changes { keys.insert(change.key) }
+            for change in record.changes {
+                keys.insert(change.key)
+                if change.new == nil { deleted.insert(change.key) }
+            }
             bytes += 2 * record.byteSize
         }
-        let operations = 2 + keys.count + records.count + extraOperations
+        // The counter, the log's trim, the tombstone floor and the range of forgotten
+        // tombstones; a value per key, a tombstone per deleted key, a record per revision.
+        let operations = 4 + keys.count + deleted.count + records.count + extraOperations
         if operations > configuration.maxTxnOps {
             return records.count == 1
-                ? "in etcd mode one revision may change at most \(configuration.maxTxnOps - 3) keys (etcd's --max-txn-ops is \(configuration.maxTxnOps)); this one changes \(keys.count): split the batch"
+                ? "in etcd mode one revision may change at most \(configuration.maxTxnOps - 5) keys, a deleted key counting twice (its tombstone) (etcd's --max-txn-ops is \(configuration.maxTxnOps)); this one changes \(keys.count), deleting \(deleted.count): split the batch"
                 : "the group needs \(operations) operations of one txn"
         }
         if records.count > 1 && bytes > configuration.maxGroupBytes { return "the group carries \(bytes) bytes" }

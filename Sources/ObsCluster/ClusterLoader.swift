@@ -1,6 +1,7 @@
 // ObsCluster — start-up: the epoch (created by the first daemon that finds none under the
-// prefix), then every repository — counters, values, lease attachments and the change log —
-// and every lease, read at one etcd revision, from which the watch continues.
+// prefix, deleting any tombstones an older epoch left), then every repository — counters,
+// values, lease attachments, the change log and the tombstones — and every lease, read at
+// one etcd revision, from which the watch continues.
 
 import ObsEtcd
 import ObsProtocol
@@ -19,6 +20,8 @@ struct ClusterSnapshot: Sendable {
     let positions: [String: DeliveryTracker.Entry]
     /// Every key attached to a lease, by repository.
     let attachments: [String: [SharedAttachment]]
+    /// Every repository's tombstone floor key, as read (absent: none, or unreadable).
+    let tombFloors: [String: TombFloor]
     let leases: LeaseSnapshot
 }
 
@@ -43,6 +46,8 @@ enum ClusterLoader {
         }
         let data = try await client.range(layout.dataPrefix, rangeEnd: EtcdKey.prefixEnd(layout.dataPrefix), revision: at, timeout: timeout)
         let log = try await client.range(layout.logPrefix, rangeEnd: EtcdKey.prefixEnd(layout.logPrefix), revision: at, timeout: timeout)
+        let tombs = try await client.range(layout.tombPrefix, rangeEnd: EtcdKey.prefixEnd(layout.tombPrefix), revision: at, timeout: timeout)
+        let tombFloors = try await Self.tombFloors(client: client, layout: layout, at: at, timeout: timeout)
         let leases = try await Self.leases(client: client, layout: layout, at: at, timeout: timeout)
 
         var positions: [String: DeliveryTracker.Entry] = [:]
@@ -72,6 +77,14 @@ enum ClusterLoader {
             }
         }
 
+        // The last deletion of each key the tomb keys name (a key re-created by a daemon that
+        // keeps no tombstones may be named again, or exist: the newest counts, if it is absent).
+        var deletions: [String: [Key: UInt64]] = [:]
+        for kv in tombs.kvs {
+            guard case .tomb(let repo) = layout.classify(kv.key), let (revision, key) = layout.tombstone(ofTombKey: kv.key, repo: repo) else { continue }
+            if revision > deletions[repo]?[key] ?? 0 { deletions[repo, default: [:]][key] = revision }
+        }
+
         var repositories: [LoadedRepository] = []
         for (repo, position) in positions.sorted(by: { $0.key < $1.key }) where position.revision > 0 {
             let values = entries[repo] ?? [:]
@@ -80,11 +93,28 @@ enum ClusterLoader {
             }
             let state = FlatTable(revision: position.revision, entries: values)
             let history = contiguousTail(logs[repo] ?? [], endingAt: position.revision, limit: historyLimit)
-            repositories.append(LoadedRepository(name: repo, epoch: epoch, state: state, history: history))
+            // Deletions etcd does not hold (before tombstones were kept, or committed by a
+            // daemon that kept none) are unknown: the floor is then the revision.
+            let floor = TombFloor.floor(of: tombFloors[repo], at: position.revision)
+            let remembered = (deletions[repo] ?? [:]).lazy.filter { $0.value > floor && $0.value <= position.revision && values[$0.key] == nil }
+            let tombstones = Tombstones(remembered.map { (key: $0.key, revision: $0.value) }, limit: .max, floor: floor)
+            repositories.append(LoadedRepository(name: repo, epoch: epoch, state: state, history: history, tombstones: tombstones))
         }
         return ClusterSnapshot(
             epoch: epoch, createdEpoch: created, revision: at, repositories: repositories, positions: positions, attachments: attachments,
-            leases: leases)
+            tombFloors: tombFloors, leases: leases)
+    }
+
+    /// Every repository's tombstone floor key at revision `at` (one that cannot be read is left
+    /// out: its deletions are then unknown, and the next commit puts it again).
+    static func tombFloors(client: EtcdClient, layout: KeyLayout, at: Int64, timeout: Duration) async throws -> [String: TombFloor] {
+        let found = try await client.range(layout.tombFloorPrefix, rangeEnd: EtcdKey.prefixEnd(layout.tombFloorPrefix), revision: at, timeout: timeout)
+        var floors: [String: TombFloor] = [:]
+        for kv in found.kvs {
+            guard case .tombFloor(let repo) = layout.classify(kv.key), let floor = Codec.tombFloor(from: kv.value) else { continue }
+            floors[repo] = floor
+        }
+        return floors
     }
 
     /// Every lease under the prefix at revision `at`.
@@ -120,11 +150,17 @@ enum ClusterLoader {
         return attachments
     }
 
-    /// The epoch under the prefix, created (128 random bits) if there is none.
+    /// The epoch under the prefix, created (128 random bits) if there is none — and with it,
+    /// any tombstones left under the prefix go: deletions of another history.
     static func epoch(client: EtcdClient, layout: KeyLayout, timeout: Duration) async throws -> (String, created: Bool) {
         let fresh = Epoch.random()
         let result = try await client.txn(
-            compare: [.version(layout.epochKey, .equal, 0)], success: [.put(key: layout.epochKey, value: Array(fresh.utf8))],
+            compare: [.version(layout.epochKey, .equal, 0)],
+            success: [
+                .put(key: layout.epochKey, value: Array(fresh.utf8)),
+                .deleteRange(key: layout.tombPrefix, rangeEnd: EtcdKey.prefixEnd(layout.tombPrefix)),
+                .deleteRange(key: layout.tombFloorPrefix, rangeEnd: EtcdKey.prefixEnd(layout.tombFloorPrefix)),
+            ],
             failure: [.range(EtcdRangeRequest(key: layout.epochKey))], timeout: timeout)
         if result.succeeded { return (fresh, true) }
         guard case .range(let found)? = result.responses.first, let kv = found.kvs.first else {

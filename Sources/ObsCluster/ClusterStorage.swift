@@ -11,9 +11,13 @@
 //
 // Revisions are decided by etcd: a commit is one txn that compares the repository's counter
 // key's mod_revision with the one this daemon's state is at, and puts the counter, the
-// values and one change-log record per revision. The daemon's state moves only when the
-// watch delivers a revision — its own writes included — so every daemon applies the same
-// revisions in the same order, each exactly once.
+// values, one change-log record per revision and the tombstones of its deletions. The
+// daemon's state moves only when the watch delivers a revision — its own writes included —
+// so every daemon applies the same revisions in the same order, each exactly once; its
+// tombstones in memory follow from the revisions it installs (the tomb keys the watch shows
+// are not delivered: they are read only at start-up, by a daemon that installed none of the
+// deletions they record). Of the tombstones, the watch keeps only each repository's floor key,
+// which a commit needs.
 
 import Logging
 import ObsEtcd
@@ -69,6 +73,8 @@ public final class ClusterStorage: SharedStorage {
     /// Names this daemon (in its lease records), new at every start.
     let daemonID = String(Epoch.random().prefix(16))
     private let snapshot = Mutex<ClusterSnapshot?>(nil)
+    /// Each repository's tombstone floor key as the watch delivered it last (absent: none).
+    let tombFloors = Mutex<[String: TombFloor]>([:])
     private let unloaded = Mutex<[LoadedRepository]?>(nil)
     /// The watch and the liveness keeper.
     let tasks = Mutex<[Task<Void, Never>]>([])
@@ -135,6 +141,7 @@ public final class ClusterStorage: SharedStorage {
             do {
                 let loaded = try await ClusterLoader.load(
                     client: client, layout: layout, historyLimit: max(1, configuration.historyLimit), timeout: configuration.requestTimeout)
+                tombFloors.withLock { $0 = loaded.tombFloors }
                 tracker.seed(loaded.positions.merging([DeliveryTracker.leases: DeliveryTracker.Entry(position: loaded.revision)]) { $1 })
                 let ended = leases.reconcile(
                     records: loaded.leases.records, alive: loaded.leases.alive, counter: loaded.leases.counter, at: loaded.revision)
@@ -249,6 +256,10 @@ public final class ClusterStorage: SharedStorage {
                 note(repo)
                 found[repo, default: Found()].attachments.append(
                     SharedAttachment(key: key, lease: event.kind == .put ? Codec.lease(ofData: kv.value) : nil))
+            case .tombFloor(let repo):
+                // Before the tracker moves past this revision: a commit on it reads the floor.
+                let floor = event.kind == .put ? Codec.tombFloor(from: kv.value) : nil
+                tombFloors.withLock { $0[repo] = floor }
             case .leaseCounter where event.kind == .put:
                 events.counter = (Codec.counter(from: kv.value) ?? 0, kv.modRevision)
             case .lease(let id):
@@ -259,7 +270,7 @@ public final class ClusterStorage: SharedStorage {
                 } else {
                     events.aliveGone.append(id)
                 }
-            case .log, .leaseCounter, .other:
+            case .log, .leaseCounter, .tomb, .other:
                 continue
             }
         }
@@ -313,6 +324,9 @@ public final class ClusterStorage: SharedStorage {
         let data = try await client.range(layout.dataPrefix, rangeEnd: EtcdKey.prefixEnd(layout.dataPrefix), revision: at, timeout: timeout)
         let attachments = ClusterLoader.attachments(in: data, layout: layout)
         let leaseState = try await ClusterLoader.leases(client: client, layout: layout, at: at, timeout: timeout)
+        // The tombstone floors too (the tombstones in memory come from the revisions delivered).
+        let floors = try await ClusterLoader.tombFloors(client: client, layout: layout, at: at, timeout: timeout)
+        tombFloors.withLock { $0 = floors }
         var present = Set<String>()
         for kv in counters.kvs {
             guard case .counter(let repo) = layout.classify(kv.key), let revision = Codec.counter(from: kv.value) else { continue }

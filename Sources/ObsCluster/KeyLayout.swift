@@ -11,6 +11,19 @@
 //   P log/<repo>/<revision>      the change log, one record per revision (20-digit revision, so
 //                                keys sort by revision): JSON {"rev","time","w","by","changes"},
 //                                and "lease":{"id","end"} for a lease's end
+//   P tomb/<repo>/<revision>/<key>
+//                                "": a tombstone — <key> is absent, last deleted at <revision>
+//                                (20 digits: a repository's tombstones sort by revision, so the
+//                                oldest go with one range delete). Put by the txn that deletes
+//                                the key, deleted by the one that re-creates it
+//   P tombfloor/<repo>           "<floor> <through>": every deletion above <floor> of revisions up
+//                                to <through> whose key is still absent has its tomb key (none is
+//                                at or below <floor>). Every commit of revisions puts it, <through>
+//                                its last revision, and raises <floor> (deleting the tomb keys at
+//                                or below) where the deletions take the repository past the bound
+//                                on tombstones; absent, or <through> behind the counter (revisions
+//                                committed by a daemon that kept no tombstones): the deletions up
+//                                to the counter are unknown
 //   P lease-id                   the last lease id handed out, decimal (a grant compares its
 //                                mod_revision and puts it + 1: ids are small and never reused)
 //   P lease/<id>                 a lease (20-digit id): JSON {"id","by","ttl"?,"daemon","w","end"?},
@@ -19,8 +32,8 @@
 //                                its own (a lease with a TTL) or its daemon's liveness lease (a
 //                                lease bound to a connection); its deletion is the lease's end
 //
-// Repository names are `[A-Za-z0-9._-]`, so the first `/` after `data/` or `log/` ends the
-// name. Values and the log are JSON so that `etcdctl get --prefix /obsd/` reads as text.
+// Repository names are `[A-Za-z0-9._-]`, so the first `/` after `data/`, `log/` or `tomb/` ends
+// the name. Values and the log are JSON so that `etcdctl get --prefix /obsd/` reads as text.
 
 import ObsEtcd
 import ObsProtocol
@@ -42,6 +55,8 @@ struct KeyLayout: Sendable {
     var leaseCounterKey: [UInt8] { prefix + Array("lease-id".utf8) }
     var leasePrefix: [UInt8] { prefix + Array("lease/".utf8) }
     var alivePrefix: [UInt8] { prefix + Array("alive/".utf8) }
+    var tombPrefix: [UInt8] { prefix + Array("tomb/".utf8) }
+    var tombFloorPrefix: [UInt8] { prefix + Array("tombfloor/".utf8) }
 
     func leaseKey(_ id: UInt64) -> [UInt8] { leasePrefix + Self.digits(id) }
     func aliveKey(_ id: UInt64) -> [UInt8] { alivePrefix + Self.digits(id) }
@@ -52,6 +67,22 @@ struct KeyLayout: Sendable {
     func logPrefix(_ repo: String) -> [UInt8] { logPrefix + Array(repo.utf8) + [UInt8(ascii: "/")] }
 
     func logKey(_ repo: String, _ revision: UInt64) -> [UInt8] { logPrefix(repo) + Self.digits(revision) }
+
+    func tombPrefix(_ repo: String) -> [UInt8] { tombPrefix + Array(repo.utf8) + [UInt8(ascii: "/")] }
+    /// Where the tomb keys of deletions at `revision` begin (and those below it end).
+    func tombPrefix(_ repo: String, revision: UInt64) -> [UInt8] { tombPrefix(repo) + Self.digits(revision) + [UInt8(ascii: "/")] }
+    func tombKey(_ repo: String, _ revision: UInt64, _ key: Key) -> [UInt8] { tombPrefix(repo, revision: revision) + Array(key.string.utf8) }
+    func tombFloorKey(_ repo: String) -> [UInt8] { tombFloorPrefix + Array(repo.utf8) }
+
+    /// The revision and obsd key of a tomb key of `repo`.
+    func tombstone(ofTombKey etcdKey: [UInt8], repo: String) -> (revision: UInt64, key: Key)? {
+        let head = tombPrefix(repo)
+        let start = head.count + 21
+        guard etcdKey.count > start, etcdKey.starts(with: head), etcdKey[start - 1] == UInt8(ascii: "/"),
+            let revision = UInt64(String(decoding: etcdKey[head.count..<(start - 1)], as: UTF8.self))
+        else { return nil }
+        return (revision, Key(String(decoding: etcdKey[start...], as: UTF8.self)))
+    }
 
     /// 20 decimal digits, so that keys sort by number.
     private static func digits(_ n: UInt64) -> [UInt8] {
@@ -69,6 +100,8 @@ struct KeyLayout: Sendable {
         case leaseCounter
         case lease(id: UInt64)
         case alive(id: UInt64)
+        case tomb(repo: String)
+        case tombFloor(repo: String)
         /// Not obsd's (or not under the prefix).
         case other
     }
@@ -83,6 +116,8 @@ struct KeyLayout: Sendable {
         if rest.elementsEqual("lease-id".utf8) { return .leaseCounter }
         if let id = Self.after("lease/", in: rest, nameEnds: false).flatMap(UInt64.init) { return .lease(id: id) }
         if let id = Self.after("alive/", in: rest, nameEnds: false).flatMap(UInt64.init) { return .alive(id: id) }
+        if let name = Self.after("tomb/", in: rest, nameEnds: true) { return .tomb(repo: name) }
+        if let name = Self.after("tombfloor/", in: rest, nameEnds: false) { return .tombFloor(repo: name) }
         return .other
     }
 
@@ -111,6 +146,20 @@ struct KeyLayout: Sendable {
     }
 }
 
+/// What a repository's `tombfloor` key says: the tomb keys hold every deletion above `floor`
+/// of the revisions up to `through` whose key is still absent.
+struct TombFloor: Sendable, Equatable {
+    var floor: UInt64
+    var through: UInt64
+
+    /// The floor of what etcd holds at `revision`: the deletions of revisions past `through`
+    /// (committed by a daemon that kept no tombstones; or all of them, with no key) are unknown.
+    static func floor(of found: TombFloor?, at revision: UInt64) -> UInt64 {
+        guard let found, found.through == revision else { return revision }
+        return found.floor
+    }
+}
+
 /// Why something under the prefix cannot be read as obsd's.
 struct Malformed: Error, CustomStringConvertible {
     let description: String
@@ -121,6 +170,17 @@ enum Codec {
     static func counter(_ revision: UInt64) -> [UInt8] { Array(String(revision).utf8) }
 
     static func counter(from bytes: [UInt8]) -> UInt64? { UInt64(String(decoding: bytes, as: UTF8.self)) }
+
+    /// A repository's tombstone floor: `"<floor> <through>"`.
+    static func tombFloor(_ floor: TombFloor) -> [UInt8] { Array("\(floor.floor) \(floor.through)".utf8) }
+
+    static func tombFloor(from bytes: [UInt8]) -> TombFloor? {
+        let parts = bytes.split(separator: UInt8(ascii: " "), omittingEmptySubsequences: false)
+        guard parts.count == 2, let floor = UInt64(String(decoding: parts[0], as: UTF8.self)),
+            let through = UInt64(String(decoding: parts[1], as: UTF8.self)), floor <= through
+        else { return nil }
+        return TombFloor(floor: floor, through: through)
+    }
 
     /// `"<revision> <canonical JSON>"`, or `"<revision> @<lease> <canonical JSON>"` for a key
     /// attached to a lease (JSON never starts with `@`).

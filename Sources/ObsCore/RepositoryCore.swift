@@ -370,7 +370,7 @@ public struct RepositoryCore: Sendable {
     }
 
     /// Reads the record of the revision committed or installed last. (`mutating` only so
-    /// that `self` is passed in place, as `planSingle` is.)
+    /// that `self` is passed in place.)
     @inlinable
     public mutating func withLastRecord<R>(_ body: (RevisionView) -> R) -> R? {
         if lastInHistory { return history.withNewest(body) }

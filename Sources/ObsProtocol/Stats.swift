@@ -77,6 +77,8 @@ public struct Stats: ReplyMessage, Equatable {
     public var writersHeld: UInt64?
     /// Repository objects in memory.
     public var repositoriesHeld: UInt64?
+    /// Live leases (every daemon's, when a shared store keeps them).
+    public var leases: UInt64?
     /// Error replies.
     public var errors: UInt64?
     /// `forbidden` replies.
@@ -121,7 +123,7 @@ public struct Stats: ReplyMessage, Equatable {
         [
             ("connectionsTotal", \.connectionsTotal), ("connectionsRefused", \.connectionsRefused), ("requests", \.requests),
             ("writes", \.writes), ("eventsOut", \.eventsOut), ("bytesOut", \.bytesOut), ("overflows", \.overflows),
-            ("writersHeld", \.writersHeld), ("repositoriesHeld", \.repositoriesHeld), ("errors", \.errors), ("denied", \.denied),
+            ("writersHeld", \.writersHeld), ("repositoriesHeld", \.repositoriesHeld), ("leases", \.leases), ("errors", \.errors), ("denied", \.denied),
             ("uptimeSeconds", \.uptimeSeconds), ("pid", \.pid), ("reloads", \.reloads), ("reloadFailures", \.reloadFailures),
         ]
     }

@@ -316,7 +316,7 @@ final class Connection: IOHandler {
         input = .stopped
         held = []
         updateInterest()
-        hub.connectionClosed(id, time: loop.wallSeconds)
+        hub.leases.connectionClosed(id, time: loop.wallSeconds, in: hub)
         let ref = ConnectionRef(self)
         closeTimer = loop.schedule(in: outbox.limits.grace) { ref.connection?.close() }
     }
@@ -362,7 +362,7 @@ final class Connection: IOHandler {
         if let session {
             session.close()
             hub.leave(id)
-            hub.connectionClosed(id, time: loop.wallSeconds)
+            hub.leases.connectionClosed(id, time: loop.wallSeconds, in: hub)
             logger.debug("disconnected", metadata: session.peer.metadata)
         }
         session = nil

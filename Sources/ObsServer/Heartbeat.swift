@@ -23,10 +23,16 @@ struct Heartbeat: Sendable {
 
     /// Reports events until the task is cancelled.
     func run(_ report: (Event) -> Void) async {
+        await run(waiting: { try await Task.sleep(for: interval) }, report)
+    }
+
+    /// Reports events, a check each time `wait` returns, until it throws (cancelled: shutting
+    /// down). (Tests pass their own ticks.)
+    func run(waiting wait: () async throws -> Void, _ report: (Event) -> Void) async {
         var round = Round(loops: loops)
         var stalled = false
         while true {
-            do { try await Task.sleep(for: interval) } catch { return }  // cancelled: shutting down
+            do { try await wait() } catch { return }
             if round.isComplete {
                 if stalled { report(.resumed) }
                 stalled = false

@@ -1,5 +1,7 @@
-// ObsServer — the daemon's shared state: repositories by name, the sequencer that decides
-// writes, connected peers, counters, and the current limits and access policy.
+// ObsServer — the daemon's shared state: repositories by name, the parts the storage mode
+// decided (StorageMode.swift: the sequencer that decides writes, the lease service, the read
+// barrier, a shared store's delivery), connected peers, counters, and the current limits and
+// access policy.
 //
 // A repository exists (is listed by `repos`) once a write changed it (revision > 0). Reading
 // a repository that does not exist creates nothing. Subscribing to one — or writing to it
@@ -81,20 +83,18 @@ final class Hub: Sendable {
     let storage: any Storage
     /// Decides writes (`LocalSequencer`, or `SharedSequencer` when other daemons share the store).
     let sequencer: any Sequencer
-    /// The shared store, when there is one: reads first make sure the state here is current.
-    let shared: (any SharedStorage)?
+    /// Reads first make sure the state here is current: the shared store, when there is one.
+    let readBarrier: (any SharedStorage)?
+    /// Installs what a shared store decided (`deliver`), when there is one.
+    let delivery: SharedDelivery?
     /// Told when a shared store's history no longer matches this daemon's.
     private let onHistoryLost: @Sendable (String) -> Void
     let runtime: Runtime
     let users = UserDatabase()
     /// The uid the daemon runs as (its peers of this uid are privileged), read once.
     let daemonUID = getuid()
-    /// Every lease (local storage; its grants and ends stored with the revisions).
-    let leases: LeaseTable
-    /// Leases kept by a shared store, and this daemon's part in them (etcd mode).
-    let sharedLeases: SharedLeases?
-    /// Expires leases with a TTL (on the first loop).
-    let leaseClock: LeaseClock
+    /// The leases, whoever keeps them (LeaseService.swift).
+    let leases: any LeaseService
 
     private struct Slot {
         let repository: Repository
@@ -121,20 +121,12 @@ final class Hub: Sendable {
         self.shardRefs = shards.map { Unmanaged.passUnretained($0) }
         self.runtime = runtime
         self.onHistoryLost = onHistoryLost
-        self.leaseClock = LeaseClock(loop: shards[0].loop)
-        let leases = LeaseTable(storage: storage)
-        self.leases = leases
-        if let shared = storage as? any SharedStorage {
-            self.shared = shared
-            self.sequencer = SharedSequencer(store: shared, stats: stats, leaseLoop: shards[0].loop)
-            self.sharedLeases = shared.keepsLeases ? SharedLeases(store: shared) : nil
-            self.freshEpoch = shared.epoch
-        } else {
-            self.shared = nil
-            self.sequencer = LocalSequencer(storage: storage, stats: stats, leases: leases)
-            self.sharedLeases = nil
-            self.freshEpoch = Epoch.random()
-        }
+        let parts = StorageMode(storage).parts(stats: stats, loop: shards[0].loop)
+        self.sequencer = parts.sequencer
+        self.leases = parts.leases
+        self.readBarrier = parts.readBarrier
+        self.delivery = parts.delivery
+        self.freshEpoch = parts.freshEpoch
         let loaded = try storage.load()
         let made = loaded.map { ($0.name, makeRepository($0.name, loaded: $0)) }
         repositories.withLock { map in
@@ -146,14 +138,14 @@ final class Hub: Sendable {
             // Each loop commits the writes it made before it delivers and writes (DiskStorage.flush).
             shard.loop.beforeTick = { [storage] in storage.flush() }
         }
-        leaseClock.attach(to: self)
-        leases.whenStorageFails { [unowned self] ended, rewrite in leaseFramesFailed(ended: ended, rewrite: rewrite) }
+        leases.attach(to: self)
+        delivery?.attach(to: self)
     }
 
     private func makeRepository(_ name: String, loaded: LoadedRepository? = nil) -> Repository {
         Repository(
             name: name, epoch: freshEpoch, historyLimits: historyLimits, loaded: loaded, storage: storage, stats: stats,
-            onUndo: { [unowned self] repository, leases in reattached(in: repository, to: leases) })
+            onUndo: { [unowned self] repository, attached in leases.reattached(in: repository, to: attached) })
     }
 
     // MARK: Event loops
@@ -274,47 +266,20 @@ final class Hub: Sendable {
 
 // MARK: - A shared store's revisions
 
-extension Hub: SharedStorageSink {
-    func deliver(repo name: String, revisions: [SharedRevision], attachments: [SharedAttachment], replacing: Bool) {
-        // Kept for good under the map's lock, so a placeholder cannot be dropped between here
-        // and the install that makes it a repository. Attachments alone need a repository
-        // this daemon holds (they are of keys that exist).
-        let repository: Repository
-        if revisions.isEmpty {
-            guard let existing = existing(name) else { return }
-            repository = existing
-        } else {
-            repository = repositories.withLock { map -> Repository in
-                let repository = map[name]?.repository ?? makeRepository(name)
-                if map[name] == nil { map[name] = Slot(repository: repository) }
-                repository.makePermanent()
-                return repository
-            }
-        }
-        let sequencer = self.sequencer as? SharedSequencer
-        let installs = revisions.map { revision -> (record: RevisionRecord, origin: UInt64, tail: [UInt8]) in
-            let origin = sequencer?.origin(of: revision.writeID, revision: revision.record.revision, in: repository) ?? 0
-            guard let end = revision.lease else { return (revision.record, origin, []) }
-            sequencer?.noteEnd(of: end.lease, in: repository, revision: revision.record.revision)
-            var tail: [UInt8] = []
-            LeaseEnd(lease: end.lease, reason: LeaseEnd.Reason(rawValue: end.reason.rawValue)).writeMember(into: &tail)
-            return (revision.record, origin, tail)
-        }
-        let moves = repository.install(installs, attachments: attachments, replacing: replacing)
-        if let sharedLeases {
-            for move in moves { sharedLeases.move(move.key, of: name, from: move.from, to: move.to) }
+extension Hub {
+    /// Repository `name` kept for good (a shared store delivered revisions of it), made if
+    /// need be — under the map's lock, so a placeholder cannot be dropped between here and the
+    /// install that makes it a repository.
+    func permanentRepository(_ name: String) -> Repository {
+        repositories.withLock { map -> Repository in
+            let repository = map[name]?.repository ?? makeRepository(name)
+            if map[name] == nil { map[name] = Slot(repository: repository) }
+            repository.makePermanent()
+            return repository
         }
     }
 
     func historyLost(_ reason: String) {
         onHistoryLost(reason)
-    }
-
-    func leaseEnded(_ lease: SharedLease, reason: SharedLeaseReason) {
-        sharedLeaseEnded(lease, reason: reason)
-    }
-
-    func leasesLost(_ ids: [UInt64]) {
-        sharedLeasesLost(ids)
     }
 }

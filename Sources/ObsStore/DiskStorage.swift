@@ -19,8 +19,10 @@
 //   no longer known. A data directory an earlier obsd wrote (SQLite, `obsd.db`:
 //   SQLiteSchema.swift) is read once, written as a snapshot, removed.
 //
-// Durability callbacks come from the committer thread and must not block (the daemon
-// hands them to its event loop); `append` never calls back.
+// Durability callbacks come from whichever thread commits — an event loop at the end of its
+// iteration (`flush`), or the committer thread for what no loop flushes — and must not block:
+// the listener (a repository) confirms the revisions and posts them to the loops' inboxes
+// under its own lock. `append` never calls back.
 
 import CSQLite
 import Logging

@@ -53,6 +53,13 @@ public struct SharedCommit: Sendable {
     public var reattached: [SharedReattachment] = []
     /// The revisions (by number) that delete a lease's keys, and which lease and why.
     public var leaseEnds: [UInt64: SharedLeaseEnd] = [:]
+    /// The tombstones (`Tombstones`: the revision of the last deletion of each absent key) the
+    /// group takes away — each key it re-creates that had one on the basis, with its revision.
+    /// The ones it adds are its records' deletions.
+    public var tombstonesRemoved: [Key: UInt64] = [:]
+    /// The tombstones' floor once every daemon installed the group: the basis's, or higher
+    /// where its deletions take the repository past its bound (the oldest forgotten).
+    public var tombstoneFloor: UInt64 = 0
 
     /// Whether committing the group changes anything in the store.
     public var writes: Bool { !records.isEmpty || !reattached.isEmpty }

@@ -4,6 +4,8 @@
 // state (the snapshot's TOMB block, and the deletions of the log after it), and bounded: the
 // most recent `limit` deletions are kept; `floor` is the newest revision of a deletion
 // forgotten, so a catch-up from below it cannot show its deletions (it is a `snapshot`).
+// `planned` says what floor a run of deletions and re-creations will leave without applying
+// them: etcd mode's commit forgets in etcd what every daemon's install of it will forget.
 
 import ObservableKit
 
@@ -90,6 +92,58 @@ public struct Tombstones: Sendable, Equatable {
     public mutating func restore(_ key: Key, at revision: UInt64) {
         guard revision > floor else { return }  // forgotten meanwhile: stays forgotten
         deleted(key, at: revision)
+    }
+
+    /// One change to the tombstones, as `planned(_:)` takes them.
+    public enum Step: Sendable {
+        /// `deleted(key, at: revision)`.
+        case deleted(Key, at: UInt64)
+        /// `remove(key)`: the key exists again.
+        case recreated(Key)
+    }
+
+    /// The floor `steps`, applied in order by `deleted` and `remove`, would leave — without
+    /// applying them or copying what is remembered (a shared store's commit says beforehand
+    /// what the installs of its revisions will forget).
+    public func planned(_ steps: some Sequence<Step>) -> UInt64 {
+        var floor = self.floor
+        guard limit > 0 else {
+            for case .deleted(_, let revision) in steps { floor = max(floor, revision) }
+            return floor
+        }
+        // What the steps changed so far (nil: no tombstone), over `revisions`; the deletions
+        // they added, after `order`.
+        var changed: [Key: UInt64?] = [:]
+        var added: [(key: Key, revision: UInt64)] = []
+        var count = revisions.count
+        var next = head
+        func current(_ key: Key) -> UInt64? {
+            if let change = changed[key] { return change }
+            return revisions.isEmpty ? nil : revisions[key]
+        }
+        for step in steps {
+            switch step {
+            case .recreated(let key):
+                if current(key) != nil {
+                    changed[key] = .some(nil)
+                    count -= 1
+                }
+            case .deleted(let key, let revision):
+                if current(key) == nil { count += 1 }
+                changed[key] = revision
+                added.append((key, revision))
+                // As `trim`: the oldest first, skipping entries no longer current.
+                while count > limit, next < order.count + added.count {
+                    let (oldest, at) = next < order.count ? order[next] : added[next - order.count]
+                    next += 1
+                    guard current(oldest) == at else { continue }
+                    changed[oldest] = .some(nil)
+                    count -= 1
+                    floor = max(floor, at)
+                }
+            }
+        }
+        return floor
     }
 
     /// Forgets every deletion at or below `revision` (they can no longer be shown).

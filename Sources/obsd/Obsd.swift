@@ -30,7 +30,7 @@ struct Obsd: AsyncParsableCommand {
 
             SETTINGS:
             """ + Setting.helpText,
-        version: ObsServer.version)
+        version: Server.version)
 
     @Option(help: ArgumentHelp("Configuration file (default: none; also $OBSD_CONFIG).", valueName: "file"))
     var config: String?
@@ -106,9 +106,9 @@ struct Obsd: AsyncParsableCommand {
         let logger = Logger(label: "obsd")
         Launch.raiseDescriptorLimit(for: settings.maxConnections, logger: logger)
 
-        let server: ObsServer
+        let server: Server
         do {
-            server = ObsServer(
+            server = Server(
                 configuration: try Launch.serverConfiguration(settings, environment: environment, logger: logger),
                 logger: logger, observer: SystemdBridge(logger: logger))
         } catch {

@@ -12,7 +12,7 @@ import Systemd
 import UnixSignals
 
 struct ReloadService: Service {
-    let server: ObsServer
+    let server: Server
     let logger: Logger
     let level: LogLevelSource
     /// The settings the daemon started with (the file is read again only on SIGHUP).

@@ -17,45 +17,16 @@ import Glibc
 #endif
 
 @Suite(.timeLimit(.minutes(5))) struct CatchUpTests {
-    private func set(_ c: WireConnection, _ key: String, _ value: JSONValue, repo: String = "r") throws -> UInt64 {
-        let reply = try c.call(["op": "set", "repo": .string(repo), "key": .string(key), "value": value])
-        guard reply.ok, let rev = reply["rev"]?.int64Value else { throw TestFailure("set \(key): \(reply)") }
-        return UInt64(rev)
-    }
-
-    private func delete(_ c: WireConnection, _ key: String, repo: String = "r") throws -> UInt64 {
-        let reply = try c.call(["op": "delete", "repo": .string(repo), "key": .string(key)])
-        guard reply.ok, let rev = reply["rev"]?.int64Value else { throw TestFailure("delete \(key): \(reply)") }
-        return UInt64(rev)
-    }
-
-    private func epoch(_ c: WireConnection, repo: String = "r") throws -> String {
-        try #require(c.call(["op": "list", "repo": .string(repo)])["epoch"]?.stringValue)
-    }
-
     /// The history this test's daemons keep: 2 revisions, so a resume from further back
     /// needs a catch-up.
     private static let shortHistory = ["--history-limit", "2"]
 
-    /// Writes the scenario of the contract's example: `lang`, `theme`, `draft` at 1–3, then
-    /// changes and deletions; returns the revision a client saw (3) and the epoch.
-    private func writeScenario(_ c: WireConnection) throws -> (seen: UInt64, epoch: String) {
-        _ = try set(c, "lang", "en")  // 1
-        _ = try set(c, "theme", "light")  // 2
-        let seen = try set(c, "draft", "x")  // 3
-        _ = try set(c, "lang", "fr")  // 4
-        _ = try delete(c, "draft")  // 5
-        _ = try set(c, "theme", "dark")  // 6
-        _ = try set(c, "tmp", 1)  // 7
-        _ = try delete(c, "tmp")  // 8
-        _ = try set(c, "theme", "dark")  // equal: no revision
-        return (seen, try epoch(c))
-    }
+    // The scenario: TestSupport's CatchUpScenario (the etcd suites write it too).
 
     @Test func pastTheHistoryACatchUpIsADiffThenSyncedThenLive() async throws {
         let d = try await TestDaemon.start(Self.shortHistory, inMemory: true)
         let c = try d.connect()
-        let (seen, epoch) = try writeScenario(c)
+        let (seen, epoch) = try CatchUpScenario.write(c)
         let plain = try c.call(["op": "subscribe", "repo": "r", "since": .int(Int64(seen)), "epoch": .string(epoch)])
         #expect(plain.errorCode == "compacted", "without catchup, as before: \(plain)")
 
@@ -72,7 +43,7 @@ import Glibc
         #expect(event["by"] == nil && event["lease"] == nil)
         let synced = try c.receive()
         #expect(synced["event"]?.stringValue == "synced" && synced["rev"]?.int64Value == 8, "\(synced)")
-        _ = try set(c, "lang", "de")
+        _ = try CatchUpScenario.set(c, "lang", "de")
         let live = try c.receive()
         #expect(live["event"]?.stringValue == "change" && live["rev"]?.int64Value == 9 && live["sub"]?.int64Value == sub, "\(live)")
     }
@@ -80,7 +51,7 @@ import Glibc
     @Test func withinTheHistoryACatchUpIsThePlainReplay() async throws {
         let d = try await TestDaemon.start(inMemory: true)
         let c = try d.connect()
-        let (seen, epoch) = try writeScenario(c)
+        let (seen, epoch) = try CatchUpScenario.write(c)
         let reply = try c.call(["op": "subscribe", "repo": "r", "since": .int(Int64(seen)), "epoch": .string(epoch), "catchup": true, "writers": true])
         #expect(reply.ok && reply["catchup"]?.stringValue == "replay", "\(reply)")
         var revisions: [Int64] = []
@@ -96,7 +67,7 @@ import Glibc
     @Test func anotherHistoryOrAFutureRevisionGetsASnapshotNeverCompacted() async throws {
         let d = try await TestDaemon.start(inMemory: true)
         let c = try d.connect()
-        _ = try writeScenario(c)
+        _ = try CatchUpScenario.write(c)
         for request: JSONValue in [
             ["op": "subscribe", "repo": "r", "since": 3, "epoch": "another history", "catchup": true, "keys": ["theme", "draft"]],
             ["op": "subscribe", "repo": "r", "since": 99, "catchup": true, "keys": ["theme", "draft"]],
@@ -122,7 +93,7 @@ import Glibc
     @Test func aDiffHoldsTheSubscriptionsOwnWritesAndASelection() async throws {
         let d = try await TestDaemon.start(Self.shortHistory, inMemory: true)
         let c = try d.connect()
-        let (seen, epoch) = try writeScenario(c)
+        let (seen, epoch) = try CatchUpScenario.write(c)
         let reply = try c.call([
             "op": "subscribe", "repo": "r", "since": .int(Int64(seen)), "epoch": .string(epoch), "catchup": true, "echo": false, "prefix": "t",
         ])
@@ -136,7 +107,7 @@ import Glibc
     private func catchUpAfterRestart(killed: Bool) async throws {
         let d = try await TestDaemon.start(Self.shortHistory)
         var c = try d.connect()
-        let (seen, epoch) = try writeScenario(c)
+        let (seen, epoch) = try CatchUpScenario.write(c)
         if killed {
             d.kill9()
             _ = await d.waitForExit()
@@ -199,7 +170,7 @@ import Glibc
         #expect(try c.call(["op": "sync"]).errorCode == "bad_request")
         #expect(try c.call(["op": "sync", "sub": "1"]).errorCode == "bad_request")
         let once = try #require(try c.call(["op": "subscribe", "repo": "r", "once": true])["sub"]?.int64Value)
-        _ = try set(c, "k", 1)
+        _ = try CatchUpScenario.set(c, "k", 1)
         _ = try c.receive()  // its one change
         #expect(try c.call(["op": "sync", "sub": .int(once)]).errorCode == "not_found", "an ended once subscription")
     }
@@ -207,7 +178,7 @@ import Glibc
     @Test func syncFollowsACatchUpStillUnderWay() async throws {
         let d = try await TestDaemon.start(Self.shortHistory, inMemory: true)
         let c = try d.connect()
-        let (seen, epoch) = try writeScenario(c)
+        let (seen, epoch) = try CatchUpScenario.write(c)
         // Pipelined: the subscribe and its sync; the sync's reply follows `synced`.
         _ = try c.request(["op": "subscribe", "repo": "r", "since": .int(Int64(seen)), "epoch": .string(epoch), "catchup": true])
         let s = try c.request(["op": "sync", "sub": 1])

@@ -57,8 +57,12 @@ final class TestDaemon: @unchecked Sendable {
         try await waitUntilServing()
     }
 
+    /// Waits until the socket answers. A daemon still starting — its CPU time still growing,
+    /// as it reads a large state on a loaded machine — is waited for; one that made no
+    /// progress for 20 s is hung, and fails the test.
     private func waitUntilServing() async throws {
-        let deadline = ContinuousClock.now + .seconds(20)
+        var deadline = ContinuousClock.now + .seconds(20)
+        var cpu = Self.cpuTicks(of: process.pid)
         while true {
             if !process.isRunning {
                 throw TestFailure("obsd exited with status \(process.terminationStatus) before serving:\n\(log)")
@@ -68,10 +72,25 @@ final class TestDaemon: @unchecked Sendable {
                 return
             }
             // Checked once more after the deadline (a starved test must not blame the daemon).
-            if ContinuousClock.now >= deadline { break }
+            if ContinuousClock.now >= deadline {
+                let now = Self.cpuTicks(of: process.pid)
+                guard let now, let before = cpu, now > before else { break }
+                (cpu, deadline) = (now, ContinuousClock.now + .seconds(20))
+            }
             try await Task.sleep(for: .milliseconds(10))
         }
-        throw TestFailure("obsd did not start serving \(socketPath) within 20 s:\n\(log)")
+        throw TestFailure("obsd did not start serving \(socketPath), using no CPU for 20 s:\n\(log)")
+    }
+
+    /// The process's CPU time so far (user and system, in clock ticks), from /proc.
+    private static func cpuTicks(of pid: pid_t) -> UInt64? {
+        guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
+            let end = stat.lastIndex(of: ")")
+        else { return nil }
+        // After "pid (comm)": state is field 3; utime and stime are fields 14 and 15.
+        let fields = stat[stat.index(after: end)...].split(separator: " ")
+        guard fields.count > 12, let user = UInt64(fields[11]), let system = UInt64(fields[12]) else { return nil }
+        return user + system
     }
 
     /// Sends SIGTERM and waits for the exit status (SIGKILL after 20 s: then not 0).

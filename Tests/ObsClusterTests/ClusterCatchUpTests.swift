@@ -21,11 +21,18 @@ extension ClusterTests {
     private func cutOffCompactAndReconnect(
         _ etcd: EtcdCluster, a: ObsConnection, b: ClusterDaemon, repo: String, writes: ClosedRange<Int>
     ) async throws {
+        try await cutOffCompactAndReconnect(etcd, b: b) {
+            for i in writes { try await a.set("n", to: int(i), in: repo) }
+        }
+    }
+
+    /// The same, with what happens while B is cut off in `meanwhile`.
+    func cutOffCompactAndReconnect(_ etcd: EtcdCluster, b: ClusterDaemon, meanwhile: () async throws -> Void) async throws {
         let client = try ClusterPair.etcdClient(etcd)
         defer { Task { await client.shutdown() } }
         etcd.stop(2)
         b.signal(SIGSTOP)
-        for i in writes { try await a.set("n", to: int(i), in: repo) }
+        try await meanwhile()
         let at = try await client.range(Array("/obsd-test/epoch".utf8)).revision
         _ = try await client.compact(at, physical: true)
         try etcd.restart(2)

@@ -1,10 +1,12 @@
 // ObsClusterTests: two real obsd daemons, A and B, sharing their repositories through a real
 // 3-member etcd cluster on loopback (issue 14). The wire contract across daemons: events with
 // old and new values, dense revisions in one order, a batch as one event, compare-and-set,
-// the no-op rule, `since` replay and one epoch (this file); etcd losing its quorum, its
-// leader killed under a write loop, a daemon killed -9, an etcd compaction, starting while
-// etcd is down (ClusterFailureTests.swift); a watch resumed behind a compaction and a wiped
-// prefix (ClusterCatchUpTests.swift); leases across daemons (ClusterLeaseTests.swift).
+// the no-op rule, `since` replay and one epoch, writes committed in groups of more revisions
+// than the change log keeps (this file); etcd losing its quorum, its leader killed under a
+// write loop, a daemon killed -9, an etcd compaction, starting while etcd is down
+// (ClusterFailureTests.swift); a watch resumed behind a compaction and a wiped prefix
+// (ClusterCatchUpTests.swift); leases across daemons (ClusterLeaseTests.swift); catch-ups
+// across daemons, from the tombstones kept in etcd (ClusterTombstoneTests.swift).
 //
 // Each test starts its own cluster and daemons and stops every process by PID in a `defer`.
 // Tests await events and replies; the waits' bounds are failure guards only. The suite runs
@@ -183,6 +185,32 @@ struct ClusterTests {
             try await b.subscribe(to: "state", since: 3, epoch: String(repeating: "0", count: 32))
         }
         #expect(foreign?.code == .compacted)
+    }
+
+    /// Concurrent writes are committed in groups of several revisions: a group of more
+    /// revisions than the change log keeps (history.limit 1) still commits — its trim of the
+    /// log must not cover its own records, or etcd refuses the txn ("duplicate key").
+    @Test func aGroupOfMoreRevisionsThanTheChangeLogKeepsCommits() async throws {
+        let pair = try await ClusterPair.start(extra: ["--history-limit", "1"])
+        defer { pair.stop() }
+        let writers = 8
+        let writes = 10
+        let connections = try (0..<writers).map { _ in try WireConnection(path: pair.a.socketPath) }
+        let tasks = connections.enumerated().map { (w, c) in
+            Task.detached { () throws -> [JSONObject] in
+                for i in 1...writes {
+                    let key = JSONValue.string("w\(w)-\(i % 2)")
+                    _ = try c.request(i.isMultiple(of: 3) ? ["op": "delete", "repo": "g", "key": key] : ["op": "set", "repo": "g", "key": key, "value": .int(Int64(i))])
+                }
+                return try (1...writes).map { _ in try c.receive() }
+            }
+        }
+        var failed: [JSONObject] = []
+        for task in tasks { failed += try await task.value.filter { !$0.ok } }
+        #expect(failed.isEmpty, "\(failed.count) of \(writers * writes) refused, the first: \(failed.first.map { "\($0)" } ?? "")")
+        let revision = try await pair.a.client().list("g").revision
+        #expect(revision == UInt64(writers * writes), "every write changes its key")
+        #expect(try await pair.b.client().list("g").revision == revision)
     }
 }
 

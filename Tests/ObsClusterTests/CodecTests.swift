@@ -1,5 +1,6 @@
-// ObsCluster without a cluster: the key layout, and the encodings of values (with their lease
-// attachment), of the change log (with a lease's end) and of lease records read back exactly.
+// ObsCluster without a cluster: the key layout (tomb keys sorting by revision, the floor key),
+// and the encodings of values (with their lease attachment), of the change log (with a
+// lease's end), of lease records and of the tombstone floor read back exactly.
 
 import ObsProtocol
 import ObsStore
@@ -26,6 +27,33 @@ import Testing
         }
         // Log keys sort by revision.
         #expect(layout.logKey("ui", 9).lexicographicallyPrecedes(layout.logKey("ui", 10)))
+    }
+
+    @Test func tombKeysSortByRevisionAndReadBack() {
+        let key = Key("a/b c")
+        let tomb = layout.tombKey("ui", 7, key)
+        #expect(String(decoding: tomb, as: UTF8.self) == "/obsd/tomb/ui/00000000000000000007/a/b c")
+        #expect(layout.classify(tomb) == .tomb(repo: "ui"))
+        #expect(layout.tombstone(ofTombKey: tomb, repo: "ui").map { $0.revision == 7 && $0.key == key } == true)
+        #expect(layout.tombstone(ofTombKey: tomb, repo: "u") == nil)
+        #expect(layout.tombstone(ofTombKey: Array("/obsd/tomb/ui/7/a".utf8), repo: "ui") == nil)
+        #expect(layout.classify(layout.tombFloorKey("ui")) == .tombFloor(repo: "ui"))
+        #expect(String(decoding: layout.tombFloorKey("ui"), as: UTF8.self) == "/obsd/tombfloor/ui")
+        // The tomb keys of the revisions up to N lie before the range's end for N + 1, those
+        // of N + 1 and later from it on.
+        let end = layout.tombPrefix("ui", revision: 10)
+        #expect(layout.tombKey("ui", 9, Key("\u{10FFFF}")).lexicographicallyPrecedes(end))
+        #expect(!layout.tombKey("ui", 10, Key("")).lexicographicallyPrecedes(end))
+        #expect(layout.tombKey("ui", 9, key).starts(with: layout.tombPrefix("ui")))
+        #expect(!layout.tombKey("ui2", 9, key).starts(with: layout.tombPrefix("ui")))
+
+        #expect(Codec.tombFloor(from: Codec.tombFloor(TombFloor(floor: 3, through: 9))) == TombFloor(floor: 3, through: 9))
+        #expect(String(decoding: Codec.tombFloor(TombFloor(floor: 0, through: 12)), as: UTF8.self) == "0 12")
+        for bad in ["", "3", "3 ", "a 4", "5 4", "1 2 3"] { #expect(Codec.tombFloor(from: Array(bad.utf8)) == nil, "\(bad)") }
+        // Deletions etcd does not hold through the counter are unknown.
+        #expect(TombFloor.floor(of: TombFloor(floor: 3, through: 9), at: 9) == 3)
+        #expect(TombFloor.floor(of: TombFloor(floor: 3, through: 8), at: 9) == 9)
+        #expect(TombFloor.floor(of: nil, at: 9) == 9)
     }
 
     @Test func valuesAndLogRecordsRoundTrip() throws {

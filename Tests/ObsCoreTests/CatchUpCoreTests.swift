@@ -9,6 +9,7 @@ import ObsStore
 import ObsValues
 import ObservableKit
 import Testing
+import TestSupport
 
 private let unlimited = WriteLimits(maxKeys: .max, maxRevisionBytes: .max)
 private func value(_ v: Int64) -> CanonicalJSON { CanonicalJSON(.int(v)) }
@@ -77,6 +78,42 @@ private func start(_ c: RepositoryCore, since: UInt64, epoch: String? = nil, key
         #expect(c.tombstones["a"] == 2)
         #expect(install(Change(key: "a", old: nil, new: value(3)), 3))
         #expect(c.tombstones["a"] == nil)
+    }
+
+    /// What etcd mode's commit relies on: `planned` tells the floor the same steps leave
+    /// when applied, whatever the limit, the stale entries, re-creations and ties.
+    @Test func plannedStepsLeaveTheFloorTheirApplicationLeaves() {
+        var rng = SeededGenerator(seed: 0x70_6D_62)
+        for round in 0..<300 {
+            let limit = [0, 1, 3, 8, 50][round % 5]
+            var tombstones = Tombstones(limit: limit, floor: UInt64(round % 3))
+            var revision: UInt64 = 3
+            var absent = Set<Key>()
+            // A history first (stale entries in the order included), then a planned run.
+            for phase in 0..<2 {
+                var steps: [Tombstones.Step] = []
+                for _ in 0..<Int.random(in: 0...40, using: &rng) {
+                    let key = Key("k\(Int.random(in: 0..<20, using: &rng))")
+                    if absent.contains(key) {
+                        steps.append(.recreated(key))
+                        absent.remove(key)
+                    } else {
+                        if Bool.random(using: &rng) { revision += 1 }  // else another deletion of the same revision
+                        steps.append(.deleted(key, at: revision))
+                        absent.insert(key)
+                    }
+                }
+                let planned = tombstones.planned(steps)
+                for step in steps {
+                    switch step {
+                    case .deleted(let key, let at): tombstones.deleted(key, at: at)
+                    case .recreated(let key): tombstones.remove(key)
+                    }
+                }
+                #expect(planned == tombstones.floor, "round \(round), phase \(phase), limit \(limit)")
+                #expect(tombstones.count <= max(limit, 0))
+            }
+        }
     }
 
     @Test func withinTheHistoryACatchUpIsAReplay() throws {

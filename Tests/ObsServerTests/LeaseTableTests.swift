@@ -41,9 +41,9 @@ import TestSupport
     @Test func restoredTTLsStartWhenTheDaemonServes() throws {
         let storage = LeasesOnlyStorage(PersistedLeases(nextID: 8, live: [7: .init(id: 7, owner: owner, ttl: 5)]))
         let server = try TestServer(storage: storage)
-        server.hub.restoreLeases(time: 0)
+        server.hub.leases.restore(time: 0, in: server.hub)
         server.advanceTime(by: .seconds(6))  // loading
-        server.hub.startLeaseClocks(now: server.clock.now)
+        server.hub.leases.startClocks(now: server.clock.now)
         let c = try TestConnection(server)
         try c.send(lines(#"{"id":1,"op":"keepalive","lease":7}"#))
         #expect(try c.received().first?["ttl"] == .int(5), "a restored lease expired before the daemon served")
@@ -67,7 +67,7 @@ import TestSupport
         let lease = try #require(try c.received().first?["lease"]?.uint64Value)
 
         try c.send(lines(#"{"id":2,"op":"grant","ttl":60}"#))
-        server.hub.leases.failed(after: 1, error: StorageError(.full, "test: disk full"))
+        try server.leaseTable.failed(after: 1, error: StorageError(.full, "test: disk full"))
         let failed = try #require(try c.received().first)
         #expect(failed.errorCode == "internal", "\(failed)")
         try c.send(lines(#"{"id":3,"op":"set","repo":"r","key":"k","value":1,"lease":\#(lease + 1)}"#))
@@ -119,7 +119,7 @@ import TestSupport
         try c.send(lines(#"{"id":4,"op":"set","repo":"r","key":"k","value":2,"lease":\#(l)}"#))
         let revoker = try TestConnection(server)
         try revoker.send(lines(#"{"id":5,"op":"revoke","lease":\#(m)}"#))
-        server.hub.leases.durable(through: .max)
+        try server.leaseTable.durable(through: .max)
         #expect(try revoker.received().first?["revs"]?.objectValue?.isEmpty == true, "m held no key when it ended")
         repository.failed(after: 1, error: StorageError(.io, "injected"))
         #expect(try c.received().first?.errorCode == "internal")

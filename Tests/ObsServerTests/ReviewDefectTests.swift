@@ -186,7 +186,7 @@ import TestSupport
         try owner.send(lines(#"{"id":3,"op":"revoke","lease":\#(lease)}"#))
         #expect(repository.revision == 2, "the deletion is applied, not yet durable")
         repository.failed(after: 1, error: StorageError(.io, "injected"))
-        server.hub.leases.durable(through: .max)
+        try server.leaseTable.durable(through: .max)
         // The revoke is answered with what is true: the lease has ended, its keys go later.
         let answer = try #require(try owner.received().first)
         #expect(answer.errorCode == "internal" && answer.errorMessage?.contains("lease \(lease) is revoked") == true, "\(answer)")

@@ -9,6 +9,7 @@ import ObsCore
 import ObsProtocol
 import ObsStore
 import Synchronization
+import Testing
 
 @testable import ObsServer
 
@@ -51,7 +52,12 @@ final class TestServer {
             shards: loops.map(\.shard), historyLimits: HistoryLimits(count: 100, maxBytes: 64 << 20, maxAge: nil), storage: storage,
             runtime: Runtime(limits: limits, policy: .open))
         self.limits = limits
-        (storage as? any SharedStorage)?.start(delivering: hub)
+        if let shared = storage as? any SharedStorage, let delivery = hub.delivery { shared.start(delivering: delivery) }
+    }
+
+    /// The lease table of a hub on local storage.
+    var leaseTable: LeaseTable {
+        get throws { try #require(hub.leases as? LocalLeases).table }
     }
 
     /// Runs loop `index` (every loop: nil) until it has nothing left to do.

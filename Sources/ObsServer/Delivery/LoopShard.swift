@@ -1,8 +1,10 @@
 // ObsServer — one event loop's share of delivery: the subscriptions of its connections, by
 // repository and key; the revisions and durability news waiting to be delivered on it; the
 // replies waiting for durability (LoopShard+Durability.swift); and the connections with output
-// to write. It is the only
-// code that appends events to outboxes, and it never calls back into a repository.
+// to write. It is the only code that appends events to outboxes. It calls back up in two
+// places only: a subscription that ends in delivery (`once`, an overflow) is taken off its
+// repository and the hub's tally (`subscriptionEnded`), and a `sync` whose events are queued
+// is answered by its session (`checkSyncs`).
 //
 // A repository posts each revision it may show (a durable one) to every loop with subscribers
 // to it: its record is copied into the loop's inbox — a buffer, no object per revision —

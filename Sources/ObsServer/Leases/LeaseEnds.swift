@@ -1,8 +1,8 @@
 // ObsServer — what happens when a lease ends (revoked, expired, or its connection closed):
 // in each repository where it may hold keys, those still attached to it are deleted in one
 // revision through the hub's sequencer — the same write path as any write (durability
-// gating, history, `since`, coalescing, `writers`, `echo`) — and the clock that expires
-// leases with a TTL.
+// gating, history, `since`, coalescing, `writers`, `echo`), whichever lease service ended
+// it — and the clock that expires the lease table's leases with a TTL (`LocalLeases`).
 //
 // Storage may fail a deletion (a full disk): the repository undoes it, which attaches its
 // keys to the ended lease again; it — like any undo that leaves a key attached to a lease
@@ -19,6 +19,11 @@ import Synchronization
 struct LeaseDeletion: Sendable {
     let repository: Repository
     let outcome: WriteOutcome
+
+    /// A revoke's reply: the revision that deleted the lease's keys, per repository.
+    static func revisions(of deletions: [LeaseDeletion]) -> [String: UInt64] {
+        Dictionary(deletions.map { ($0.repository.name, $0.outcome.revision) }, uniquingKeysWith: max)
+    }
 }
 
 extension Hub {
@@ -39,32 +44,9 @@ extension Hub {
             }
         }
     }
-
-    /// A connection closed: its connection-bound leases end (`closed`).
-    func connectionClosed(_ connection: ConnectionID, time: Int64) {
-        if sharedLeases != nil { return sharedConnectionClosed(connection) }
-        for ended in leases.connectionClosed(connection) { end(ended, time: time) }
-    }
-
-    /// An undo in `repository` attached keys to `attachedTo` again: those of them that have
-    /// ended meanwhile owe their deletion, made a second later.
-    func reattached(in repository: Repository, to attachedTo: Set<UInt64>) {
-        for id in attachedTo where !leases.isLive(id) {
-            let ended = leases.endOf(id) ?? PersistedLeases.Ended(reason: .closed, owner: Writer(uid: 0, gid: 0, pid: 0))
-            leaseClock.retry(
-                EndedLease(id: id, owner: ended.owner, end: LeaseEnd.Reason(rawValue: ended.reason.rawValue), repos: [repository.name]))
-        }
-    }
-
-    /// Storage failed lease frames: the leases whose grants it failed have ended (their keys
-    /// go now), and the ends it failed are written again a second later.
-    func leaseFramesFailed(ended: [EndedLease], rewrite: [(UInt64, SharedLeaseReason, Writer)]) {
-        for lease in ended { end(lease, time: WallClock.unixSeconds()) }
-        if !rewrite.isEmpty { leaseClock.rewrite(rewrite) }
-    }
 }
 
-/// Expires leases with a TTL: a timer on one loop, set for the earliest deadline — an idle
+/// Expires the lease table's leases with a TTL (`LocalLeases`): a timer on one loop, set for the earliest deadline — an idle
 /// lease costs nothing until it is due. A lease ends at its deadline, never earlier; the loop
 /// runs the timer as soon as it is due (well within the contract's second).
 final class LeaseClock: @unchecked Sendable {
@@ -73,11 +55,13 @@ final class LeaseClock: @unchecked Sendable {
     // unowned(unsafe): the hub owns this clock and outlives the loops that run it.
     private unowned(unsafe) var hub: Hub!
     private let loop: IOLoop
+    private let table: LeaseTable
     private var timer: TimerID?
     private var scheduledFor: UInt64 = .max
 
-    init(loop: IOLoop) {
+    init(loop: IOLoop, table: LeaseTable) {
         self.loop = loop
+        self.table = table
     }
 
     func attach(to hub: Hub) { self.hub = hub }
@@ -93,7 +77,7 @@ final class LeaseClock: @unchecked Sendable {
     static let earliness: UInt64 = Failpoints.shared?.earliness("lease.expire") ?? 0
 
     private func check() {
-        guard let deadline = hub.leases.nextDeadline else { return }
+        guard let deadline = table.nextDeadline else { return }
         let next = deadline > Self.earliness ? deadline - Self.earliness : 0
         guard next < scheduledFor else { return }
         if let timer { loop.cancel(timer) }
@@ -116,14 +100,14 @@ final class LeaseClock: @unchecked Sendable {
     /// Writes the frames of these ends again in a second. (From any thread.)
     func rewrite(_ ends: [(UInt64, SharedLeaseReason, Writer)]) {
         loop.execute { [self] in
-            _ = loop.schedule(in: Self.retryDelay) { [self] in hub.leases.rewriteEnds(ends) }
+            _ = loop.schedule(in: Self.retryDelay) { [self] in table.rewriteEnds(ends) }
         }
     }
 
     private func due() {
         timer = nil
         scheduledFor = .max
-        for ended in hub.leases.expire(now: loop.now &+ Self.earliness) { hub.end(ended, time: loop.wallSeconds) }
+        for ended in table.expire(now: loop.now &+ Self.earliness) { hub.end(ended, time: loop.wallSeconds) }
         check()
     }
 }

@@ -33,6 +33,13 @@ enum LeaseRefusal: Error, Sendable, Equatable {
     case tooMany(limit: Int)
     /// Storage takes no more changes (the daemon is stopping).
     case unavailable(String)
+
+    /// The rule of who may name a live lease (keep it alive, revoke it, attach keys to it),
+    /// whoever keeps the leases: its owner's uid, or uid 0. Nil if `peer` may name lease `id`
+    /// of `owner`.
+    static func naming(_ id: UInt64, owner: Writer, by peer: Peer) -> LeaseRefusal? {
+        owner.uid == peer.uid || peer.uid == 0 ? nil : .forbidden(id, owner: owner.uid)
+    }
 }
 
 /// A lease that ended: whose it was, why, the repositories where it may hold keys (each
@@ -174,7 +181,7 @@ final class LeaseTable: DurabilityListener, DurableLine, Sendable {
     func endOf(_ id: UInt64) -> PersistedLeases.Ended? { state.withLock { $0.ended[id] } }
 
     private static func refusal(_ lease: Lease, _ peer: Peer) -> LeaseRefusal? {
-        lease.owner.uid == peer.uid || peer.uid == 0 ? nil : .forbidden(lease.id, owner: lease.owner.uid)
+        LeaseRefusal.naming(lease.id, owner: lease.owner, by: peer)
     }
 
     // MARK: Ending

@@ -17,7 +17,7 @@ import ObsValues
 import ObservableKit
 import Synchronization
 
-final class SharedLeases: Sendable {
+final class SharedLeases: LeaseService {
     let store: any SharedStorage
 
     private struct State {
@@ -79,6 +79,10 @@ final class SharedLeases: Sendable {
     /// The keys lease `id` holds, by repository (it ended: they are about to go).
     func keys(of id: UInt64) -> [String: Set<Key>] { state.withLock { $0.keys[id] ?? [:] } }
 
+    func moved(_ moves: [AttachmentMove], in repo: String) {
+        for move in moves { self.move(move.key, of: repo, from: move.from, to: move.to) }
+    }
+
     // MARK: Revokes
 
     /// A revoke of lease `id` waits for its keys to be deleted: registered before the store
@@ -134,44 +138,134 @@ final class EndWaiter: Sendable {
     }
 }
 
-// MARK: - The hub's side
+// MARK: - The lease service
 
-extension Hub {
+extension SharedLeases {
+    /// Live leases: the store's (every daemon's).
+    var count: Int { store.liveLeaseCount }
+
+    // The store keeps the leases: nothing to restore, and its TTLs run in the store.
+    func attach(to hub: Hub) {}
+    func restore(time: Int64, in hub: Hub) {}
+    func startClocks(now: UInt64) {}
+
+    func grant(_ id: JSONValue, ttl: Int64?, for session: Session) {
+        let (owner, limit) = (session.writer, session.limits.maxLeasesPerUID)  // every uid, root's too
+        session.afterStore {
+            await self.store.grantLease(owner: owner, ttl: ttl, limit: limit)
+        } ifClosed: { result in
+            // Its connection closed while it was granted: it ends at once.
+            if case .success(let lease) = result, lease.ttl == nil { self.endBound(lease) }
+        } then: { session, result in
+            switch result {
+            case .success(let lease):
+                if lease.ttl == nil { self.bind(lease, to: session.connection) }
+                session.reply(id, GrantReply(lease: lease.id, ttl: lease.ttl.map { UInt32(clamping: $0) }))
+            case .failure(.tooMany(let limit)):
+                session.fail(id: id, LeaseRefusal.tooMany(limit: limit).protocolError)
+            case .failure(.store(let failure)):
+                session.fail(id: id, ProtocolError(.internal, failure.message))
+            }
+        }
+    }
+
+    func keepAlive(_ id: JSONValue, _ lease: UInt64, for session: Session) {
+        let peer = session.peer
+        session.afterStore { () async -> Result<Int64?, ProtocolError> in
+            switch await self.named(lease, by: peer) {
+            case .failure(let error): return .failure(error)
+            case .success(let found):
+                switch await self.store.keepAlive(found) {
+                case .success(true): return .success(found.ttl)
+                case .success(false): return .failure(LeaseRefusal.notFound(lease).protocolError)
+                case .failure(let failure): return .failure(ProtocolError(.internal, failure.message))
+                }
+            }
+        } then: { session, result in
+            switch result {
+            case .success(let ttl): session.reply(id, KeepaliveReply(ttl: ttl.map { UInt32(clamping: $0) }))
+            case .failure(let error): session.fail(id: id, error)
+            }
+        }
+    }
+
+    /// How long a revoke waits for its lease's keys to be deleted before it is answered with
+    /// the cause (the lease has ended; the deletion follows once the cluster takes writes).
+    static let revokeTimeout: Duration = .seconds(10)
+
+    func revoke(_ id: JSONValue, _ lease: UInt64, for session: Session) {
+        let peer = session.peer
+        session.afterStore { () async -> Result<[String: UInt64], ProtocolError> in
+            let found: SharedLease
+            switch await self.named(lease, by: peer) {
+            case .failure(let error): return .failure(error)
+            case .success(let lease): found = lease
+            }
+            let waiter = self.expectEnd(of: lease)
+            switch await self.store.endLease(found, reason: .revoked) {
+            case .success(true): break
+            case .success(false):
+                self.forget(waiter, of: lease)
+                return .failure(LeaseRefusal.notFound(lease).protocolError)
+            case .failure(let failure):
+                self.forget(waiter, of: lease)
+                return .failure(ProtocolError(.internal, failure.message))
+            }
+            guard let deletions = await waiter.deletions(within: Self.revokeTimeout) else {
+                return .failure(
+                    ProtocolError(
+                        .internal,
+                        "lease \(lease) is revoked, but deleting its keys could not be committed within \(Self.revokeTimeout) (the etcd cluster takes no writes now); they are deleted once it does"))
+            }
+            return .success(LeaseDeletion.revisions(of: deletions))
+        } then: { session, result in
+            switch result {
+            case .success(let revisions): session.reply(id, RevokeReply(revisions: revisions))
+            case .failure(let error): session.fail(id: id, error)
+            }
+        }
+    }
+
+    /// Lease `id` if it is live and `peer` may name it (its owner's uid, or uid 0).
+    private func named(_ id: UInt64, by peer: Peer) async -> Result<SharedLease, ProtocolError> {
+        switch await store.lease(id) {
+        case .failure(let failure): return .failure(ProtocolError(.internal, failure.message))
+        case .success(nil): return .failure(LeaseRefusal.notFound(id).protocolError)
+        case .success(let lease?):
+            if let refusal = LeaseRefusal.naming(id, owner: lease.owner, by: peer) { return .failure(refusal.protocolError) }
+            return .success(lease)
+        }
+    }
+
     /// The store says lease `lease` ended: deletes the keys still attached to it here (every
     /// daemon does; one deletion per repository goes through), then lets the store forget it.
-    func sharedLeaseEnded(_ lease: SharedLease, reason: SharedLeaseReason) {
-        guard let shared = sharedLeases else { return }
-        let ended = EndedLease(id: lease.id, owner: lease.owner, end: LeaseEnd.Reason(rawValue: reason.rawValue), repos: Set(shared.keys(of: lease.id).keys))
-        end(ended, time: WallClock.unixSeconds()) { deletions in
-            shared.store.leaseFinished(lease.id)
-            shared.finished(lease.id, deletions)
+    func ended(_ lease: SharedLease, reason: SharedLeaseReason, in hub: Hub) {
+        let ended = EndedLease(id: lease.id, owner: lease.owner, end: LeaseEnd.Reason(rawValue: reason.rawValue), repos: Set(keys(of: lease.id).keys))
+        hub.end(ended, time: WallClock.unixSeconds()) { deletions in
+            self.store.leaseFinished(lease.id)
+            self.finished(lease.id, deletions)
         }
     }
 
     /// This daemon can no longer vouch for leases `ids` bound to its connections: those
     /// connections close, as if they had ended (their clients learn it at once).
-    func sharedLeasesLost(_ ids: [UInt64]) {
-        guard let shared = sharedLeases else { return }
-        for ref in shared.connections(holding: ids) { ref.loop.execute { ref.connection?.close() } }
+    func lost(_ ids: [UInt64]) {
+        for ref in connections(holding: ids) { ref.loop.execute { ref.connection?.close() } }
     }
 
     /// A connection closed: the leases bound to it end (`closed`) in the store, retried while
     /// it cannot be reached and this daemon still vouches for them.
-    func sharedConnectionClosed(_ connection: ConnectionID) {
-        guard let shared = sharedLeases else { return }
-        for lease in shared.unbind(connection) { endBound(lease, in: shared) }
+    func connectionClosed(_ connection: ConnectionID, time: Int64, in hub: Hub) {
+        for lease in unbind(connection) { endBound(lease) }
     }
 
     /// Ends connection-bound `lease` in the store (its connection is gone).
-    func endBound(_ lease: SharedLease, in shared: SharedLeases) {
-        let store = shared.store
+    private func endBound(_ lease: SharedLease) {
+        let store = self.store
         Task {
             while case .failure = await store.endLease(lease, reason: .closed), store.liveLease(lease.id) != nil {
                 try? await Task.sleep(for: .seconds(1))
             }
         }
     }
-
-    /// Live leases: the store's (every daemon's) when it keeps them, else this daemon's.
-    var leaseCount: Int { sharedLeases.map { $0.store.liveLeaseCount } ?? leases.count }
 }

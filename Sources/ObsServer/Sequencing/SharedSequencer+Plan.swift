@@ -3,7 +3,9 @@
 // leave — values installed tentatively and taken back, lease attachments in an overlay — by
 // the same rules as a local write: the write rules, then the leases a write names (live, and
 // its uid's, or uid 0), then its attachment moves (the last `set` of a key decides its lease,
-// even with an equal value; a `delete` detaches), then the limits.
+// even with an equal value; a `delete` detaches), then the limits. The group also says what
+// its installs will do to the repository's tombstones — those its re-created keys take away,
+// and the floor its deletions leave past the bound — so the store keeps the same ones.
 
 import ObsCore
 import ObsStore
@@ -32,6 +34,8 @@ extension SharedSequencer {
             var moved: [Key: UInt64?] = [:]
             var named: [UInt64: SharedLease] = [:]
             var leaseEnds: [UInt64: SharedLeaseEnd] = [:]
+            // Keys the group re-creates that have a tombstone (each takes one more operation).
+            var recreated = 0
             var planBuffer = OpPlanBuffer()
             func attachment(_ key: Key, _ core: RepositoryCore) -> UInt64? {
                 if let lease = moved[key] { return lease }
@@ -121,7 +125,10 @@ extension SharedSequencer {
                 }
                 let revision = s.core.revision + 1
                 let record = RevisionRecord(repo: repository.name, changeSet: ChangeSet(revision: revision, changes: changes), time: time, writer: writer)
-                let extra = moved.count + moves.count + named.count + leases.count
+                // (The value of a key the revision changes carries its attachment: a lease's
+                // end moves none apart.)
+                let tombstones = s.core.tombstones.isEmpty ? 0 : changes.count(where: { $0.old == nil && $0.new != nil && s.core.tombstones[$0.key] != nil })
+                let extra = moved.count + (end == nil ? moves.count : 0) + named.count + leases.count + recreated + tombstones
                 if let reason = store.limitExceeded(by: records + [record], extraOperations: extra) {
                     guard records.isEmpty else {
                         rest = Array(items[index...])
@@ -132,6 +139,7 @@ extension SharedSequencer {
                 }
                 tentatives.append(s.core.installTentatively(changes))
                 records.append(record)
+                recreated += tombstones
                 for (key, lease) in moves { moved[key] = lease }
                 for lease in leases { named[lease.id] = lease }
                 if let origin { origins[revision] = origin }
@@ -151,6 +159,22 @@ extension SharedSequencer {
             for (key, lease) in moved where !changed.contains(key) && lease != s.core.lease(of: key) {
                 if let entry = s.core[key] { reattached.append(SharedReattachment(key: key, entry: entry, lease: lease)) }
             }
+            // The tombstones every daemon's install of the group will change (the tentative
+            // installs leave them as they are on the basis): the ones it takes away, and the
+            // floor it leaves.
+            var steps: [Tombstones.Step] = []
+            var removed: [Key: UInt64] = [:]
+            for record in records {
+                for change in record.changes {
+                    if change.new == nil {
+                        steps.append(.deleted(change.key, at: record.revision))
+                    } else if change.old == nil {
+                        steps.append(.recreated(change.key))
+                        if let at = s.core.tombstones[change.key] { removed[change.key] = at }
+                    }
+                }
+            }
+            let floor = s.core.tombstones.planned(steps)
             s.core.revert(tentatives)
             guard !answers.isEmpty else { return (nil, decided, rest) }
             let deadline = answers.map(\.item.deadline).min()!
@@ -159,6 +183,8 @@ extension SharedSequencer {
             commit.attachments = attachments
             commit.reattached = reattached.sorted { $0.key < $1.key }
             commit.leaseEnds = leaseEnds
+            commit.tombstonesRemoved = removed
+            commit.tombstoneFloor = floor
             return (Group(commit: commit, records: records, origins: origins, answers: answers), decided, rest)
         }
     }
@@ -169,7 +195,7 @@ extension SharedSequencer {
         var found: [SharedLease] = []
         for id in write.leases.sorted() {
             guard let lease = store.liveLease(id) else { return .failure(.notFound(id)) }
-            guard lease.owner.uid == write.peer.uid || write.peer.uid == 0 else { return .failure(.forbidden(id, owner: lease.owner.uid)) }
+            if let refusal = LeaseRefusal.naming(id, owner: lease.owner, by: write.peer) { return .failure(refusal) }
             found.append(lease)
         }
         return .success(found)

@@ -41,9 +41,10 @@ final class SharedSequencer: Sequencer, Sendable {
     /// How long a write may wait for the cluster before it is answered with the cause (the
     /// store may take a little longer to settle an unknown outcome).
     static let writeTimeout: Duration = .seconds(4)
-    /// The most keys one revision of a lease's end deletes (etcd's `--max-txn-ops` bounds a
-    /// revision at 125 keys); a lease holding more in one repository ends in several.
-    static let leaseEndKeys = 100
+    /// The most keys one revision of a lease's end deletes (etcd's `--max-txn-ops`, 128 by
+    /// default, bounds a revision at 61 deleted keys: each takes its value and its tombstone);
+    /// a lease holding more in one repository ends in several.
+    static let leaseEndKeys = 60
 
     /// A write, or a lease's end, waiting for the store.
     struct Item: Sendable {

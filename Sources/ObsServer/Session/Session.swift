@@ -170,8 +170,8 @@ final class Session {
             }
             guard permits(repo, needed, op: request.command.op, id: id) else { return }
         }
-        if let shared = hub.shared, let scope = readScope(request.command) {
-            return afterLinearizing(scope, shared) { $0.perform(request) }
+        if let barrier = hub.readBarrier, let scope = readScope(request.command) {
+            return afterLinearizing(scope, barrier) { $0.perform(request) }
         }
         perform(request)
     }
@@ -181,7 +181,7 @@ final class Session {
         let id = request.id
         switch request.command {
         case .hello:
-            reply(id, HelloReply(server: "obsd/\(ObsServer.version)", maxLine: maxLine))
+            reply(id, HelloReply(server: "obsd/\(Server.version)", maxLine: maxLine))
         case .ping:
             reply(id, EmptyReply())
         case .get(let repo, let key):

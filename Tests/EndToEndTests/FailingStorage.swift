@@ -1,6 +1,5 @@
-// End-to-end test support: the daemon run in the test process, on a temporary socket, with
-// a storage the test provides — for failures no real disk produces on demand. Clients
-// reach it over the socket exactly as they reach the obsd binary.
+// End-to-end test support: a storage that fails on demand, for the daemon run in the test
+// process (TestSupport's InProcessDaemon) — failures no real disk produces on demand.
 
 import Foundation
 import Logging
@@ -8,45 +7,6 @@ import ObsServer
 import ObsStore
 import Synchronization
 import TestSupport
-
-final class InProcessDaemon: Sendable {
-    let socketPath: String
-    private let task: Task<Void, any Error>
-
-    private struct Started: ServerObserver {
-        let continuation: AsyncStream<Void>.Continuation
-        func serverDidStart(_ status: ServerStatus) { continuation.yield() }
-        func serverHeartbeat(_ status: ServerStatus) {}
-        func serverWillStop() {}
-    }
-
-    /// Starts serving `storage` with the daemon's default settings; returns once it accepts
-    /// connections.
-    static func start(storage: any Storage, threads: Int = 2) async throws -> InProcessDaemon {
-        let socketPath = TestDaemon.makeTemporaryDirectory() + "/obsd.sock"
-        let configuration = ServerConfiguration(
-            listener: .path(socketPath), socketMode: 0o600, policy: .open, storage: .custom(storage), threads: threads)
-        let (started, continuation) = AsyncStream<Void>.makeStream()
-        let server = ObsServer(configuration: configuration, logger: Logger(label: "obsd-in-process"), observer: Started(continuation: continuation))
-        let task = Task { try await server.run() }
-        var iterator = started.makeAsyncIterator()
-        guard await iterator.next() != nil else { throw TestFailure("the in-process daemon did not start") }
-        return InProcessDaemon(socketPath: socketPath, task: task)
-    }
-
-    private init(socketPath: String, task: Task<Void, any Error>) {
-        self.socketPath = socketPath
-        self.task = task
-    }
-
-    func connect() throws -> WireConnection { try WireConnection(path: socketPath) }
-
-    /// Stops serving (gracefully: storage is closed) and waits until it has.
-    func stop() async throws {
-        task.cancel()
-        try await task.value
-    }
-}
 
 /// A disk store that fails on demand the way a failing disk fails a group commit: each
 /// repository that appends while it fails is told its revisions failed (from another

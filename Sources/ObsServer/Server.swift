@@ -21,7 +21,7 @@ import Glibc
 #endif
 
 /// The obsd server.
-public final class ObsServer: Service, Sendable {
+public final class Server: Service, Sendable {
     /// The daemon's version, reported by `hello`.
     public static let version = ObsRelease.version
 
@@ -97,8 +97,9 @@ public final class ObsServer: Service, Sendable {
         let opened = ContinuousClock.now
         if let path = config.listener.path { try SocketFile.prepare(path) }
         let storage = try openStorage()
+        let mode = StorageMode(storage)
         // A shared store (etcd): nothing is served until the cluster was reached and read.
-        if let shared = storage as? any SharedStorage {
+        if let shared = mode.shared {
             logger.info("reaching the shared store before serving", metadata: ["storage": "\(storage.summary)"])
             do {
                 try await cancelWhenGracefulShutdown { try await shared.connect() }
@@ -124,10 +125,10 @@ public final class ObsServer: Service, Sendable {
             storage.close()
             throw error
         }
-        (storage as? any SharedStorage)?.start(delivering: hub)
+        if let shared = mode.shared, let delivery = hub.delivery { shared.start(delivering: delivery) }
         // Leases a persisting store kept: restored, and the deletions a restart owes made,
         // before anything is served.
-        hub.restoreLeases(time: WallClock.unixSeconds())
+        hub.leases.restore(time: WallClock.unixSeconds(), in: hub)
         let (repositories, keys) = hub.listed().reduce(into: (0, 0)) { $0.0 += 1; $0.1 += $1.summary.keys }
         logger.info(
             "storage ready",
@@ -148,7 +149,7 @@ public final class ObsServer: Service, Sendable {
         }
         let acceptor = Acceptor(loops: loops, hub: hub, runtime: runtime, logger: logger)
         // TTLs start again in full from the moment the daemon serves.
-        hub.startLeaseClocks(now: loops[0].io.currentTime)
+        hub.leases.startClocks(now: loops[0].io.currentTime)
         let threadsRunning = loops.map { loop in DedicatedThread { loop.io.run() } }
         await loops[0].run { for fd in listening { acceptor.listen(on: fd) } }
         self.hub.withLock { $0 = hub }
@@ -185,7 +186,7 @@ public final class ObsServer: Service, Sendable {
         // slots), let those replies reach their clients (two seconds at most), then close.
         for loop in loops { await loop.run { for connection in loop.connections.all.values { connection.quiesce() } } }
         // A shared store ends the leases bound to this daemon's connections now (1 s at most).
-        await (storage as? any SharedStorage)?.leave()
+        await mode.shared?.leave()
         storage.close()
         for loop in loops { await loop.drain(within: 2_000_000_000) }
         for loop in loops { await loop.run { for connection in loop.connections.all.values { connection.close() } } }
