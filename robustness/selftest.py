@@ -7,8 +7,8 @@ validator. Part of `make test` (`make robustness-short` runs it first).
   duplicates one, swaps two, rewrites an `old`, a coalesced `new`, a snapshot's value, an
   `overflow`'s `revs`, a `progress` revision, strips a lease end's `lease`, takes `echo: false`
   out of a subscribe request, rewrites a `get`'s value, a `list`'s revision, a write's `changed`,
-  a catch-up's `values`, drops one of its `deleted`, holds a change event back behind its
-  subscription's `sync` reply;
+  a catch-up's `values`, drops one of its `deleted` and adds one that never existed, holds a
+  change event back behind its subscription's `sync` reply;
 - the daemon's test-only failpoints acknowledge a write that never reached the log
   (`wal.write=drop`), then kill -9 — acknowledged writes lost; the data directory copied (a
   restored backup) — a new epoch where the suite expected none; every TTL ending 1.5 s early
@@ -70,7 +70,7 @@ SCENARIOS = [
             # A short history: the watchers' resumes from past it (every 450 revisions or so)
             # are catch-ups by diff.
             "history_limit": 300,
-            "clients": {"a0": {"sync_every": [0.01, 0.05]}, "slow0": {"coalesce_p": 0.0}, "s0": {"rate": 150},
+            "clients": {"a0": {"sync_every": [0.01, 0.05]}, "slow0": {"coalesce_p": 0.0, "stall": [4.0, 8.0]}, "s0": {"rate": 150},
                         "s1": {"rate": 150}, "l0": {"lease_keys": 4}},
             "extra_clients": [{"name": "slow1", "role": "slow", "coalesce_p": 1.0}],
         },

@@ -729,7 +729,8 @@ class SlowReader:
                 self.conn.reading = False
                 self.conn.note({"slow": "stops reading"})
                 self.state = "stalled"
-                self.until = now + rng.uniform(1.5, 5.0)
+                lo, hi = self.cfg.get("stall", (1.5, 5.0))
+                self.until = now + rng.uniform(lo, hi)
         elif self.state == "stalled":
             if now >= self.until and self.conn is not None:
                 self.conn.reading = True
