@@ -62,6 +62,7 @@ SCENARIOS = [
         "name": "proxy",
         "seconds": 16,
         "overrides": {
+            "drain": 3.0,
             # Until every mutation was made (16 s to 90 s): a loaded machine is slower to make
             # the traffic that triggers the last ones.
             "max_seconds": 90,
@@ -70,7 +71,7 @@ SCENARIOS = [
             # A short history: the watchers' resumes from past it (every 450 revisions or so)
             # are catch-ups by diff.
             "history_limit": 300,
-            "clients": {"a0": {"sync_every": [0.01, 0.05]}, "slow0": {"coalesce_p": 0.0, "stall": [4.0, 8.0]}, "s0": {"rate": 150},
+            "clients": {"a0": {"sync_every": [0.01, 0.05]}, "slow0": {"coalesce_p": 0.0, "stall_revs": 6000}, "s0": {"rate": 150},
                         "s1": {"rate": 150}, "l0": {"lease_keys": 4}},
             "extra_clients": [{"name": "slow1", "role": "slow", "coalesce_p": 1.0}],
         },
@@ -80,6 +81,7 @@ SCENARIOS = [
         "name": "durability",
         "seconds": 14,
         "overrides": {
+            "drain": 3.0,
             # A group of writes reported written and synced that never reached the log, then
             # kill -9: the writes acknowledged since are lost under the same epoch. Then the data
             # directory is copied, as a restored backup would be: a new epoch the suite did not
@@ -98,6 +100,7 @@ SCENARIOS = [
         "name": "lease",
         "seconds": 14,
         "overrides": {
+            "drain": 3.0,
             "failpoints": ["lease.expire=early(1500)"],
             "faults": [],
             "clients": {"l0": {"ttl_choices": [2, 3, 4]}},

@@ -553,10 +553,11 @@ class Watcher:
 
     def stale_resumes(self, r, now):
         """Every 1-3 s notes where a live subscription stands; once its repository has moved
-        on by one and a half histories (--history-limit) — or 40 s later at the latest —
-        subscribes again from there with `catchup`: the history no longer reaches back so
-        far, and the reply is a diff. Every fourth such resume names another history's epoch:
-        a snapshot. (By revisions, not time: a slow machine makes them all the same.)"""
+        on by 1.2 histories (--history-limit) — or 40 s later at the latest — subscribes
+        again from there with `catchup`: the history no longer reaches back so far, and the
+        reply is a diff. The first such resume, and every third after it, names another
+        history's epoch: a snapshot. (By revisions, not time: a slow machine makes them all
+        the same.)"""
         rng = r.rng
         if now >= self.next_note:
             self.next_note = now + rng.uniform(1.0, 3.0)
@@ -567,12 +568,12 @@ class Watcher:
         if self.old_positions and len(self.subs) < self.max_subs + 2 and self.conn.in_flight < 4:
             t, spec, last, epoch = self.old_positions[0]
             moved = self.repo_rev.get(spec["repo"], 0) - last
-            if moved > 1.5 * self.history_limit or now - t >= self.cfg.get("stale_after_max", 40.0):
+            if moved > 1.2 * self.history_limit or now - t >= self.cfg.get("stale_after_max", 40.0):
                 self.old_positions.pop(0)
                 self.stale_n += 1
                 s = Sub(spec)
                 s.last = last
-                s.epoch = "0" * 32 if self.stale_n % 4 == 0 else epoch
+                s.epoch = "0" * 32 if self.stale_n % 3 == 1 else epoch
                 self.subscribe(r, s, resume=True, catchup=True)
 
     def drain(self, r):
@@ -660,6 +661,13 @@ class SlowReader:
         self.until = 0.0
         self.retry_at = 0.0
         self.coalesce = False
+        # With stall_revs (the self-test, which needs an overflow on any machine): a stall
+        # lasts until that many revisions were written (counted on a second connection that
+        # reads them all), not a time: a busy machine writes slowly.
+        self.stall_revs = cfg.get("stall_revs")
+        self.counter = None
+        self.counted = 0
+        self.stall_from = 0
 
     def start(self, r):
         pass
@@ -669,6 +677,21 @@ class SlowReader:
             self.conn = None
             self.state = "idle"
             self.retry_at = time.monotonic() + 0.05
+        elif c is self.counter:
+            self.counter = None
+
+    def count(self, c, m, t):
+        if m.get("event") == "change":
+            self.counted += 1
+
+    def ensure_counter(self, r):
+        if self.counter is not None and self.counter.alive or time.monotonic() < self.retry_at:
+            return
+        self.counter = r.connect(self.count, self.closed)
+        if self.counter is not None:
+            for repo in r.repos:
+                self.counter.request({"op": "subscribe", "repo": repo})
+                r.ops += 1
 
     def event(self, c, m, t):
         if m["event"] == "overflow":
@@ -684,6 +707,8 @@ class SlowReader:
     def tick(self, r):
         now = time.monotonic()
         rng = r.rng
+        if self.stall_revs:
+            self.ensure_counter(r)
         if self.state == "idle":
             if now < self.retry_at:
                 return
@@ -729,10 +754,11 @@ class SlowReader:
                 self.conn.reading = False
                 self.conn.note({"slow": "stops reading"})
                 self.state = "stalled"
-                lo, hi = self.cfg.get("stall", (1.5, 5.0))
-                self.until = now + rng.uniform(lo, hi)
+                self.until = now + (30.0 if self.stall_revs else rng.uniform(1.5, 5.0))
+                self.stall_from = self.counted
         elif self.state == "stalled":
-            if now >= self.until and self.conn is not None:
+            if (now >= self.until or (self.stall_revs and self.counted - self.stall_from >= self.stall_revs)) \
+                    and self.conn is not None:
                 self.conn.reading = True
                 self.conn.note({"slow": "reads again"})
                 self.state = "catching"

@@ -347,7 +347,7 @@ class Mode:
         # makes the traffic that triggers them slowly).
         until_done = "proxy" in self.overrides and self.overrides.get("max_seconds")
         end = start + int((until_done or self.seconds) * 1e9)
-        drain = 6_000_000_000
+        drain = int(self.overrides.get("drain", 6.0) * 1e9)
         with open(os.path.join(self.out, "plan.json"), "w") as f:
             json.dump({"seed": self.seed, "mode": self.mode, "seconds": self.seconds, "known_open": sorted(self.known_open), "features": self.features, "history_limit": self.history_limit,
                        # The daemon remembers 100,000 deletions per repository; the suite has 38 keys.
