@@ -666,6 +666,7 @@ class SlowReader:
         # reads them all), not a time: a busy machine writes slowly.
         self.stall_revs = cfg.get("stall_revs")
         self.counter = None
+        self.counter_retry_at = 0.0
         self.counted = 0
         self.stall_from = 0
 
@@ -679,15 +680,18 @@ class SlowReader:
             self.retry_at = time.monotonic() + 0.05
         elif c is self.counter:
             self.counter = None
+            self.counter_retry_at = time.monotonic() + 0.05
 
     def count(self, c, m, t):
         if m.get("event") == "change":
             self.counted += 1
 
     def ensure_counter(self, r):
-        if self.counter is not None and self.counter.alive or time.monotonic() < self.retry_at:
+        if self.counter is not None and self.counter.alive or time.monotonic() < self.counter_retry_at:
             return
         self.counter = r.connect(self.count, self.closed)
+        if self.counter is None:
+            self.counter_retry_at = time.monotonic() + 0.05
         if self.counter is not None:
             for repo in r.repos:
                 self.counter.request({"op": "subscribe", "repo": repo})

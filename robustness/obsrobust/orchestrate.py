@@ -424,6 +424,10 @@ class Mode:
         if self.etcd:
             self.etcd.wait_healthy(30.0)
         for d in self.daemons:
+            if d.proc is not None and d.proc.poll() is not None:
+                # Exited though nothing stopped it (the faults restart what they stop).
+                rc = d.reap()
+                self.problems.append({"kind": "exit", "daemon": d.index, "inc": d.incarnation, "rc": rc, "log": d.log_tail()})
             if not d.running:
                 self.restart(d, d.extra)
             d.wait_serving(30.0)

@@ -1365,8 +1365,28 @@ def validate_run(run_dir, log):
                             p.get("log", "")[-1500:])
                 elif p["kind"] == "client":
                     res.add("suite", f"client {p['client']} failed: {p['why']}", [], p.get("out", "")[-1500:])
+                elif p["kind"] == "exit":
+                    res.add("daemon", f"obsd exited on its own: daemon {p['daemon']} incarnation {p['inc']} (status {p.get('rc')})", [],
+                            p.get("log", "")[-1500:])
+    check_crashes(run_dir, res)
     report(ctx, res, log)
     return res
+
+
+def check_crashes(run_dir, res):
+    """A daemon that crashed (a trap, a fatal signal: the backtrace it logs) is a violation
+    whatever else the histories show — a crash the suite asked for is a SIGKILL, which logs
+    nothing."""
+    for name in sorted(os.listdir(run_dir)):
+        if not (name.startswith("obsd") and name.endswith(".log")):
+            continue
+        with open(os.path.join(run_dir, name), errors="replace") as f:
+            text = f.read()
+        for mark in ("*** Program crashed", "Fatal error:"):
+            i = text.find(mark)
+            if i >= 0:
+                res.add("daemon", f"obsd crashed: {name}", [], text[max(0, i - 200):i + 1800])
+                break
 
 
 def check_catchup_coverage(ctx, res):
