@@ -101,8 +101,10 @@ class Pair:
                         if obj.get("op") == "sync" and isinstance(obj.get("sub"), int):
                             self.syncs[obj["sub"]] = self.syncs.get(obj["sub"], 0) + 1
                             self.sync_subs.append(obj["sub"])
-                    # (Not a `once` subscription, nor one of a few keys: its own writes must show.)
-                    if obj.get("op") == "subscribe" and obj.get("echo") is False and not obj.get("once") and "keys" not in obj:
+                    # (Not a `once` subscription, nor one of a few keys: its own writes must show;
+                    # nor a request refused anyway: `catchup` without `since`.)
+                    if obj.get("op") == "subscribe" and obj.get("echo") is False and not obj.get("once") and "keys" not in obj \
+                            and not (obj.get("catchup") is True and "since" not in obj):
                         with self.p.m.lock:
                             m = self.p.m.pick(self.name, lambda k: k == "echo_flip")
                             if m is not None:
