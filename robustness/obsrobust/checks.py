@@ -422,9 +422,12 @@ class ConnCheck:
                 and since >= h.known_from and mode != "replay" and lo >= since:
             self.res.add("watch", f"a catch-up by {mode} though the history holds every revision above since: {h.repo} since {since}",
                          refs, f"revision {R0}; the history keeps the last {self.ctx.history_limit}")
-        elif not foreign and since <= R0 and mode == "snapshot" and self.ctx.tombstones_kept:
+        elif not foreign and since <= R0 and mode == "snapshot" and self.ctx.tombstones_kept and h.known_from is not None \
+                and since >= h.known_from:
             # docs/PROTOCOL.md: a snapshot only for another epoch, a since from the future, or
             # deletions forgotten past the tombstone limit — which this run's few keys never reach.
+            # (Only for a since within this history: one from before its epoch began — no epoch
+            # given — may be below the floor a repaired log or a new data directory left.)
             self.res.add("watch", f"a catch-up by snapshot though the daemon remembers every deletion: {h.repo} since {since}",
                          refs, f"same epoch ({r.rep.get('epoch')}), since {since} ≤ revision {R0}; the suite deletes far fewer keys "
                                f"than the tombstone limit (100,000 per repository), so the answer is a replay or a diff")
