@@ -82,7 +82,7 @@ final class Connection: IOHandler {
             limits: OutboxLimits(
                 maxBytes: limits.queueBytes, maxEvents: limits.queueEvents,
                 grace: UInt64(limits.overflowGrace.components.seconds) * 1_000_000_000 + UInt64(limits.overflowGrace.components.attoseconds / 1_000_000_000)),
-            stats: hub.stats, connection: id, latestRevision: { [unowned(unsafe) shard] in shard.latestRevision(of: $0) })
+            stats: hub.stats, connection: id, latestRevision: { [unowned shard] in shard.latestRevision(of: $0) })
     }
 
     /// Starts serving: registers the socket, reads the peer's credentials (`peerOf`:

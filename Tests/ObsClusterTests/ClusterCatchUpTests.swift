@@ -45,17 +45,9 @@ extension ClusterTests {
     }
 
     @Test func aWatchResumedBehindAnEtcdCompactionCatchesUpFromTheChangeLog() async throws {
-        let etcd = try await EtcdCluster.start()
-        let a = ClusterDaemon(name: "A", endpoints: Array(etcd.clientURLs.prefix(2)), prefix: "/obsd-test/")
-        let b = ClusterDaemon(name: "B", endpoints: [etcd.clientURLs[2]], prefix: "/obsd-test/")
-        defer {
-            b.signal(SIGCONT)
-            a.stop()
-            b.stop()
-            for i in etcd.members.indices { etcd.kill(i) }
-        }
-        try await a.launch()
-        try await b.launch()
+        let pair = try await ClusterPair.start(bOnItsOwnMember: true)
+        defer { pair.stop() }
+        let (etcd, a, b) = (pair.etcd, pair.a, pair.b)
         let clientA = try await a.client()
         let clientB = try await b.client()
         let log = EventLog(try await clientB.subscribe(to: "c"))
@@ -73,17 +65,9 @@ extension ClusterTests {
     }
 
     @Test func aWatchResumedBehindACompactionAndBeyondTheChangeLogStopsTheDaemon() async throws {
-        let etcd = try await EtcdCluster.start()
-        let a = ClusterDaemon(name: "A", endpoints: Array(etcd.clientURLs.prefix(2)), prefix: "/obsd-test/", extra: ["--history-limit", "3"])
-        let b = ClusterDaemon(name: "B", endpoints: [etcd.clientURLs[2]], prefix: "/obsd-test/", extra: ["--history-limit", "3"])
-        defer {
-            b.signal(SIGCONT)
-            a.stop()
-            b.stop()
-            for i in etcd.members.indices { etcd.kill(i) }
-        }
-        try await a.launch()
-        try await b.launch()
+        let pair = try await ClusterPair.start(extra: ["--history-limit", "3"], bOnItsOwnMember: true)
+        defer { pair.stop() }
+        let (etcd, a, b) = (pair.etcd, pair.a, pair.b)
         let clientA = try await a.client()
         let clientB = try await b.client()
         let log = EventLog(try await clientB.subscribe(to: "c"))

@@ -131,11 +131,14 @@ struct ClusterPair {
     let b: ClusterDaemon
     let prefix = "/obsd-test/"
 
-    /// Starts the cluster, then A and B (`extra` arguments for both).
-    static func start(extra: [String] = []) async throws -> ClusterPair {
+    /// Starts the cluster, then A and B (`extra` arguments for both). `bOnItsOwnMember`: A
+    /// talks to members 0 and 1 only and B to member 2 only, so that stopping B and member 2
+    /// cuts B off while A writes.
+    static func start(extra: [String] = [], bOnItsOwnMember: Bool = false) async throws -> ClusterPair {
         let etcd = try await EtcdCluster.start()
-        let a = ClusterDaemon(name: "A", endpoints: etcd.clientURLs, prefix: "/obsd-test/", extra: extra)
-        let b = ClusterDaemon(name: "B", endpoints: etcd.clientURLs, prefix: "/obsd-test/", extra: extra)
+        let (endpointsA, endpointsB) = bOnItsOwnMember ? (Array(etcd.clientURLs.prefix(2)), [etcd.clientURLs[2]]) : (etcd.clientURLs, etcd.clientURLs)
+        let a = ClusterDaemon(name: "A", endpoints: endpointsA, prefix: "/obsd-test/", extra: extra)
+        let b = ClusterDaemon(name: "B", endpoints: endpointsB, prefix: "/obsd-test/", extra: extra)
         let pair = ClusterPair(etcd: etcd, a: a, b: b)
         do {
             try await a.launch()
@@ -147,8 +150,9 @@ struct ClusterPair {
         return pair
     }
 
-    /// Stops both daemons and every etcd member, by PID.
+    /// Stops both daemons (B continued first, if a test stopped it) and every etcd member, by PID.
     func stop() {
+        b.signal(SIGCONT)
         a.stop()
         b.stop()
         for i in etcd.members.indices { etcd.kill(i) }

@@ -292,17 +292,9 @@ extension ClusterTests {
     /// B cut off while A deletes; etcd compacted: B's watch resumes behind the compaction and
     /// catches up from the change log, its tombstones with it — a catch-up through B is a diff.
     @Test func deletionsBMissedBehindAnEtcdCompactionAreListedByItsDiff() async throws {
-        let etcd = try await EtcdCluster.start()
-        let a = ClusterDaemon(name: "A", endpoints: Array(etcd.clientURLs.prefix(2)), prefix: "/obsd-test/", extra: ["--history-limit", "3"])
-        let b = ClusterDaemon(name: "B", endpoints: [etcd.clientURLs[2]], prefix: "/obsd-test/", extra: ["--history-limit", "3"])
-        defer {
-            b.signal(SIGCONT)
-            a.stop()
-            b.stop()
-            for i in etcd.members.indices { etcd.kill(i) }
-        }
-        try await a.launch()
-        try await b.launch()
+        let pair = try await ClusterPair.start(extra: ["--history-limit", "3"], bOnItsOwnMember: true)
+        defer { pair.stop() }
+        let (etcd, a, b) = (pair.etcd, pair.a, pair.b)
         let clientA = try await a.client()
         let clientB = try await b.client()
         let log = EventLog(try await clientB.subscribe(to: "c"))
@@ -327,17 +319,9 @@ extension ClusterTests {
     /// B cut off for longer than the change log reaches, while A deletes; etcd compacted: B
     /// stops, and restarted it reads the tomb keys — a catch-up through B is a diff.
     @Test func deletionsBeyondTheChangeLogAreListedByTheDiffOfADaemonThatHadToRestart() async throws {
-        let etcd = try await EtcdCluster.start()
-        let a = ClusterDaemon(name: "A", endpoints: Array(etcd.clientURLs.prefix(2)), prefix: "/obsd-test/", extra: ["--history-limit", "3"])
-        let b = ClusterDaemon(name: "B", endpoints: [etcd.clientURLs[2]], prefix: "/obsd-test/", extra: ["--history-limit", "3"])
-        defer {
-            b.signal(SIGCONT)
-            a.stop()
-            b.stop()
-            for i in etcd.members.indices { etcd.kill(i) }
-        }
-        try await a.launch()
-        try await b.launch()
+        let pair = try await ClusterPair.start(extra: ["--history-limit", "3"], bOnItsOwnMember: true)
+        defer { pair.stop() }
+        let (etcd, a, b) = (pair.etcd, pair.a, pair.b)
         let clientA = try await a.client()
         let clientB = try await b.client()
         let log = EventLog(try await clientB.subscribe(to: "c"))

@@ -10,7 +10,7 @@ extension LoopShard {
     /// lagging coalescing subscription gets none), is told the newest revision delivered on
     /// this loop — every change it selects up to there is queued before the event.
     func scheduleProgress() {
-        progressTimer = loop.schedule(in: 1_000_000_000) { [unowned(unsafe) self] in
+        progressTimer = loop.schedule(in: 1_000_000_000) { [unowned self] in
             progressTimer = nil
             sendProgress()
             if !progressing.isEmpty { scheduleProgress() }

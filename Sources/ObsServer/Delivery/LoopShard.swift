@@ -163,7 +163,8 @@ final class LoopShard: @unchecked Sendable {
     /// How many connections recent ticks wrote to (the most, decaying like `recentTickEvents`).
     private(set) var recentTickWrites = 0
     static let manyWrites = 32  // past this many connections, a tick may write the newest first
-    private(set) var hub: Hub?
+    /// The hub that owns this shard (weak: the hub holds its shards).
+    private(set) weak var hub: Hub?
     /// Connections whose session waits for a `sync` (Session+Sync.swift): checked after each
     /// tick's delivery.
     private var syncing: [Connection] = []
@@ -174,7 +175,7 @@ final class LoopShard: @unchecked Sendable {
     init(loop: IOLoop, budget: DeliveryBudget = DeliveryBudget()) {
         self.loop = loop
         self.budget = budget
-        loop.onTick = { [unowned(unsafe) self] in self.tick() }
+        loop.onTick = { [unowned self] in self.tick() }
     }
 
     /// Set once by the hub that owns this shard, before it serves.

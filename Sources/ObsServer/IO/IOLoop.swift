@@ -32,7 +32,7 @@ protocol IOHandler: AnyObject {
 extension IOLoop: TaskExecutor {
     func enqueue(_ job: consuming ExecutorJob) {
         let job = UnownedJob(job)
-        execute { [unowned(unsafe) self] in job.runSynchronously(on: self.asUnownedTaskExecutor()) }
+        execute { [unowned self] in job.runSynchronously(on: self.asUnownedTaskExecutor()) }
     }
 }
 
