@@ -272,8 +272,10 @@ enum Codec {
             }
             lease = SharedLeaseEnd(lease: id, reason: reason)
         }
+        // The record carries its lease's end too: the history a daemon loads at start-up is these
+        // records alone, and a `since` replay of the end must say whose it was.
         let record = RevisionRecord(
-            repo: repo, changeSet: ChangeSet(revision: revision, changes: decoded), time: time, writer: writer)
+            repo: repo, changeSet: ChangeSet(revision: revision, changes: decoded), time: time, writer: writer, leaseEnd: lease)
         return SharedRevision(record: record, writeID: o["w"]?.stringValue, lease: lease)
     }
 }

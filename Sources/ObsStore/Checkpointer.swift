@@ -329,6 +329,7 @@ final class Checkpointer {
         }
         leases.forgetEnded(except: referenced)
         try writer.leases(leases)
+        Failpoints.hit("checkpoint.commit")  // test-only (Failpoints.swift)
         try writer.commit()
         return try SnapshotLoader.fileSize(writer.path)
     }

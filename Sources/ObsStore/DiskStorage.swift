@@ -132,7 +132,17 @@ public final class DiskStorage: Storage {
     /// Opens (or creates) the store, loads it and replays its log; ready to `append` on
     /// return. Failed writes and checkpoints are logged to `logger`.
     public convenience init(options: Options, logger: Logger) throws(StorageError) {
-        try self.init(options: options, logger: logger, files: SystemFileOperations())
+        // Test-only failpoints (Failpoints.swift): nil unless OBSD_FAILPOINTS is set.
+        guard let failpoints = Failpoints.shared else {
+            try self.init(options: options, logger: logger, files: SystemFileOperations())
+            return
+        }
+        logger.warning("test failpoints armed by OBSD_FAILPOINTS (never in production): \(failpoints.description)")
+        var tuned = options
+        if let n = failpoints.value("store.segment-size"), n >= 4096 { tuned.segmentSize = n }
+        if let n = failpoints.value("store.snapshot-log-bytes"), n >= 0 { tuned.snapshotLogBytes = n }
+        if let n = failpoints.value("store.checkpoint-interval-ms"), n > 0 { tuned.checkpointInterval = .milliseconds(n) }
+        try self.init(options: tuned, logger: logger, files: FailpointFileOperations(failpoints))
     }
 
     /// The store whose log makes its system calls with `files` (a test's, to fail on cue).

@@ -162,6 +162,37 @@ import Glibc
         #expect(order.firstIndex(of: "write")! < order.firstIndex(of: "sync")! && order.last == "ping", "\(order)")
     }
 
+    /// Syncs pipelined each behind a write, in one read: answering one lets the connection's
+    /// next requests run, and the next `sync` waits for its write's event in turn (found by the
+    /// robustness suite: the daemon trapped — a waiting sync was added to the loop's list of
+    /// them while that list was being filtered).
+    @Test func pipelinedSyncsEachBehindAWriteAreAnsweredInOrder() async throws {
+        let d = try await TestDaemon.start(inMemory: true)
+        let c = try d.connect()
+        let sub = try #require(try c.call(["op": "subscribe", "repo": "r", "keys": ["a"]])["sub"]?.int64Value)
+        let pairs = 50
+        var lines = ""
+        for i in 1...pairs {
+            lines += #"{"id":"w\#(i)","op":"set","repo":"r","key":"a","value":\#(i)}"# + "\n"
+            lines += #"{"id":"s\#(i)","op":"sync","sub":\#(sub)}"# + "\n"
+        }
+        try c.sendRaw(Array(lines.utf8))
+        var highest: Int64 = 0  // the newest change event seen
+        var answered = 0
+        while answered < pairs {
+            let m = try c.receive(timeout: .seconds(30))
+            if m["event"]?.stringValue == "change" {
+                highest = m["rev"]?.int64Value ?? highest
+                continue
+            }
+            guard let id = m["id"]?.stringValue, id.hasPrefix("s") else { continue }
+            answered += 1
+            #expect(id == "s\(answered)", "in request order: \(m)")
+            #expect(m.ok && m["rev"]?.int64Value == Int64(answered) && highest >= Int64(answered), "\(m), the newest change \(highest)")
+        }
+        #expect(try c.call(["op": "ping"]).ok, "the daemon still serves")
+    }
+
     @Test func syncOfAnUnknownOrEndedSubscriptionAndOfNoSubscription() async throws {
         let d = try await TestDaemon.start(inMemory: true)
         let c = try d.connect()

@@ -274,11 +274,19 @@ final class LoopShard: @unchecked Sendable {
     /// `line`: those it covers fail).
     func checkSyncs(failed: (line: any DurableLine, undone: ClosedRange<StateSequence>, error: StorageError)? = nil) {
         guard !syncing.isEmpty else { return }
-        syncing.removeAll { connection in
-            guard let session = connection.session else { return true }
+        // Answering a sync runs its connection's later requests, and one of them may be a
+        // `sync` that waits in turn (`awaitSync` adds to `syncing`): the list is taken out
+        // while its syncs are answered, not filtered in place (that access overlapped the
+        // append, and the daemon trapped).
+        let waiting = syncing
+        syncing = []
+        var still: [Connection] = []
+        for connection in waiting {
+            guard let session = connection.session else { continue }
             if let failed { session.failSync(failed.line, undone: failed.undone, failed.error) }
-            return session.answerSync()
+            if !session.answerSync() { still.append(connection) }
         }
+        syncing = still + syncing
     }
 
     /// The newest revision of `repository` delivered to this loop (0: none yet).

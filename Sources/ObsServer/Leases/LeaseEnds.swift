@@ -72,8 +72,13 @@ final class LeaseClock: @unchecked Sendable {
         loop.execute { [self] in check() }
     }
 
+    /// Test-only: how early a self-test's failpoint (`lease.expire=early(ms)`, Failpoints.swift)
+    /// makes every TTL end; 0 in every other run.
+    static let earliness: UInt64 = Failpoints.shared?.earliness("lease.expire") ?? 0
+
     private func check() {
-        guard let next = table.nextDeadline else { return }
+        guard let deadline = table.nextDeadline else { return }
+        let next = deadline > Self.earliness ? deadline - Self.earliness : 0
         guard next < scheduledFor else { return }
         if let timer { loop.cancel(timer) }
         scheduledFor = next
@@ -102,7 +107,7 @@ final class LeaseClock: @unchecked Sendable {
     private func due() {
         timer = nil
         scheduledFor = .max
-        for ended in table.expire(now: loop.now) { hub.end(ended, time: loop.wallSeconds) }
+        for ended in table.expire(now: loop.now &+ Self.earliness) { hub.end(ended, time: loop.wallSeconds) }
         check()
     }
 }
