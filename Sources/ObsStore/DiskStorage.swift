@@ -105,6 +105,8 @@ public final class DiskStorage: Storage {
     static let legacyFileName = "obsd.db"
     /// The log's directory inside the data directory.
     public static let logDirectory = "wal"
+    /// How many lease ids a repair of the log skips (see `init`).
+    static let leaseIDsSkippedByARepair: UInt64 = 1 << 32
     /// `PRAGMA application_id` of obsd databases: "obsd".
     static let applicationID: Int64 = 0x6F62_7364
     static let schemaVersion: Int64 = 3
@@ -196,6 +198,14 @@ public final class DiskStorage: Storage {
             notices.append(
                 "repaired the write-ahead log: \(lost); the revisions they held are lost, and every repository starts a new epoch (clients resync instead of resuming)")
             if report.repairedAt == nil { repositories = repositories.map { $0.renewed(epoch: Epoch.random()) } }
+        }
+        if report.repairedAt != nil || report.lost != nil {
+            // Grants may have been lost with the log: ids are never handed out twice while the
+            // data persists (the contract), so ids after a repair start past any a lost grant
+            // can have had. A grant frame takes more than 16 bytes, and 2^32 of them would be
+            // 64 GiB of log past the snapshot — the checkpointer snapshots long before.
+            leases.nextID = leases.nextID.addingReportingOverflow(Self.leaseIDsSkippedByARepair).overflow ? .max : leases.nextID + Self.leaseIDsSkippedByARepair
+            notices.append("lease ids go on from \(leases.nextID): grants the repair cut away may have had any id below")
         }
         var covered = stored.covered
         var snapshotSize = stored.size

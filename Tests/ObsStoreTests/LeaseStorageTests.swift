@@ -209,3 +209,54 @@ import Testing
         try Data(bytes).write(to: URL(fileURLWithPath: path))
     }
 }
+
+/// Lease ids across `obsd --repair-log` (found by the robustness suite, `repair-lease`): the
+/// grants the repair cut away had ids the table must never hand out again.
+@Suite struct LeaseRepairTests {
+    private let alice = Writer(uid: 1000, gid: 1000, pid: 42)
+
+    /// The lease table as storage sees it: frames numbered, durability recorded.
+    private final class Table: DurabilityListener {
+        let next = Mutex<UInt64>(0)
+        let durable = Mutex<UInt64>(0)
+        func durable(through sequence: UInt64) { durable.withLock { $0 = max($0, sequence) } }
+        func failed(after sequence: UInt64, error: StorageError) {}
+        func append(_ frame: LogFrame, to storage: DiskStorage) -> Bool {
+            storage.append(frame, sequence: next.withLock { $0 += 1; return $0 }, listener: self)
+        }
+    }
+
+    @Test func aRepairThatCutGrantsAwayHandsOutNoneOfTheirIds() throws {
+        let dir = temporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        var o = options(dir)
+        o.checkpointInterval = .seconds(3600)
+        let storage = try DiskStorage(options: o, logger: testLogger)
+        let table = Table()
+        for id in 1...6 as ClosedRange<UInt64> {
+            #expect(table.append(.leaseGranted(.init(id: id, owner: alice, ttl: 30)), to: storage))
+            storage.flush()
+            #expect(waitFor { table.durable.withLock { $0 } >= id })
+        }
+        let crashed = try crashCopy(dir)
+        defer { try? FileManager.default.removeItem(atPath: crashed) }
+        storage.close()
+        let segment = crashed + "/wal/" + (try #require(segments(crashed).last))
+        let starts = try walRecordStarts(segment)
+        try #require(starts.count >= 6, "\(starts)")
+        #expect(truncate(segment, off_t(starts[3] - 16)) == 0)  // the grants of ids 4…6 cut away
+
+        var repair = options(crashed)
+        repair.repairLog = true
+        let repaired = try DiskStorage(options: repair, logger: testLogger)
+        let leases = repaired.loadLeases()
+        repaired.close()
+        #expect(Set(leases.live.keys) == [1, 2, 3])
+        #expect(leases.nextID > 6, "ids 4 to 6 were granted before the cut: \(leases.nextID)")
+        #expect(leases.nextID == 4 + DiskStorage.leaseIDsSkippedByARepair)
+        // And the next start keeps it (the repair's snapshot holds it).
+        let reopened = try DiskStorage(options: options(crashed), logger: testLogger)
+        defer { reopened.close() }
+        #expect(reopened.loadLeases().nextID == 4 + DiskStorage.leaseIDsSkippedByARepair)
+    }
+}
