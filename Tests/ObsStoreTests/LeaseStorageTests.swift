@@ -16,18 +16,21 @@ import Testing
 
 @testable import ObsStore
 
+/// The lease table as storage sees it: a listener numbering its frames, recording how far
+/// they are durable.
+private final class Table: DurabilityListener {
+    let next = Mutex<UInt64>(0)
+    let durable = Mutex<UInt64>(0)
+    func durable(through sequence: UInt64) { durable.withLock { $0 = max($0, sequence) } }
+    func failed(after sequence: UInt64, error: StorageError) {}
+    func append(_ frame: LogFrame, to storage: DiskStorage) -> Bool {
+        storage.append(frame, sequence: next.withLock { $0 += 1; return $0 }, listener: self)
+    }
+}
+
 @Suite struct LeaseStorageTests {
     private let alice = Writer(uid: 1000, gid: 1000, pid: 42)
 
-    /// The lease table as storage sees it: a listener numbering its frames.
-    private final class Table: DurabilityListener {
-        let next = Mutex<UInt64>(0)
-        func durable(through sequence: UInt64) {}
-        func failed(after sequence: UInt64, error: StorageError) {}
-        func append(_ frame: LogFrame, to storage: DiskStorage) -> Bool {
-            storage.append(frame, sequence: next.withLock { $0 += 1; return $0 }, listener: self)
-        }
-    }
 
     private func set(_ key: Key, _ value: JSONValue, rev: UInt64, old: JSONValue? = nil) -> RevisionRecord {
         RevisionRecord(
@@ -214,17 +217,6 @@ import Testing
 /// grants the repair cut away had ids the table must never hand out again.
 @Suite struct LeaseRepairTests {
     private let alice = Writer(uid: 1000, gid: 1000, pid: 42)
-
-    /// The lease table as storage sees it: frames numbered, durability recorded.
-    private final class Table: DurabilityListener {
-        let next = Mutex<UInt64>(0)
-        let durable = Mutex<UInt64>(0)
-        func durable(through sequence: UInt64) { durable.withLock { $0 = max($0, sequence) } }
-        func failed(after sequence: UInt64, error: StorageError) {}
-        func append(_ frame: LogFrame, to storage: DiskStorage) -> Bool {
-            storage.append(frame, sequence: next.withLock { $0 += 1; return $0 }, listener: self)
-        }
-    }
 
     @Test func aRepairThatCutGrantsAwayHandsOutNoneOfTheirIds() throws {
         let dir = temporaryDirectory()
