@@ -194,13 +194,23 @@ final class TestConnection {
     }
 
     /// Runs loop `running` (and `alsoRunning`, if given) until `count` messages arrived, for
-    /// answers that come from another thread (the shared store's tasks); at most ten seconds.
+    /// answers that come from another thread (the shared store's tasks).
     /// Suspends between looks, so the tasks it waits for get the thread this test runs on.
+    ///
+    /// It gives up after ten seconds *and* 2,000 looks. The clock alone would lie: those tasks
+    /// and this test share Swift's cooperative pool (two threads here), which tests that block
+    /// their thread can keep busy for longer than ten seconds under a sanitizer — neither this
+    /// test nor the task it waits for runs then. Each look suspends after the store's task was
+    /// queued, so 2,000 looks are 2,000 turns that task had.
     func receive(running: Int, count: Int, alsoRunning other: Int? = nil) async throws -> [JSONValue] {
         let deadline = ContinuousClock.now + .seconds(10)
         var messages: [JSONValue] = []
+        var looks = 0
         while messages.count < count {
-            guard ContinuousClock.now < deadline else { throw TestError("got \(messages.count) of \(count) messages: \(messages)") }
+            guard looks < 2000 || ContinuousClock.now < deadline else {
+                throw TestError("got \(messages.count) of \(count) messages after \(looks) looks: \(messages)")
+            }
+            looks += 1
             server.loops[running].io.runOnce(maxWait: 0)
             if let other { server.run(other) }
             messages += try received(running: running)
