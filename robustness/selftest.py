@@ -25,6 +25,9 @@ must show it. Exit status 0 when every defect was caught.
 """
 
 import argparse
+import concurrent.futures
+import json
+import multiprocessing
 import os
 import random
 import shutil
@@ -120,6 +123,36 @@ def matches(v, client, validator, titles):
         validator == "lease" and not v.refs)
 
 
+def run_scenario(sc, seed, d, obsd):
+    """Runs one scenario and checks what it must show: (the report to print, defects not caught)."""
+    m = orchestrate.Mode("local", seed, sc["seconds"], d, (), obsd, log=lambda s: None, overrides=sc["overrides"])
+    try:
+        m.run()
+    finally:
+        m.teardown()
+    with open(os.path.join(d, "problems.json"), "w") as f:
+        json.dump(m.problems, f)
+    lines = []
+    res = validate.validate_run(d, lines.append)
+    report, failed = [], 0
+    for v in res.violations:
+        if v.validator == "daemon":
+            # No scenario makes the daemon crash or exit on its own: that is a defect.
+            failed += 1
+            report.append(f"DAEMON: {sc['name']}: {v.title}\n{v.detail}")
+    for client, validator, titles, what in sc["expect"]:
+        hit = next((v for v in res.violations if matches(v, client, validator, titles)), None)
+        if hit is None:
+            failed += 1
+            report.append(f"NOT CAUGHT: {sc['name']}: {what} on {client or 'the daemon'} — expected a [{validator}] violation "
+                          f"({' | '.join(titles)})")
+        else:
+            report.append(f"caught: {sc['name']}: {what}{' on ' + client if client else ''} → [{hit.validator}] {hit.title}")
+    if failed:
+        report += ["    " + l for l in lines]
+    return "".join(line + "\n" for line in report), failed
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--seed", type=int, default=None)
@@ -141,36 +174,16 @@ def main():
         else:
             failed += 1
             print(f"WRONG: synthetic: {name}: {what}", flush=True)
-    for sc in SCENARIOS:
-        if args.only and sc["name"] != args.only:
-            continue
-        d = os.path.join(out, sc["name"])
-        m = orchestrate.Mode("local", seed, sc["seconds"], d, (), args.obsd, log=lambda s: None, overrides=sc["overrides"])
-        try:
-            m.run()
-        finally:
-            m.teardown()
-        with open(os.path.join(d, "problems.json"), "w") as f:
-            import json
-            json.dump(m.problems, f)
-        lines = []
-        res = validate.validate_run(d, lines.append)
-        for v in res.violations:
-            if v.validator == "daemon":
-                # No scenario makes the daemon crash or exit on its own: that is a defect.
-                failed += 1
-                print(f"DAEMON: {sc['name']}: {v.title}\n{v.detail}", flush=True)
-        for client, validator, titles, what in sc["expect"]:
-            hit = next((v for v in res.violations if matches(v, client, validator, titles)), None)
-            if hit is None:
-                failed += 1
-                print(f"NOT CAUGHT: {sc['name']}: {what} on {client or 'the daemon'} — expected a [{validator}] violation "
-                      f"({' | '.join(titles)})", flush=True)
-            else:
-                print(f"caught: {sc['name']}: {what}{' on ' + client if client else ''} → [{hit.validator}] {hit.title}", flush=True)
-        if failed:
-            for l in lines:
-                print("    " + l)
+    # The scenarios run side by side, each in a process of its own (their daemons, clients and
+    # directories are their own): the self-test then takes the time of the longest, and the
+    # validators see each under the load of the others — as a loaded CI machine would.
+    chosen = [sc for sc in SCENARIOS if not args.only or sc["name"] == args.only]
+    with concurrent.futures.ProcessPoolExecutor(max_workers=len(chosen) or 1, mp_context=multiprocessing.get_context("fork")) as pool:
+        futures = [pool.submit(run_scenario, sc, seed, os.path.join(out, sc["name"]), args.obsd) for sc in chosen]
+        for future in futures:
+            report, scenario_failed = future.result()
+            failed += scenario_failed
+            print(report, end="", flush=True)
     print(f"robustness self-test: {'every injected defect was caught' if not failed else f'{failed} defects NOT caught'} "
           f"(seed {seed})", flush=True)
     if not failed and not args.keep:

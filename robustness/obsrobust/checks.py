@@ -159,10 +159,9 @@ class ConnCheck:
         if kh.unknown_between(lo, hi):
             self.res.skip("read in an unknown state")
             return
-        for a, b in kh.intervals(pred):
-            if a <= hi and (b is None or b > lo):
-                self.check_get_lease(h, r, key, lo, hi)
-                return
+        if kh.holds_within(pred, lo, hi):
+            self.check_get_lease(h, r, key, lo, hi)
+            return
         # Not in the window: stale (below lo) or from the future, or never.
         ivs = kh.intervals(pred)
         where = ", ".join(f"[{a}, {b if b is not None else '∞'})" for a, b in ivs[:4]) or "never"
@@ -180,14 +179,22 @@ class ConnCheck:
             return
         # (An attachment a no-op write moved after this read was answered is left out: it is
         # logged at the revision the write was answered at, which the read's window may hold.)
-        log = [x for x in h.attach_log.get(key, []) if x[2] is None or x[2] < r.rt]
+        # Read in place (a key's log is long, and every get looks at it): the entries of the
+        # window, and the last one before it, of those answered before this read was.
+        log = h.attach_log.get(key)
         if not log:
             return
-        revs = [x[0] for x in log]
-        i = bisect.bisect_right(revs, lo) - 1
+        revs = h.attach_revs(key)
+        kept = lambda x: x[2] is None or x[2] < r.rt
+        first = bisect.bisect_right(revs, lo)
         j = bisect.bisect_right(revs, hi)
-        vals = {log[k][1] for k in range(max(i, 0), j)}
-        if i < 0:
+        vals = {log[k][1] for k in range(first, j) if kept(log[k])}
+        before = next((log[k] for k in range(first - 1, -1, -1) if kept(log[k])), None)
+        if before is not None:
+            vals.add(before[1])
+        elif not vals and not any(kept(log[k]) for k in range(j, len(log))):
+            return  # no entry answered before this read
+        else:
             vals.add(None)
         if len(vals) != 1 or UNKNOWN in vals or h.amb_until.get(key, 0) > r.t:
             return

@@ -104,6 +104,13 @@ class KeyHistory:
                 out.append((a, b))
         return out
 
+    def holds_within(self, pred, lo, hi):
+        """Whether pred(value, keyrev) holds (a known value) somewhere in revisions [lo, hi]:
+        `intervals` looked at only where they can meet the window."""
+        i = max(bisect.bisect_right(self.revs, lo) - 1, 0)
+        j = bisect.bisect_right(self.revs, hi)
+        return any(self.vals[k] is not UNKNOWN and pred(self.vals[k], self.krevs[k]) for k in range(i, j))
+
     def unknown_between(self, lo, hi):
         i = bisect.bisect_right(self.revs, lo) - 1
         j = bisect.bisect_right(self.revs, hi)
@@ -139,6 +146,7 @@ class History:
         self.keys = {}  # key -> KeyHistory
         self.obs = []  # (t_recv, rev, daemon, inc, kind) observations of the repository's revision
         self.sent_obs = []  # (t_send, rev): replies of requests sent at t_send showing revision rev
+        self.served_by = set()  # (daemon, inc): the incarnations seen serving this history
         self.lease_revs = {}  # lease id -> [rev]
         self.revoke_claims = {}  # rev -> (lease, Write)
         self.created = {}  # rev -> lower bound of when it was made (ns)
@@ -171,8 +179,27 @@ class History:
             return (UNKNOWN, 0) if self.known_from is None or rev < self.known_from else (None, 0)
         return h.at(rev)
 
+    def attach_revs(self, key):
+        """The revisions of `key`'s attachment log (asked once the log is complete)."""
+        cache = self.__dict__.setdefault("_attach_revs", {})
+        revs = cache.get(key)
+        if revs is None:
+            revs = cache[key] = [x[0] for x in self.attach_log.get(key, [])]
+        return revs
+
     def full_state_at(self, rev, prefix=None):
-        """{key: canon} of every key at `rev` (UNKNOWN when some key's state is unknown)."""
+        """{key: canon} of every key at `rev` (UNKNOWN when some key's state is unknown): a
+        new dict the caller may change. Asked by every list, snapshot and subscription check,
+        often at the same revision: the states are kept (the histories are complete by then)."""
+        cache = self.__dict__.setdefault("_states", {})
+        st = cache.get((rev, prefix))
+        if st is None:
+            st = cache[(rev, prefix)] = self._full_state_at(rev, prefix)
+            if len(cache) > 4096:
+                cache.pop(next(iter(cache)))
+        return st if st is UNKNOWN else dict(st)
+
+    def _full_state_at(self, rev, prefix):
         if self.known_from is None or rev < self.known_from:
             return UNKNOWN
         out = {}

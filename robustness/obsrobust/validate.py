@@ -623,6 +623,7 @@ def distribute(ctx):
             continue
         h = ctx.hist(repo, ctx.hid(repo, daemon, inc))
         h.obs.append((t, rev, daemon, inc, kind))
+        h.served_by.add((daemon, inc))
         if tsend is not None:
             h.sent_obs.append((tsend, rev))
         if rev > h.max_rev:
@@ -1182,7 +1183,7 @@ def check_leases(ctx):
         if (repo, hid) in forked_from:
             continue
         gen = ctx.hist_gen.get((repo, hid), 0)
-        last = h.last_obs_t
+        last = served_until(ctx, h)
         for k, lid in h.attach.items():
             if lid is None or lid is UNKNOWN or h.key(k).at(h.final_rev)[0] in (None, UNKNOWN):
                 continue
@@ -1279,6 +1280,27 @@ def check_ttl(ctx, l, ends, kas, seen, refs):
 
 def lid_of(l):
     return l.id
+
+
+def served_until(ctx, h):
+    """Until when some daemon served history `h`: its last observation, or, if earlier, the
+    time the last incarnation seen serving it was stopped. A reader that lags (the slow
+    client) reads a history's revisions after its daemon was killed — and after a `wipe` no
+    daemon ever serves that history again, so nothing in it can still end a lease."""
+    last = h.last_obs_t
+    if last is None or ctx.mode != "local":
+        return last
+    stops = []
+    for daemon, inc in h.served_by:
+        try:
+            i = ctx.tl._inc(daemon, inc)
+        except KeyError:
+            return last
+        stop = i.get("stop_t") or i["end"]
+        if stop is None:
+            return last  # still serving at the end of the run
+        stops.append(stop)
+    return min(last, max(stops)) if stops else last
 
 
 def lease_surely_over(ctx, l, revokes, kas, last):
