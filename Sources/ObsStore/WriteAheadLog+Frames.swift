@@ -60,7 +60,10 @@ extension WriteAheadLog {
     /// not read).
     static func frame(in bytes: UnsafeRawBufferPointer, at: Int, verify: Bool = true) -> Frame {
         guard at + frameHeaderSize <= bytes.count else {
-            return at == bytes.count || bytes[at...].allSatisfy { $0 == 0 } ? .end : .bad
+            // At or past the end: a file cut inside the padding of the frame before leaves the
+            // next frame's place past it (a cut format 3 segment is then refused as shorter
+            // than its preallocation; under repair, the log ends there).
+            return at >= bytes.count || bytes[at...].allSatisfy { $0 == 0 } ? .end : .bad
         }
         let length = Int(UInt32(littleEndian: bytes.loadUnaligned(fromByteOffset: at, as: UInt32.self)))
         let crc = UInt32(littleEndian: bytes.loadUnaligned(fromByteOffset: at + 4, as: UInt32.self))
@@ -186,6 +189,7 @@ extension WriteAheadLog {
     /// The bytes from `at` to the last non-zero byte: what a torn write, or a voided group
     /// behind its zeroed header, left.
     static func usedBytes(in bytes: UnsafeRawBufferPointer, from at: Int) -> Int {
+        guard at < bytes.count else { return 0 }
         var last = bytes.count
         // A preallocated segment ends in megabytes of zeros: skip them a word at a time.
         while last - 8 >= at, bytes.loadUnaligned(fromByteOffset: last - 8, as: UInt64.self) == 0 { last -= 8 }

@@ -73,6 +73,21 @@ private func cut(_ path: String, to length: Int) {
         expectLossRefused(dir, naming: segment, "shorter than")
     }
 
+    /// Cut inside a frame's padding (right after the payload of revision 6's group start,
+    /// before its seven zeros): the next frame would begin past the file's end. Refused, and repaired,
+    /// like any other cut — before, reading the frame there trapped, at every start and at
+    /// the repair (the robustness suite's `truncate` fault, a cut to half the used bytes).
+    @Test func aLastSegmentCutInsideAFramesPaddingIsRefusedAndRepaired() throws {
+        let dir = try crashedAfterTenRevisions()
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let segment = dir + "/wal/" + (try #require(segments(dir).last))
+        let starts = try walRecordStarts(segment)
+        try #require(starts.count == 10)
+        cut(segment, to: starts[5] - 16 + 9)  // the group start's header and payload, none of its 7 zeros
+        expectLossRefused(dir, naming: segment, "shorter than")
+        #expect(try stateOfA(repairing(dir)).revision == 5)
+    }
+
     /// Repaired, the store starts without the lost revisions, every repository on a new epoch:
     /// the numbers handed out again never meet the old epoch.
     @Test func aCutSegmentRepairedStartsANewEpoch() throws {
