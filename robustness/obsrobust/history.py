@@ -156,6 +156,10 @@ class Timeline:
         self.disk_real = False
         self.proxy_pid = None
         gen = 0
+        # Repairs (`obsd --repair-log` after a `truncate`) so far: a repair cuts grants and
+        # ends of leases away with the log, so the leases of the incarnations after it are
+        # another set than those before, though the ids go on (see Ctx.lease_gen_of).
+        repairs = 0
         stop_at = {}
         open_etcd = {}
         with open(path) as f:
@@ -167,8 +171,10 @@ class Timeline:
                     self.generation_changes.append((e["t"], gen))
                 elif ev == "spawn":
                     self.incs.setdefault(e["daemon"], []).append(
-                        {"inc": e["inc"], "spawn": e["t"], "serving": None, "end": None, "gen": gen, "args": e.get("args", []),
-                         "how": None})
+                        {"inc": e["inc"], "spawn": e["t"], "serving": None, "end": None, "gen": gen, "repairs": repairs,
+                         "args": e.get("args", []), "how": None})
+                elif ev == "repair":
+                    repairs += 1
                 elif ev == "serving":
                     self._inc(e["daemon"], e["inc"])["serving"] = e["t"]
                 elif ev in ("kill", "term"):

@@ -10,10 +10,7 @@ KEYS = [f"k{i:02d}" for i in range(16)] + [f"p/{c}" for c in "abcdefgh"] + ["q",
 # Defects known open today, each with the traffic or fault that triggers it (README, "Known
 # open"). `--known-open` picks which run: `all` (the default of `make robustness`), `none` (the
 # default of the short run in `make test`), or a comma-separated list of these names.
-KNOWN_OPEN = {
-    "repair-lease": "found by this suite: after obsd --repair-log cut the log, lease ids are handed out again (the grants cut away "
-                    "are forgotten): a holder of the old lease renews or writes under someone else's",
-}
+KNOWN_OPEN = {}
 
 
 def known_set(spec):
@@ -41,11 +38,9 @@ LOCAL_FAULTS = {
     "restart": 1.5,           # SIGTERM, start again
     "relaxed": 1.0,           # SIGKILL, start again under sync = relaxed (or back to always)
     "wipe": 0.3,              # SIGKILL, a new data directory: every repository a new epoch
+    "truncate": 0.5,          # SIGKILL, the last log segment cut short: refused, obsd --repair-log, new epochs
 }
-LOCAL_KNOWN_OPEN = {
-    # SIGKILL, the last log segment cut short: refused, obsd --repair-log, new epochs.
-    "truncate": (0.5, "repair-lease"),
-}
+LOCAL_KNOWN_OPEN = {}
 ETCD_FAULTS = {
     "sigstop": 2.0,           # SIGSTOP one daemon for a while
     "etcd_kill": 1.5,         # SIGKILL one etcd member, restart it a moment later

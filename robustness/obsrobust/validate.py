@@ -221,12 +221,17 @@ class Ctx:
         return f"?gen{gen}"
 
     def gen_of(self, daemon, inc):
+        """Which set of leases incarnation `inc` serves: a new data directory (a wipe) starts
+        another, and so does a repair — the grants and ends it cut away with the log are
+        forgotten (a lease granted before may be not_found after it, one seen ending may live
+        on), while ids are never handed out again. (gen, repairs): leases are told apart by
+        this and their id."""
         if self.mode == "etcd":
             return 0
         for i in self.tl.incs.get(daemon, []):
             if i["inc"] == inc:
-                return i["gen"]
-        return 0
+                return (i["gen"], i.get("repairs", 0))
+        return (0, 0)
 
     def lease(self, gen, lid):
         k = (gen, lid)
@@ -1070,7 +1075,7 @@ def check_leases(ctx):
     tl = ctx.tl
     by_lease = {}
     for (repo, hid), h in ctx.histories.items():
-        gen = ctx.hist_gen.get((repo, hid), 0)
+        gen = ctx.hist_gen.get((repo, hid), ctx.gen_of(0, 0))
         for lid, revs in h.lease_revs.items():
             if len(revs) > 1:
                 res.add("lease", f"one lease's end in several revisions of one repository: {repo} lease {lid}",
@@ -1182,7 +1187,7 @@ def check_leases(ctx):
     for (repo, hid), h in ctx.histories.items():
         if (repo, hid) in forked_from:
             continue
-        gen = ctx.hist_gen.get((repo, hid), 0)
+        gen = ctx.hist_gen.get((repo, hid), ctx.gen_of(0, 0))
         last = served_until(ctx, h)
         for k, lid in h.attach.items():
             if lid is None or lid is UNKNOWN or h.key(k).at(h.final_rev)[0] in (None, UNKNOWN):
@@ -1347,6 +1352,11 @@ def validate_run(run_dir, log):
         ctx.hist_gen[(w.repo, ctx.hid(w.repo, w.daemon, w.inc))] = ctx.gen_of(w.daemon, w.inc)
     merge_staged(ctx)
     distribute(ctx)
+    for key, h in ctx.histories.items():
+        # A history no client wrote to (its revisions lease ends' alone): the set of leases
+        # of an incarnation seen serving it.
+        if key not in ctx.hist_gen and h.served_by:
+            ctx.hist_gen[key] = ctx.gen_of(*min(h.served_by))
     for h in ctx.histories.values():
         h.last_obs_t = max((o[0] for o in h.obs), default=None)
         replay(ctx, h)
