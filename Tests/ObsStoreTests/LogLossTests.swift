@@ -49,26 +49,29 @@ private func cut(_ path: String, to length: Int) {
     #expect(truncate(path, off_t(length)) == 0)
 }
 
+/// A store that crashed after ten revisions, its last segment, and where its ten records start.
+private func tenRevisionsInTheLastSegment() throws -> (dir: String, segment: String, starts: [Int]) {
+    let dir = try crashedAfterTenRevisions()
+    let segment = dir + "/wal/" + (try #require(segments(dir).last))
+    let starts = try walRecordStarts(segment)
+    try #require(starts.count == 10)
+    return (dir, segment, starts)
+}
+
 @Suite struct LogLossTests {
     /// The last segment cut in the middle of a record: what is left looks like a torn write,
     /// but a preallocated segment is never shorter than its preallocation after a crash.
     @Test func aLastSegmentCutShortIsRefusedNamingIt() throws {
-        let dir = try crashedAfterTenRevisions()
+        let (dir, segment, starts) = try tenRevisionsInTheLastSegment()
         defer { try? FileManager.default.removeItem(atPath: dir) }
-        let segment = dir + "/wal/" + (try #require(segments(dir).last))
-        let starts = try walRecordStarts(segment)
-        try #require(starts.count == 10)
         cut(segment, to: starts[5] + 20)  // in revision 6's record
         expectLossRefused(dir, naming: segment, "shorter than")
     }
 
     /// Cut exactly where a group ends: what is left looks like a whole, shorter log.
     @Test func aLastSegmentCutAtAGroupsEndIsRefusedToo() throws {
-        let dir = try crashedAfterTenRevisions()
+        let (dir, segment, starts) = try tenRevisionsInTheLastSegment()
         defer { try? FileManager.default.removeItem(atPath: dir) }
-        let segment = dir + "/wal/" + (try #require(segments(dir).last))
-        let starts = try walRecordStarts(segment)
-        try #require(starts.count == 10)
         cut(segment, to: starts[5] - 16)  // before revision 6's group start: revisions 1–5 whole
         expectLossRefused(dir, naming: segment, "shorter than")
     }
@@ -78,11 +81,8 @@ private func cut(_ path: String, to length: Int) {
     /// like any other cut — before, reading the frame there trapped, at every start and at
     /// the repair (the robustness suite's `truncate` fault, a cut to half the used bytes).
     @Test func aLastSegmentCutInsideAFramesPaddingIsRefusedAndRepaired() throws {
-        let dir = try crashedAfterTenRevisions()
+        let (dir, segment, starts) = try tenRevisionsInTheLastSegment()
         defer { try? FileManager.default.removeItem(atPath: dir) }
-        let segment = dir + "/wal/" + (try #require(segments(dir).last))
-        let starts = try walRecordStarts(segment)
-        try #require(starts.count == 10)
         cut(segment, to: starts[5] - 16 + 9)  // the group start's header and payload, none of its 7 zeros
         expectLossRefused(dir, naming: segment, "shorter than")
         #expect(try stateOfA(repairing(dir)).revision == 5)
