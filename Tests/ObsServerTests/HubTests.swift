@@ -15,9 +15,11 @@ import Testing
 func write(_ hub: Hub, _ repository: Repository, _ ops: [WriteOp<CanonicalJSON>], maxRepositories: Int = 1000, maxKeys: Int = 1000) -> WriteDecision? {
     WriteOps(ops).withRawOps { raw in
         let input = WriteInput(
-            ops: raw, limits: WriteLimits(maxKeys: maxKeys, maxRevisionBytes: 1 << 20), maxRepositories: maxRepositories,
-            peer: Peer(uid: 0, gid: 0, pid: 1, daemonUID: 0), writer: Writer(uid: 0, gid: 0, pid: 1), origin: ConnectionID.next(), time: 0,
-            single: ops.count == 1)
+            ops: raw,
+            context: WriteContext(
+                limits: WriteLimits(maxKeys: maxKeys, maxRevisionBytes: 1 << 20), maxRepositories: maxRepositories,
+                peer: Peer(uid: 0, gid: 0, pid: 1, daemonUID: 0), writer: Writer(uid: 0, gid: 0, pid: 1), origin: ConnectionID.next(), time: 0,
+                single: ops.count == 1))
         return hub.sequencer.submit(input, to: repository, scratch: WriteScratch(), route: { AnswerRoute(loop: hub.shards[0].loop) { _, _, _ in } }, token: 0)
     }
 }

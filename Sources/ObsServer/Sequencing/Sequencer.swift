@@ -15,10 +15,10 @@ import ObsValues
 import ObservableKit
 import Synchronization
 
-/// A write as a session hands it over: its operations, read in place (valid during
-/// `submit`), and who writes.
-struct WriteInput {
-    let ops: UnsafeBufferPointer<RawWriteOp>
+/// What a write carries besides its operations — who writes, when, under which limits — the
+/// same whether the operations are read in place (`WriteInput`) or own their bytes
+/// (`WriteRequest`).
+struct WriteContext: Sendable {
     let limits: WriteLimits
     let maxRepositories: Int
     /// Who writes (for the leases it names).
@@ -31,21 +31,21 @@ struct WriteInput {
     let single: Bool
 }
 
+/// A write as a session hands it over: its operations, read in place (valid during
+/// `submit`), and its context.
+struct WriteInput {
+    let ops: UnsafeBufferPointer<RawWriteOp>
+    let context: WriteContext
+}
+
 /// A write that waits for a shared store: its operations owning their bytes.
 struct WriteRequest: Sendable {
     let ops: WriteOps
-    let limits: WriteLimits
-    let maxRepositories: Int
-    let peer: Peer
-    let writer: Writer
-    let origin: ConnectionID
-    let time: Int64
-    let single: Bool
+    let context: WriteContext
 
     init(_ input: WriteInput) {
         ops = WriteOps(copying: input.ops)
-        (limits, maxRepositories, peer, writer, origin, time, single) =
-            (input.limits, input.maxRepositories, input.peer, input.writer, input.origin, input.time, input.single)
+        context = input.context
     }
 
     /// The leases its `set`s name.
@@ -141,19 +141,19 @@ final class LocalSequencer: Sequencer {
         let plans = scratch.plans.room(for: write.ops.count)
         return repository.withState { s -> WriteDecision in
             let plan: WritePlan
-            do throws(WriteRefusal) { plan = try s.core.plan(write.ops, limits: write.limits, into: plans) } catch {
+            do throws(WriteRefusal) { plan = try s.core.plan(write.ops, limits: write.context.limits, into: plans) } catch {
                 return .failure(.refused(error))
             }
             // A lease named must exist and be the writer's — checked, and this repository
             // recorded in the lease, under this lock: a lease that ends meanwhile ends either
             // before (refused) or after, its end then finding the key this write attaches.
             for op in write.ops where op.lease != nil && op.value != nil {
-                if let refusal = leases.admit(op.lease!, by: write.peer, into: repository.name) { return .failure(.lease(refusal)) }
+                if let refusal = leases.admit(op.lease!, by: write.context.peer, into: repository.name) { return .failure(.lease(refusal)) }
             }
             // The value a single-key write replaced (or left in place), for its reply: copied
             // out before the install overwrites it.
             var existed = false
-            if write.single {
+            if write.context.single {
                 if scratch.old.capacity > 1 << 16 { scratch.old = [] }
                 let old = plans[0].old
                 scratch.old.replaceSubrange(scratch.old.indices, with: old ?? UnsafeRawBufferPointer(start: nil, count: 0))
@@ -171,13 +171,13 @@ final class LocalSequencer: Sequencer {
             }
             // Only a `set` brings an empty repository into existence; the count is reserved
             // atomically, so concurrent creators cannot pass the limit together.
-            if plan.creates, !stats.reserveRepository(limit: write.maxRepositories) {
-                return .failure(.tooManyRepositories(limit: write.maxRepositories))
+            if plan.creates, !stats.reserveRepository(limit: write.context.maxRepositories) {
+                return .failure(.tooManyRepositories(limit: write.context.maxRepositories))
             }
             let moves = s.core.attach(write.ops)
             guard
                 let revision = commit(
-                    plan, write.ops, plans, &s, repository, time: write.time, writer: write.writer, origin: write.origin.value, moves: moves)
+                    plan, write.ops, plans, &s, repository, time: write.context.time, writer: write.context.writer, origin: write.context.origin.value, moves: moves)
             else { return .failure(.storageClosed) }
             return .success(WriteOutcome(revision: revision.revision, changed: true, existed: existed, sequence: revision.sequence))
         }

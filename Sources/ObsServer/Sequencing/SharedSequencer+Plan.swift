@@ -65,8 +65,8 @@ extension SharedSequencer {
                     let planned = write.ops.withRawOps { ops in
                         Result { () throws(WriteRefusal) -> (changes: [Change<CanonicalJSON>], previous: CanonicalJSON?, creates: Bool) in
                             let plans = planBuffer.room(for: ops.count)
-                            let plan = try s.core.plan(ops, limits: write.limits, into: plans)
-                            let previous = write.single ? plans[0].old.map { CanonicalJSON(canonical: Array($0), isPlain: plans[0].oldIsPlain) } : nil
+                            let plan = try s.core.plan(ops, limits: write.context.limits, into: plans)
+                            let previous = write.context.single ? plans[0].old.map { CanonicalJSON(canonical: Array($0), isPlain: plans[0].oldIsPlain) } : nil
                             let changes = RepositoryCore.withChanges(ops, plans, changed: plan.changed) { $0.map(\.materialized) }
                             return (changes, previous, plan.creates)
                         }
@@ -95,12 +95,12 @@ extension SharedSequencer {
                         answers.append((item, .success(WriteOutcome(revision: s.core.revision, changed: false, existed: previous != nil, sequence: 0)), previous))
                         continue
                     }
-                    if creates, stats.repositories.load(ordering: .relaxed) >= write.maxRepositories {
-                        answers.append((item, .failure(.tooManyRepositories(limit: write.maxRepositories)), nil))
+                    if creates, stats.repositories.load(ordering: .relaxed) >= write.context.maxRepositories {
+                        answers.append((item, .failure(.tooManyRepositories(limit: write.context.maxRepositories)), nil))
                         continue
                     }
-                    (writer, origin) = (write.writer, write.origin)
-                    time = max(time, write.time)
+                    (writer, origin) = (write.context.writer, write.context.origin)
+                    time = max(time, write.context.time)
                 case .leaseEnd(let ended, let limit):
                     // The keys attached to it here, and those the group attached to it so far.
                     let candidates = Set(s.core.keys(attachedTo: ended.id)).union(moved.compactMap { $0.value == ended.id ? $0.key : nil })
@@ -195,7 +195,7 @@ extension SharedSequencer {
         var found: [SharedLease] = []
         for id in write.leases.sorted() {
             guard let lease = store.liveLease(id) else { return .failure(.notFound(id)) }
-            if let refusal = LeaseRefusal.naming(id, owner: lease.owner, by: write.peer) { return .failure(refusal) }
+            if let refusal = LeaseRefusal.naming(id, owner: lease.owner, by: write.context.peer) { return .failure(refusal) }
             found.append(lease)
         }
         return .success(found)

@@ -302,8 +302,11 @@ final class Session {
         scratchRef._withUnsafeGuaranteedRef { scratch in
             shardRef._withUnsafeGuaranteedRef { shard in
                 let input = WriteInput(
-                    ops: ops, limits: WriteLimits(maxKeys: limits.maxKeysPerRepository, maxRevisionBytes: limits.maxRevisionBytes),
-                    maxRepositories: limits.maxRepositories, peer: peer, writer: writer, origin: connection.id, time: shard.loop.wallSeconds, single: single)
+                    ops: ops,
+                    context: WriteContext(
+                        limits: WriteLimits(maxKeys: limits.maxKeysPerRepository, maxRevisionBytes: limits.maxRevisionBytes),
+                        maxRepositories: limits.maxRepositories, peer: peer, writer: writer, origin: connection.id, time: shard.loop.wallSeconds,
+                        single: single))
                 guard let result = sequencer.submit(input, to: repository, scratch: scratch, route: { connection.answers }, token: token) else {
                     // Decided later: its reply holds its place, and the connection's later requests
                     // wait for it, so they take effect in the order they were sent and each sees the
