@@ -93,7 +93,7 @@ public final class Server: Service, Sendable {
 
     public func run() async throws {
         let config = configuration
-        let (threads, threadsReason) = config.threads.map { ($0, "server.threads") } ?? EventLoops.sized()
+        let (threads, threadsReason) = config.threads.map { ($0, "server.threads") } ?? Loop.sized()
         let opened = ContinuousClock.now
         if let path = config.listener.path { try SocketFile.prepare(path) }
         let storage = try openStorage()
@@ -112,10 +112,10 @@ public final class Server: Service, Sendable {
                 throw error
             }
         }
-        let loops: [EventLoop]
+        let loops: [Loop]
         let hub: Hub
         do {
-            loops = try (0..<max(1, threads)).map { i throws(SocketError) in try EventLoop(index: i, delivery: delivery, busyPoll: config.busyPollNanoseconds) }
+            loops = try (0..<max(1, threads)).map { i throws(SocketError) in try Loop(index: i, delivery: delivery, busyPoll: config.busyPollNanoseconds) }
             let limits = HistoryLimits(
                 count: config.historyLimit, maxBytes: config.historyMaxBytes, maxAge: config.historyMaxAge?.components.seconds, tombstones: config.historyTombstones)
             hub = try Hub(
@@ -244,60 +244,6 @@ public final class Server: Service, Sendable {
             case .resumed: logger.notice("event loops respond again; watchdog pings resume")
             }
         }
-    }
-}
-
-/// One event loop as the server runs it: its thread's loop, its share of delivery, and its
-/// connections.
-final class EventLoop: Sendable {
-    let io: IOLoop
-    let shard: LoopShard
-    /// Loop-confined (touched only in tasks run on `io`).
-    nonisolated(unsafe) let connections = LoopConnections()
-
-    init(index: Int, delivery: DeliveryBudget, busyPoll: UInt64 = 0, clock: @escaping @Sendable () -> UInt64 = IOLoop.monotonicNow)
-        throws(SocketError)
-    {
-        io = try IOLoop(index: index, clock: clock, busyPoll: busyPoll)
-        shard = LoopShard(loop: io, budget: delivery)
-    }
-
-    /// Runs `body` on the loop and returns its result.
-    func run<R: Sendable>(_ body: @escaping @Sendable () -> R) async -> R {
-        await withCheckedContinuation { continuation in
-            io.execute { continuation.resume(returning: body()) }
-        }
-    }
-
-    /// Waits until every connection of the loop has written what is queued for it, `within`
-    /// nanoseconds at most.
-    func drain(within limit: UInt64) async {
-        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-            io.execute { [self] in
-                let done = Once { continuation.resume() }
-                var left = connections.count
-                guard left > 0 else { return done.run() }
-                io.schedule(in: limit) { done.run() }
-                for connection in connections.all.values {
-                    connection.whenDrained {
-                        left -= 1
-                        if left == 0 { done.run() }
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// Runs a closure once, however often it is asked.
-private final class Once: @unchecked Sendable {
-    // @unchecked Sendable: created and run on one event loop only.
-    private var body: (() -> Void)?
-    init(_ body: @escaping () -> Void) { self.body = body }
-    func run() {
-        let body = self.body
-        self.body = nil
-        body?()
     }
 }
 

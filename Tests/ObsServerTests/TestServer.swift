@@ -40,14 +40,14 @@ final class ManualClock: Sendable {
 
 /// The daemon's state over `loops` event loops that the test runs.
 final class TestServer {
-    let loops: [EventLoop]
+    let loops: [Loop]
     let hub: Hub
     let clock = ManualClock()
     let limits: Limits
 
     init(storage: any Storage = InMemoryStorage(), limits: Limits = .testing, loops count: Int = 1, delivery: DeliveryBudget = DeliveryBudget()) throws {
         let clock = self.clock
-        loops = try (0..<count).map { i in try EventLoop(index: i, delivery: delivery, clock: { clock.now }) }
+        loops = try (0..<count).map { i in try Loop(index: i, delivery: delivery, clock: { clock.now }) }
         hub = try Hub(
             shards: loops.map(\.shard), historyLimits: HistoryLimits(count: 100, maxBytes: 64 << 20, maxAge: nil), storage: storage,
             runtime: Runtime(limits: limits, policy: .open))

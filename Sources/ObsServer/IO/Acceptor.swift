@@ -16,7 +16,7 @@ final class Acceptor: @unchecked Sendable {
     // @unchecked Sendable: created before the loops run, then used only on the first loop
     // (`listen`, `ready`, `close` run in its tasks and handlers).
 
-    private let loops: [EventLoop]
+    private let loops: [Loop]
     private let hub: Hub
     private let runtime: Runtime
     private let logger: Logger
@@ -24,7 +24,7 @@ final class Acceptor: @unchecked Sendable {
     private var next = 0
     private var starved = false
 
-    init(loops: [EventLoop], hub: Hub, runtime: Runtime, logger: Logger) {
+    init(loops: [Loop], hub: Hub, runtime: Runtime, logger: Logger) {
         self.loops = loops
         self.hub = hub
         self.runtime = runtime
