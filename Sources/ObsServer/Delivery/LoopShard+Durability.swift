@@ -67,9 +67,7 @@ extension LoopShard {
                 kept.append(waiter)
                 continue
             }
-            if let subscription = waiter.subscription, waiter.connection.outbox.unregister(subscription.id) != nil {
-                unroute(subscription)
-            }
+            if let subscription = waiter.subscription { end(subscription.id, of: waiter.connection.outbox) }
             if let group = waiter.group {
                 guard !group.failed else { continue }
                 group.failed = true

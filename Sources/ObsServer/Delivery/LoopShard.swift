@@ -1,8 +1,10 @@
 // ObsServer — one event loop's share of delivery: the subscriptions of its connections, by
 // repository and key; the revisions and durability news waiting to be delivered on it; the
 // replies waiting for durability (LoopShard+Durability.swift); and the connections with output
-// to write. It is the only code that appends events to outboxes. It calls back up in two
-// places only: a subscription that ends in delivery (`once`, an overflow) is taken off its
+// to write. It is the only code that appends events to outboxes, and it ends subscriptions:
+// whoever ends one — an unsubscribe, a failed start, a closing connection, a revoke —
+// asks it (`end`, `revoke`), which takes it out of its connection's outbox and of the
+// routes in one step. It calls back up in two places only: a subscription that ends in delivery (`once`, an overflow) is taken off its
 // repository and the hub's tally (`subscriptionEnded`), and a `sync` whose events are queued
 // is answered by its session (`checkSyncs`).
 //
@@ -250,7 +252,33 @@ final class LoopShard: @unchecked Sendable {
         }
     }
 
-    /// Stops routing to `subscription`. Idempotent.
+    /// Ends subscription `id` of `outbox`'s connection: no event of it follows, and its route
+    /// goes with it. The one way a subscription ends — an unsubscribe, a start that failed,
+    /// a storage failure under its start — besides `end(allOf:closing:)` and `revoke`. Nil if
+    /// it was not live.
+    @discardableResult
+    func end(_ id: UInt64, of outbox: Outbox) -> Subscription? {
+        guard let subscription = outbox.unregister(id) else { return nil }
+        unroute(subscription)
+        return subscription
+    }
+
+    /// Ends every live subscription of `outbox`'s connection: `closing`, the connection closes
+    /// (its queue goes too); otherwise it stays open for its replies.
+    func end(allOf outbox: Outbox, closing: Bool) {
+        for subscription in closing ? outbox.close() : outbox.unregisterAll() { unroute(subscription) }
+    }
+
+    /// Ends subscription `id` with `notice` as its last message (a `revoked` event). Nil if it
+    /// was not live.
+    func revoke(_ id: UInt64, notice: [UInt8], of outbox: Outbox) -> Subscription? {
+        guard let subscription = outbox.revoke(id, notice: notice) else { return nil }
+        unroute(subscription)
+        return subscription
+    }
+
+    /// Stops routing to `subscription`. Idempotent. The shard's own (its delivery unroutes the
+    /// `once` subscriptions a revision ended); every other end goes through `end` or `revoke`.
     func unroute(_ subscription: Subscription) {
         loop.assertInLoop()
         let id = subscription.repository.id

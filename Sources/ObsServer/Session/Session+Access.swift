@@ -42,8 +42,7 @@ extension Session {
             var notice: [UInt8] = []
             let error = ProtocolError(.forbidden, "\(peer.described(by: hub.users)) may no longer read repository \(subscription.repository.name)")
             RevokedEvent(subscription: subscription.id, repository: subscription.repository.name, error: error).encode(into: &notice)
-            if let ended = outbox.revoke(subscription.id, notice: notice) {
-                shard.unroute(ended)
+            if shard.revoke(subscription.id, notice: notice, of: outbox) != nil {
                 logger.notice("subscription revoked by the access policy", metadata: ["repo": "\(subscription.repository.name)"])
             }
         }

@@ -74,7 +74,7 @@ extension Session {
                     stream: stream, failure: failure),
                 on: line)
         case .failed(let error):
-            if let subscription, outbox.unregister(subscription.id) != nil { shard.unroute(subscription) }
+            if let subscription { shard.end(subscription.id, of: outbox) }
             outbox.fill(slot, with: failure?(error) ?? Replies.storageFailure(id: id, error, in: line.subject))
         }
         shard.markDirty(connection)

@@ -73,7 +73,7 @@ extension Session {
             let size = head.count + rest.count
             let limit = limits.maxStartBytes
             guard request.catchup || hub.startBudget.take(size, limit: limit) else {
-                if outbox.unregister(subscription.id) != nil { shard.unroute(subscription) }
+                shard.end(subscription.id, of: outbox)
                 return fail(
                     id: id,
                     ProtocolError(

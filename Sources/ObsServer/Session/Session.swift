@@ -147,7 +147,7 @@ final class Session {
     /// Ends every subscription; called when the connection closes.
     func close() {
         pendingSync = nil
-        for subscription in outbox.close() { shard.unroute(subscription) }
+        shard.end(allOf: outbox, closing: true)
         for (_, pending) in pendingWrites where pending.held { hub.release(pending.repository.name) }
         pendingWrites.removeAll()
     }
@@ -155,7 +155,7 @@ final class Session {
     /// Ends every subscription and keeps the connection for its replies (the client shut
     /// down its sending side: it asks for nothing more).
     func endSubscriptions() {
-        for subscription in outbox.unregisterAll() { shard.unroute(subscription) }
+        shard.end(allOf: outbox, closing: false)
     }
 
     // MARK: Commands
@@ -220,10 +220,9 @@ final class Session {
             }
             subscribe(id, request)
         case .unsubscribe(let sub):
-            guard let subscription = outbox.unregister(sub) else {
+            guard shard.end(sub, of: outbox) != nil else {
                 return fail(id: id, ProtocolError(.notFound, "no subscription \(sub) on this connection"))
             }
-            shard.unroute(subscription)
             reply(id, EmptyReply())
         case .stats:
             stats(id)
