@@ -2,11 +2,12 @@
 // repository and key; the revisions and durability news waiting to be delivered on it; the
 // replies waiting for durability (LoopShard+Durability.swift); and the connections with output
 // to write. It is the only code that appends events to outboxes, and it ends subscriptions:
-// whoever ends one — an unsubscribe, a failed start, a closing connection, a revoke —
-// asks it (`end`, `revoke`), which takes it out of its connection's outbox and of the
-// routes in one step. It calls back up in two places only: a subscription that ends in delivery (`once`, an overflow) is taken off its
-// repository and the hub's tally (`subscriptionEnded`), and a `sync` whose events are queued
-// is answered by its session (`checkSyncs`).
+// whoever ends one — an unsubscribe, a failed start, a closing connection, a revoke — asks
+// it (`end`, `revoke`), which takes it out of its connection's outbox and of the routes in
+// one step. It calls back up in two places only: a subscription that ends in delivery
+// (`once`, an overflow) is taken off its repository and the hub's tally
+// (`subscriptionEnded`), and a `sync` whose events are queued is answered by its session
+// (`checkSyncs`).
 //
 // A repository posts each revision it may show (a durable one) to every loop with subscribers
 // to it: its record is copied into the loop's inbox — a buffer, no object per revision —
