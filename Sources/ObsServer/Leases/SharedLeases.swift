@@ -239,24 +239,11 @@ extension SharedLeases {
 
     /// The store says lease `lease` ended: deletes the keys still attached to it here (every
     /// daemon does; one deletion per repository goes through), then lets the store forget it.
-    ///
-    /// First it waits until every repository's revisions committed before now have reached
-    /// this daemon: the leases and the repositories arrive on separate watches, so an
-    /// attachment another daemon committed before the end — or one this daemon's watch of a
-    /// lagging etcd member has not brought yet — could still be on its way, and a repository
-    /// missed here would be missing from the revoke's `revs` (the robustness suite saw it:
-    /// an etcd member stopped, a revoke answered without the repository whose key the other
-    /// daemon deleted). An unreachable store (`linearize` false) goes on with what it knows.
     func ended(_ lease: SharedLease, reason: SharedLeaseReason, in hub: Hub) {
-        let store = self.store
-        Task {
-            _ = await store.linearize(.all)
-            let ended = EndedLease(
-                id: lease.id, owner: lease.owner, end: LeaseEnd.Reason(rawValue: reason.rawValue), repos: Set(self.keys(of: lease.id).keys))
-            hub.end(ended, time: WallClock.unixSeconds()) { deletions in
-                store.leaseFinished(lease.id)
-                self.finished(lease.id, deletions)
-            }
+        let ended = EndedLease(id: lease.id, owner: lease.owner, end: LeaseEnd.Reason(rawValue: reason.rawValue), repos: Set(keys(of: lease.id).keys))
+        hub.end(ended, time: WallClock.unixSeconds()) { deletions in
+            self.store.leaseFinished(lease.id)
+            self.finished(lease.id, deletions)
         }
     }
 
