@@ -10,7 +10,11 @@ KEYS = [f"k{i:02d}" for i in range(16)] + [f"p/{c}" for c in "abcdefgh"] + ["q",
 # Defects known open today, each with the traffic or fault that triggers it (README, "Known
 # open"). `--known-open` picks which run: `all` (the default of `make robustness`), `none` (the
 # default of the short run in `make test`), or a comma-separated list of these names.
-KNOWN_OPEN = {}
+KNOWN_OPEN = {
+    "etcd-revoke-revs": "found by this suite: in etcd mode a revoke's revs can leave out a repository whose keys the other "
+                        "daemon deleted (its view of that repository's attachments lagged its view of the lease's end). Not a "
+                        "fault or traffic of its own: without this name the validator does not hold etcd revokes to it",
+}
 
 
 def known_set(spec):
