@@ -111,9 +111,11 @@ import Glibc
 
     /// Start-up deletes the keys of connection-bound leases in time linear in their number:
     /// 200,000 keys of one lease after kill -9 are all deleted, with `end: "closed"`, in
-    /// revisions made before the daemon serves, and starting takes no longer than the same
+    /// revisions made before the daemon serves, and starting costs no more than the same
     /// state's start with the keys on a TTL lease plus a bound linear work stays well within
-    /// (quadratic work took 87 s here).
+    /// (quadratic work took 87 s here). Compared in the daemon's CPU time, not the wall clock:
+    /// on a machine busy with other tests the clock measured the other tests (a fresh clone's
+    /// `make test` beside another: 75.8 s against 10.5 s).
     @Test func startUpDeletesTwoHundredThousandConnectionBoundKeysInLinearTime() async throws {
         var starts: [Bool: Duration] = [:]
         for bound in [false, true] {
@@ -126,15 +128,14 @@ import Glibc
             }
             d.kill9()
             _ = await d.waitForExit()
-            let started = ContinuousClock.now
             try await d.launch()
-            starts[bound] = ContinuousClock.now - started
+            starts[bound] = try #require(d.cpuTime)
             let list = try d.connect().call(["op": "list", "repo": "big"], timeout: .seconds(60))
             #expect(list["keys"]?.arrayValue?.count == (bound ? 0 : 200_000), "bound: \(bound)")
         }
         let (ttl, bound) = (try #require(starts[false]), try #require(starts[true]))
-        print("start-up with 200,000 keys: on TTL leases \(ttl), on connection-bound leases (all deleted) \(bound)")
-        #expect(bound < ttl * 4 + .seconds(10), "start-up took \(bound) with the deletions, \(ttl) without")
+        print("start-up CPU time with 200,000 keys: on TTL leases \(ttl), on connection-bound leases (all deleted) \(bound)")
+        #expect(bound < ttl * 4 + .seconds(10), "start-up took \(bound) of CPU with the deletions, \(ttl) without")
     }
 
     /// A revoke whose deletion a full disk fails: the reply says the lease is revoked and its

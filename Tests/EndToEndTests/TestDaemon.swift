@@ -82,6 +82,13 @@ final class TestDaemon: @unchecked Sendable {
         throw TestFailure("obsd did not start serving \(socketPath), using no CPU for 20 s:\n\(log)")
     }
 
+    /// The CPU time the running process has used so far (user and system): what a start-up
+    /// cost, read right after `launch`, whatever else the machine was doing meanwhile.
+    var cpuTime: Duration? {
+        guard let ticks = Self.cpuTicks(of: process.pid) else { return nil }
+        return .milliseconds(Int64(ticks) * 1000 / Int64(sysconf(Int32(_SC_CLK_TCK))))
+    }
+
     /// The process's CPU time so far (user and system, in clock ticks), from /proc.
     private static func cpuTicks(of pid: pid_t) -> UInt64? {
         guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
