@@ -28,6 +28,14 @@ private final class Table: DurabilityListener {
     }
 }
 
+/// A store in `dir` that takes no checkpoint on its own (the tests crash it or stop it when
+/// they choose).
+private func storeWithoutCheckpoints(_ dir: String) throws -> DiskStorage {
+    var o = options(dir)
+    o.checkpointInterval = .seconds(3600)
+    return try DiskStorage(options: o, logger: testLogger)
+}
+
 @Suite struct LeaseStorageTests {
     private let alice = Writer(uid: 1000, gid: 1000, pid: 42)
 
@@ -43,9 +51,7 @@ private final class Table: DurabilityListener {
     @Test func leasesAndAttachmentsReadBackFromTheLogAndTheSnapshot() throws {
         let dir = temporaryDirectory()
         defer { try? FileManager.default.removeItem(atPath: dir) }
-        var o = options(dir)
-        o.checkpointInterval = .seconds(3600)
-        let storage = try DiskStorage(options: o, logger: testLogger)
+        let storage = try storeWithoutCheckpoints(dir)
         let table = Table()
         let repo = ListenerStub()
         #expect(table.append(.leaseGranted(.init(id: 1, owner: alice, ttl: nil)), to: storage))
@@ -88,9 +94,7 @@ private final class Table: DurabilityListener {
     @Test func anAttachmentIsDurableExactlyWhenItsWriteIs() throws {
         let dir = temporaryDirectory()
         defer { try? FileManager.default.removeItem(atPath: dir) }
-        var o = options(dir)
-        o.checkpointInterval = .seconds(3600)
-        let storage = try DiskStorage(options: o, logger: testLogger)
+        let storage = try storeWithoutCheckpoints(dir)
         let table = Table()
         let repo = ListenerStub()
         #expect(table.append(.leaseGranted(.init(id: 1, owner: alice, ttl: nil)), to: storage))
@@ -221,9 +225,7 @@ private final class Table: DurabilityListener {
     @Test func aRepairThatCutGrantsAwayHandsOutNoneOfTheirIds() throws {
         let dir = temporaryDirectory()
         defer { try? FileManager.default.removeItem(atPath: dir) }
-        var o = options(dir)
-        o.checkpointInterval = .seconds(3600)
-        let storage = try DiskStorage(options: o, logger: testLogger)
+        let storage = try storeWithoutCheckpoints(dir)
         let table = Table()
         for id in 1...6 as ClosedRange<UInt64> {
             #expect(table.append(.leaseGranted(.init(id: id, owner: alice, ttl: 30)), to: storage))
