@@ -204,7 +204,8 @@ public final class DiskStorage: Storage {
             // data persists (the contract), so ids after a repair start past any a lost grant
             // can have had. A grant frame takes more than 16 bytes, and 2^32 of them would be
             // 64 GiB of log past the snapshot — the checkpointer snapshots long before.
-            leases.nextID = leases.nextID.addingReportingOverflow(Self.leaseIDsSkippedByARepair).overflow ? .max : leases.nextID + Self.leaseIDsSkippedByARepair
+            let (skipped, overflow) = leases.nextID.addingReportingOverflow(Self.leaseIDsSkippedByARepair)
+            leases.nextID = overflow ? .max : skipped
             notices.append("lease ids go on from \(leases.nextID): grants the repair cut away may have had any id below")
         }
         var covered = stored.covered
