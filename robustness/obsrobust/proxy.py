@@ -55,6 +55,7 @@ class Pair:
         self.syncs = {}  # sub -> sync requests of it not yet answered
         self.sync_subs = []  # the subs of the sync requests not yet answered, in order
         self.sync_held = None  # (sub, rev, [lines]): a change event and what followed it, held for sync_early
+        self.echo_flip_pending = {}  # request id -> (mutation, before, after): an echo_flip awaiting its reply
 
     def start(self):
         try:
@@ -107,10 +108,14 @@ class Pair:
                             and not (obj.get("catchup") is True and "since" not in obj):
                         with self.p.m.lock:
                             m = self.p.m.pick(self.name, lambda k: k == "echo_flip")
-                            if m is not None:
+                            if m is not None and "id" in obj:
+                                # Made only if the daemon accepts the subscription (see
+                                # `echo_flip_answered`): one refused (a deliberately bad resume)
+                                # could never show it.
                                 del obj["echo"]
                                 out = _encode(obj).encode()
-                                self.p.m.record(m, self.name, line.decode(), out.decode())
+                                m["done"] = True
+                                self.echo_flip_pending[json.dumps(obj["id"])] = (m, line.decode(), out.decode())
                 else:
                     with self.ops_lock:
                         self.ops.append(None)
@@ -136,6 +141,11 @@ class Pair:
                 self.sync_held = None
         except OSError:
             pass
+        with self.p.m.lock:
+            # The connection ended before the reply: the flip never showed; make it again.
+            for m, _, _ in self.echo_flip_pending.values():
+                m["done"] = False
+            self.echo_flip_pending.clear()
         try:
             self.c.shutdown(socket.SHUT_WR)
         except OSError:
@@ -144,6 +154,19 @@ class Pair:
     def forward(self, line):
         for out in self.mutate_event(line):
             self.send(out)
+
+    def echo_flip_answered(self, reply):
+        """An echo_flip counts once its subscription was accepted; refused, it is made again on
+        a later subscribe."""
+        pending = self.echo_flip_pending.pop(json.dumps(reply.get("id")), None) if self.echo_flip_pending else None
+        if pending is None:
+            return
+        m, before, after = pending
+        with self.p.m.lock:
+            if reply.get("ok"):
+                self.p.m.record(m, self.name, before, after)
+            else:
+                m["done"] = False
 
     def sync_early(self, obj, line, is_reply, op, sync_sub):
         """sync_early: a change event of a subscription with a `sync` outstanding is held, with
@@ -180,6 +203,7 @@ class Pair:
                 if op == "sync" and self.sync_subs:
                     sync_sub = self.sync_subs.pop(0)
                     self.syncs[sync_sub] -= 1
+            self.echo_flip_answered(obj)
             held = self.sync_early(obj, line, True, op, sync_sub)
             if held is not None:
                 return held
