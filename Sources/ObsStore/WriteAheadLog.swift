@@ -492,8 +492,12 @@ final class WriteAheadLog {
     }
 
     /// Rewrites the current segment's header to promise `reserved` bytes, durably; whether it did.
+    /// `self.reserved` stays what the file may promise: a larger promise whose write or sync
+    /// failed may still have reached the file (so a later cut withdraws it first); a smaller
+    /// one counts only once it is durable.
     @discardableResult
     private func writeHeader(reserved: UInt64) -> Bool {
+        self.reserved = max(self.reserved, reserved)
         let header = Self.header(base: base, reserved: reserved)
         if let failure = header.withUnsafeBytes({ files.writeAll(fd, $0, at: 0) }) {
             errno = failure.errno

@@ -1,10 +1,12 @@
 // Tests of a write-ahead log whose disk fails at the worst moments: a full disk at a segment
 // roll-over (on a real tmpfs, and on cue through FaultyFiles), a failed group whose cut
-// fails (voided instead), one that can be neither cut nor voided (outcome unknown), and what
-// a zeroed frame header leaves behind at the end of the log. Each checks what a restart —
+// fails (voided instead), one that can be neither cut nor voided (outcome unknown), a cut
+// after an earlier cut's promise of the segment's size failed to sync, and what a zeroed frame
+// header leaves behind at the end of the log. Each checks what a restart —
 // a reopened store, or a copy of the live directory as a crash would leave it — finds.
 
 import Foundation
+import Synchronization
 import Logging
 import ObsProtocol
 @testable import ObsStore
@@ -170,6 +172,53 @@ private func appendUntilAFailure(_ storage: DiskStorage, _ a: ListenerStub, from
         let state = try #require(try reopened.load().first).state
         reopened.close()
         #expect(state.revision == 2 && state[Key("k")]?.value == CanonicalJSON(.string("unknown")))
+    }
+
+    /// Two failed groups (the robustness suite's `eio-cut-refused`): the first one's cut
+    /// promised the preallocated size again but could not sync that header; the second one's
+    /// cut must withdraw the promise all the same before it shortens the file — else a crash
+    /// (or a sync failing) before the size is promised again leaves a segment shorter than its
+    /// header says, which the next start refuses as cut outside obsd.
+    @Test func aPromiseWhoseSyncFailedIsWithdrawnBeforeTheNextCut() throws {
+        let dir = temporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let files = FaultyFiles()
+        let storage = try open(options(dir), files: files)
+        let a = ListenerStub()
+        #expect(storage.append(record("a", 1, "k", "kept"), listener: a))
+        #expect(waitFor { a.durable == 1 })
+        /// Fails the group's sync, then the sync after the first call `trigger` matches once
+        /// the segment was truncated.
+        func failGroupAndTheSyncAfter(_ trigger: @escaping @Sendable (FaultyFiles.Call) -> Bool) {
+            let step = Atomic<Int>(0)  // 1: truncated, 2: the trigger seen
+            files.fail(errno: EIO) { $0 == .fdatasync }
+            files.fail(errno: EIO) { call in
+                if case .ftruncate = call, step.load(ordering: .relaxed) == 0 { step.store(1, ordering: .relaxed) }
+                if step.load(ordering: .relaxed) == 1, trigger(call) { step.store(2, ordering: .relaxed); return false }
+                return call == .fdatasync && step.load(ordering: .relaxed) == 2
+            }
+        }
+        // First group: cut (header withdrawn, file cut), preallocated again, and the header
+        // promising the size again written — but its sync fails.
+        failGroupAndTheSyncAfter { if case .pwrite(0, WriteAheadLog.headerSize) = $0 { true } else { false } }
+        #expect(storage.append(record("a", 2, "k", "undone"), listener: a))
+        #expect(waitFor { a.failures == 1 })
+        #expect(files.failedCalls == [.fdatasync, .fdatasync], "\(files.failedCalls)")
+        #expect(a.durable == 1 && a.lastError?.kind == .io, "reported undone: \(String(describing: a.lastError))")
+        // Second group: its cut's sync after the truncation fails (it is voided instead).
+        storage.discard(a, after: 1)
+        failGroupAndTheSyncAfter { if case .ftruncate = $0 { true } else { false } }
+        #expect(storage.append(record("a", 2, "k", "undone too"), listener: a))
+        #expect(waitFor { a.failures == 2 })
+        #expect(a.durable == 1 && a.lastError?.kind == .io, "reported undone: \(String(describing: a.lastError))")
+        storage.close()
+
+        // The next start finds the segment shorter than preallocated, and a header that does
+        // not promise that size: no loss (refused as cut outside obsd before the fix).
+        let reopened = try DiskStorage(options: options(dir), logger: testLogger)
+        let state = try #require(try reopened.load().first).state
+        reopened.close()
+        #expect(state.revision == 1 && state[Key("k")]?.value == CanonicalJSON(.string("kept")))
     }
 
     @Test func whatFollowsAZeroedFrameHeaderAtTheEndOfTheLogIsCutBeforeAppendsGoOn() throws {

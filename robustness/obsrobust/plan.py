@@ -11,8 +11,6 @@ KEYS = [f"k{i:02d}" for i in range(16)] + [f"p/{c}" for c in "abcdefgh"] + ["q",
 # open"). `--known-open` picks which run: `all` (the default of `make robustness`), `none` (the
 # default of the short run in `make test`), or a comma-separated list of these names.
 KNOWN_OPEN = {
-    "eio-cut-refused": "found by this suite: a segment obsd cut itself, undoing a group EIO failed, whose preallocation "
-                       "then failed too, is refused at the next start as cut outside obsd (shorter than its header's promise)",
     "etcd-revoke-revs": "found by this suite: in etcd mode a revoke's revs can leave out a repository whose keys the other "
                         "daemon deleted (its view of that repository's attachments lagged its view of the lease's end). Not a "
                         "fault or traffic of its own: without this name the validator does not hold etcd revokes to it",
@@ -44,11 +42,9 @@ LOCAL_FAULTS = {
     "relaxed": 1.0,           # SIGKILL, start again under sync = relaxed (or back to always)
     "wipe": 0.3,              # SIGKILL, a new data directory: every repository a new epoch
     "truncate": 0.5,          # SIGKILL, the last log segment cut short: refused, obsd --repair-log, new epochs
+    "eio": 2.0,               # fdatasync and write fail with EIO for a while
 }
-LOCAL_KNOWN_OPEN = {
-    # fdatasync and write fail with EIO for a while.
-    "eio": (2.0, "eio-cut-refused"),
-}
+LOCAL_KNOWN_OPEN = {}
 ETCD_FAULTS = {
     "sigstop": 2.0,           # SIGSTOP one daemon for a while
     "etcd_kill": 1.5,         # SIGKILL one etcd member, restart it a moment later
