@@ -43,6 +43,22 @@ class Mutations:
                                 "before": before, "after": after}) + "\n")
 
 
+class EchoFlip:
+    """An echo_flip in flight on one connection: a subscribe sent without its `echo: false`. It
+    counts — is recorded — once that subscription delivers one of the connection's own writes,
+    which is what the validator must flag; refused, unsubscribed, ended by an overflow or cut
+    before that, it is made again on a later subscribe of the client."""
+
+    def __init__(self, m, req_id, repo, before, after):
+        self.m, self.req_id, self.repo, self.before, self.after = m, req_id, repo, before, after
+        self.sub = None  # its id, once accepted
+        self.revs = set()  # the revisions of its events so far
+
+    def shown(self, pair):
+        pair.p.m.record(self.m, pair.name, self.before, self.after)
+        pair.flip = None
+
+
 class Pair:
     def __init__(self, proxy, client_sock):
         self.p = proxy
@@ -55,7 +71,9 @@ class Pair:
         self.syncs = {}  # sub -> sync requests of it not yet answered
         self.sync_subs = []  # the subs of the sync requests not yet answered, in order
         self.sync_held = None  # (sub, rev, [lines]): a change event and what followed it, held for sync_early
-        self.echo_flip_pending = {}  # request id -> (mutation, before, after): an echo_flip awaiting its reply
+        self.flip = None  # the EchoFlip in flight on this connection
+        self.own = set()  # (repo, rev) of this connection's writes that made a revision
+        self.write_repos = {}  # request id -> repo, of writes not yet answered
 
     def start(self):
         try:
@@ -104,18 +122,20 @@ class Pair:
                             self.sync_subs.append(obj["sub"])
                     # (Not a `once` subscription, nor one of a few keys: its own writes must show;
                     # nor a request refused anyway: `catchup` without `since`.)
+                    with self.p.m.lock:
+                        if obj.get("op") in ("set", "delete", "batch") and "id" in obj:
+                            self.write_repos[json.dumps(obj["id"])] = obj.get("repo")
+                        elif obj.get("op") == "unsubscribe" and self.flip is not None and obj.get("sub") == self.flip.sub:
+                            self.rearm_flip()
                     if obj.get("op") == "subscribe" and obj.get("echo") is False and not obj.get("once") and "keys" not in obj \
                             and not (obj.get("catchup") is True and "since" not in obj):
                         with self.p.m.lock:
-                            m = self.p.m.pick(self.name, lambda k: k == "echo_flip")
+                            m = self.p.m.pick(self.name, lambda k: k == "echo_flip") if self.flip is None else None
                             if m is not None and "id" in obj:
-                                # Made only if the daemon accepts the subscription (see
-                                # `echo_flip_answered`): one refused (a deliberately bad resume)
-                                # could never show it.
                                 del obj["echo"]
                                 out = _encode(obj).encode()
-                                m["done"] = True
-                                self.echo_flip_pending[json.dumps(obj["id"])] = (m, line.decode(), out.decode())
+                                m["done"] = True  # (while in flight: see EchoFlip)
+                                self.flip = EchoFlip(m, json.dumps(obj["id"]), obj.get("repo"), line.decode(), out.decode())
                 else:
                     with self.ops_lock:
                         self.ops.append(None)
@@ -142,10 +162,7 @@ class Pair:
         except OSError:
             pass
         with self.p.m.lock:
-            # The connection ended before the reply: the flip never showed; make it again.
-            for m, _, _ in self.echo_flip_pending.values():
-                m["done"] = False
-            self.echo_flip_pending.clear()
+            self.rearm_flip()  # the connection ended before the flip showed
         try:
             self.c.shutdown(socket.SHUT_WR)
         except OSError:
@@ -155,18 +172,39 @@ class Pair:
         for out in self.mutate_event(line):
             self.send(out)
 
-    def echo_flip_answered(self, reply):
-        """An echo_flip counts once its subscription was accepted; refused, it is made again on
-        a later subscribe."""
-        pending = self.echo_flip_pending.pop(json.dumps(reply.get("id")), None) if self.echo_flip_pending else None
-        if pending is None:
-            return
-        m, before, after = pending
+    def rearm_flip(self):
+        """The flip in flight can no longer show: it is made again on a later subscribe (called
+        under the mutations' lock)."""
+        if self.flip is not None:
+            self.flip.m["done"] = False
+            self.flip = None
+
+    def echo_flip_saw(self, obj):
+        """Follows the flip in flight through what the daemon sends: the flipped subscription's
+        reply (refused: made again), write replies (the connection's own revisions), its events
+        (one at an own revision: recorded, the flip showed) and an overflow ending it."""
         with self.p.m.lock:
-            if reply.get("ok"):
-                self.p.m.record(m, self.name, before, after)
-            else:
-                m["done"] = False
+            f = self.flip
+            if "event" not in obj:
+                key = json.dumps(obj.get("id"))
+                repo = self.write_repos.pop(key, None)
+                if repo is not None and obj.get("ok") and obj.get("changed") and isinstance(obj.get("rev"), int):
+                    self.own.add((repo, obj["rev"]))
+                    if f is not None and repo == f.repo and obj["rev"] in f.revs:
+                        f.shown(self)
+                elif f is not None and f.sub is None and key == f.req_id:
+                    if obj.get("ok") and isinstance(obj.get("sub"), int):
+                        f.sub = obj["sub"]
+                    else:
+                        self.rearm_flip()  # refused (a deliberately bad resume): it could never show
+            elif f is not None and f.sub is not None:
+                if obj.get("event") == "overflow" and str(f.sub) in obj.get("revs", {}):
+                    self.rearm_flip()
+                elif obj.get("sub") == f.sub and isinstance(obj.get("rev"), int):
+                    if (f.repo, obj["rev"]) in self.own:
+                        f.shown(self)
+                    else:
+                        f.revs.add(obj["rev"])
 
     def sync_early(self, obj, line, is_reply, op, sync_sub):
         """sync_early: a change event of a subscription with a `sync` outstanding is held, with
@@ -196,6 +234,9 @@ class Pair:
             obj = json.loads(line)
         except ValueError:
             return [line]
+        if not isinstance(obj, dict):
+            return [line]
+        self.echo_flip_saw(obj)
         if "event" not in obj:
             sync_sub = None
             with self.ops_lock:
@@ -203,7 +244,6 @@ class Pair:
                 if op == "sync" and self.sync_subs:
                     sync_sub = self.sync_subs.pop(0)
                     self.syncs[sync_sub] -= 1
-            self.echo_flip_answered(obj)
             held = self.sync_early(obj, line, True, op, sync_sub)
             if held is not None:
                 return held
