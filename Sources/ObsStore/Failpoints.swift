@@ -17,7 +17,9 @@
 // stores only its first half, then SIGKILL), `drop` (a write or sync reports success and does
 // nothing), `sleep(ms)`, `value(n)` (a tunable), `early(ms)` (a deadline that many ms early).
 // Modifiers: `@p0.01` (probability per hit), `@after(n)` (skip the first n hits), `@times(n)`
-// (trigger at most n times). `OBSD_FAILPOINTS_SEED` seeds the probabilities.
+// (trigger at most n times). `OBSD_FAILPOINTS_SEED` seeds the probabilities. Read from a file,
+// each trigger appends a line (`name action`) to `<file>.fired`, so that a test can wait for a
+// fault that has no effect it could see (a dropped write) before it goes on.
 //
 // Points: `wal.open` (a new segment), `wal.write`, `wal.fdatasync`, `wal.ftruncate`,
 // `checkpoint.commit` (a new snapshot written, not yet renamed in place), `lease.expire`
@@ -112,8 +114,18 @@ public final class Failpoints: Sendable {
                 guard Double(z >> 11) / Double(1 << 53) < point.probability else { return nil }
             }
             point.triggered += 1
+            if let file = s.file { Self.noteFired(name, point.action, next: file) }
             return point.action
         }
+    }
+
+    /// Appends `name action` to `<file>.fired` (best effort).
+    private static func noteFired(_ name: String, _ action: Action, next file: String) {
+        let fd = open(file + ".fired", O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0o600)
+        guard fd >= 0 else { return }
+        defer { close(fd) }
+        let line = Array("\(name) \(action)\n".utf8)
+        _ = line.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
     }
 
     /// The tunable `name` (`value(n)`), if set.

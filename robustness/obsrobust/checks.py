@@ -980,6 +980,7 @@ class SubCheck:
         if rev > hi and rev > h.final_rev:
             self.res.add("watch", f"progress above the repository's revision: {h.repo} sub {self.sid} progress {rev}",
                          self.refs(ln), f"no revision above {max(hi, h.final_rev)} existed when it came")
+            return  # (no state to compare with there)
         if self.coalesce:
             self.apply_own(rev)
             want_state = self.state_view(rev)

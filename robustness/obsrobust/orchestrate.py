@@ -214,10 +214,29 @@ class Mode:
     def sync_args(self, relaxed):
         return ["--sync", "relaxed", "--sync-interval", "200"] if relaxed else []
 
+    def wait_fired(self, point, seconds):
+        """Waits (at most `seconds`) until the failpoint `point` has triggered in the daemon —
+        it notes each trigger in the failpoints file's `.fired` (Failpoints.swift) — and notes
+        in the fault log whether it did."""
+        path, deadline = self.fp.path + ".fired", time.monotonic() + seconds
+        fired = False
+        while not fired and time.monotonic() < deadline:
+            try:
+                with open(path) as f:
+                    fired = any(line.startswith(point + " ") for line in f)
+            except OSError:
+                pass
+            if not fired:
+                time.sleep(0.02)
+        self.flog.add(event="fault-note", kind="fired", point=point, fired=fired)
+
     def inject(self, kind, p):
         d = self.daemons[p.get("daemon", 0)] if self.daemons else None
         t0 = self.flog.add(event="fault", kind=kind, params=p, phase="start")
         if kind == "kill9":
+            if p.get("after_fired"):
+                self.wait_fired(p["after_fired"], p.get("wait", 10.0))
+                time.sleep(p.get("then", 0.0))
             d.kill9()
             time.sleep(p["down"])
             self.restart(d, d.extra)

@@ -2,7 +2,7 @@
 daemon, forwards every byte, and — once, on the connection of a chosen client, after a chosen
 number of matching lines — breaks what the daemon sent the way a buggy daemon would: drops an
 event, duplicates one, swaps two, rewrites an `old`, a coalesced `new`, a snapshot's value, an
-`overflow`'s `revs`, a `progress` revision, a lease end's `lease`, a `get` or `list` reply, a
+`overflow`'s `revs`, a `progress` revision (below the subscription's last event), a lease end's `lease`, a `get` or `list` reply, a
 write's `changed`, a catch-up's `values` or `deleted` (one left out, one never there put in); holds a change event back behind the
 `sync` reply of its subscription; or removes `echo: false` from a subscribe request on its way
 to the daemon.
@@ -72,6 +72,7 @@ class Pair:
         self.sync_subs = []  # the subs of the sync requests not yet answered, in order
         self.sync_held = None  # (sub, rev, [lines]): a change event and what followed it, held for sync_early
         self.flip = None  # the EchoFlip in flight on this connection
+        self.sub_last = {}  # sub -> the highest revision of its change events so far (progress_behind)
         self.own = set()  # (repo, rev) of this connection's writes that made a revision
         self.write_repos = {}  # request id -> repo, of writes not yet answered
 
@@ -250,6 +251,8 @@ class Pair:
             return self.mutate_reply(obj, op, line)
         mm = self.p.m
         ev = obj.get("event")
+        if ev == "change" and isinstance(obj.get("sub"), int) and isinstance(obj.get("rev"), int):
+            self.sub_last[obj["sub"]] = max(self.sub_last.get(obj["sub"], 0), obj["rev"])
         held = self.sync_early(obj, line, False, None, None)
         if held is not None:
             return held
@@ -266,7 +269,7 @@ class Pair:
                 held, self.held = self.held[1], None
                 return [line, held]
             kinds = {"change": ("drop_event", "dup_event", "reorder", "rewrite_old", "coalesce_new", "strip_lease"),
-                     "overflow": ("overflow_revs",), "progress": ("progress_ahead",), "snapshot": ("snapshot_alter",),
+                     "overflow": ("overflow_revs",), "progress": ("progress_behind",), "snapshot": ("snapshot_alter",),
                      "catchup": ("catchup_values", "catchup_deleted")}.get(ev, ())
             m = mm.pick(self.name, lambda k: k in kinds)
             if m is None:
@@ -283,8 +286,8 @@ class Pair:
                 ok = "lease" in obj
             elif k == "snapshot_alter":
                 ok = bool(obj.get("values"))
-            elif k == "progress_ahead":
-                ok = True
+            elif k == "progress_behind":
+                ok = self.sub_last.get(obj.get("sub"), 0) >= 2
             elif k == "catchup_values":
                 ok = bool(obj.get("values"))
             elif k == "catchup_deleted":
@@ -317,12 +320,14 @@ class Pair:
                 del obj["lease"]
             elif k == "overflow_revs":
                 obj["revs"] = {s: v + 50 for s, v in obj.get("revs", {}).items()}
-            elif k == "progress_ahead":
-                # 2,000 revisions ahead: 40 went unseen when the subscription coalesced keys
-                # that did not change in them (its state at both revisions the same). Over
-                # 2,000, every key of the small key space changes (or the run ends first,
-                # and the progress is above the repository's revision).
-                obj["rev"] = obj["rev"] + 2000
+            elif k == "progress_behind":
+                # Below the subscription's last event: wrong whatever the validator knows of
+                # the revisions' content. (Ahead of the repository went unseen: 40 ahead when
+                # the subscription coalesced keys that did not change in them; 2,000 ahead when
+                # a loaded machine's run went on past it and the revisions between were of
+                # unknown content; and a progress ahead of the whole run makes the validator
+                # walk every revision up to it.)
+                obj["rev"] = self.sub_last[obj["sub"]] - 1
             elif k == "snapshot_alter":
                 key = sorted(obj["values"])[0]
                 obj["values"][key] = "bogus-snapshot"
@@ -345,7 +350,7 @@ class Pair:
             if m is None:
                 return [line]
             k = m["kind"]
-            ok = (k == "get_value" and "value" in obj) or (k == "list_stale" and obj.get("rev", 0) > 5 and obj.get("keys")) or (
+            ok = (k == "get_value" and "value" in obj) or (k == "list_stale" and obj.get("rev", 0) > 20 and obj.get("keys")) or (
                 k == "write_unchanged" and obj.get("changed") is True)
             if ok:
                 m["seen"] += 1
@@ -354,9 +359,15 @@ class Pair:
             if k == "get_value":
                 obj["value"] = "bogus-get"
             elif k == "list_stale":
-                obj["rev"] = obj["rev"] - 3
+                # Half its revision: well before the request was sent (3 back was still
+                # inside the window of a slow reply on a loaded machine).
+                obj["rev"] = obj["rev"] // 2
             elif k == "write_unchanged":
+                # Answered at the revision before its own: the model knows the state there from
+                # the writes acknowledged before (the state at the write's own revision is
+                # unknown to it when no watcher saw that revision — a loaded machine's run).
                 obj["changed"] = False
+                obj["rev"] = obj["rev"] - 1
             out = _encode(obj).encode()
             mm.record(m, self.name, line.decode(), out.decode())
             return [out]
