@@ -234,12 +234,14 @@ import Glibc
         for w in 0..<writers {
             let connection = try d.connect()
             tasks.append(
-                Task.detached {
-                    var i: Int64 = 0
-                    while !stop.isSet {
-                        i += 1
-                        let reply = try connection.call(["op": "set", "repo": "storm", "key": .string("w\(w)"), "value": .int(i)])
-                        if let rev = reply["rev"]?.int64Value { acknowledged.raise(rev) }
+                Task {
+                    try await onOwnThread {  // (a blocking loop: never on the shared pool)
+                        var i: Int64 = 0
+                        while !stop.isSet {
+                            i += 1
+                            let reply = try connection.call(["op": "set", "repo": "storm", "key": .string("w\(w)"), "value": .int(i)])
+                            if let rev = reply["rev"]?.int64Value { acknowledged.raise(rev) }
+                        }
                     }
                 })
         }

@@ -118,11 +118,19 @@ import TestSupport
     }
 }
 
-/// Waits until `condition` holds, re-checking whenever something it reads changes.
+/// Waits until `condition` holds, re-checking whenever something it reads changes. It gives
+/// up once `timeout` has passed *and* it has woken up on its own (every 200 ms) as many times
+/// as fit in `timeout`: while other tests hold every thread of the shared pool, neither this
+/// wait nor the client work it waits for runs, and the wall clock alone would blame the
+/// client for the starvation (a fresh clone's `make test` on a busy machine).
 @MainActor func until(_ what: String, timeout: Duration = .seconds(20), _ condition: @escaping @MainActor () -> Bool) async throws {
     let deadline = ContinuousClock.now + timeout
+    let looksWanted = Int(timeout / .milliseconds(200))
+    let looks = Locked(0)
     while !condition() {
-        guard ContinuousClock.now < deadline else { throw TestFailure("timed out waiting until \(what)") }
+        guard ContinuousClock.now < deadline || looks.withLock({ $0 }) < looksWanted else {
+            throw TestFailure("timed out waiting until \(what)")
+        }
         let resumed = Locked(false)
         await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
             let resume: @Sendable () -> Void = {
@@ -131,6 +139,7 @@ import TestSupport
             withObservationTracking { _ = condition() } onChange: { resume() }
             Task {  // wake up now and then to check the deadline
                 try? await Task.sleep(for: .milliseconds(200))
+                looks.withLock { $0 += 1 }
                 resume()
             }
         }

@@ -206,7 +206,11 @@ let thisProcess = Writer(uid: getuid(), gid: getgid(), pid: getpid())
         let final = try writer.call(["op": "list", "repo": "storm", "values": true])
         let endRevision = try #require(end["rev"]?.uint64Value)
 
-        try await until("the mirror reaches the last write", timeout: .seconds(60)) { mirror.revision >= endRevision }
+        do {
+            try await until("the mirror reaches the last write", timeout: .seconds(60)) { mirror.revision >= endRevision }
+        } catch {
+            throw TestFailure("\(error): the mirror is at \(mirror.revision) of \(endRevision); connection states \(log.states)")
+        }
         let values = try #require(final["values"]?.objectValue)
         #expect(mirror.values == Dictionary(uniqueKeysWithValues: values.members.map { (Key($0.name), $0.value) }))
         #expect(mirror.values["mine"] == nil, "the other writer's deletion reached the mirror")

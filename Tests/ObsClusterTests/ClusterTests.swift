@@ -197,12 +197,14 @@ struct ClusterTests {
         let writes = 10
         let connections = try (0..<writers).map { _ in try WireConnection(path: pair.a.socketPath) }
         let tasks = connections.enumerated().map { (w, c) in
-            Task.detached { () throws -> [JSONObject] in
-                for i in 1...writes {
-                    let key = JSONValue.string("w\(w)-\(i % 2)")
-                    _ = try c.request(i.isMultiple(of: 3) ? ["op": "delete", "repo": "g", "key": key] : ["op": "set", "repo": "g", "key": key, "value": .int(Int64(i))])
+            Task {
+                try await onOwnThread { () throws -> [JSONObject] in  // (blocking: never on the shared pool)
+                    for i in 1...writes {
+                        let key = JSONValue.string("w\(w)-\(i % 2)")
+                        _ = try c.request(i.isMultiple(of: 3) ? ["op": "delete", "repo": "g", "key": key] : ["op": "set", "repo": "g", "key": key, "value": .int(Int64(i))])
+                    }
+                    return try (1...writes).map { _ in try c.receive() }
                 }
-                return try (1...writes).map { _ in try c.receive() }
             }
         }
         var failed: [JSONObject] = []
