@@ -42,7 +42,7 @@ enum StorageMode: Sendable {
                 delivery: nil, freshEpoch: Epoch.random())
         case .shared(let shared):
             let sequencer = SharedSequencer(store: shared, stats: stats, leaseLoop: loop)
-            let leases: any LeaseService = shared.keepsLeases ? SharedLeases(store: shared) : NoLeases()
+            let leases: any LeaseService = shared.keepsLeases ? SharedLeases(store: shared, sequencer: sequencer) : NoLeases()
             return Parts(
                 sequencer: sequencer, leases: leases, readBarrier: shared, delivery: SharedDelivery(sequencer: sequencer, leases: leases),
                 freshEpoch: shared.epoch)

@@ -11,9 +11,9 @@ KEYS = [f"k{i:02d}" for i in range(16)] + [f"p/{c}" for c in "abcdefgh"] + ["q",
 # open"). `--known-open` picks which run: `all` (the default of `make robustness`), `none` (the
 # default of the short run in `make test`), or a comma-separated list of these names.
 KNOWN_OPEN = {
-    "etcd-revoke-revs": "found by this suite: in etcd mode a revoke's revs can leave out a repository whose keys the other "
-                        "daemon deleted (its view of that repository's attachments lagged its view of the lease's end). Not a "
-                        "fault or traffic of its own: without this name the validator does not hold etcd revokes to it",
+    "etcd-end-moved-key": "found by this suite: in etcd mode a lease's end deleted a key that an equal set naming another "
+                          "lease had moved off it (acknowledged) before the deletion's revision. Not a fault or traffic of its "
+                          "own: without this name the validator does not hold etcd lease ends to it for keys moved off",
 }
 
 

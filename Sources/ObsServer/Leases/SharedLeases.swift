@@ -8,7 +8,9 @@
 //
 // When the store says a lease ended, this daemon deletes the keys still attached to it
 // through the sequencer like any other daemon does (`Hub.end`), and once that is decided
-// lets the store forget the lease and answers the revokes waiting for it.
+// lets the store forget the lease and answers the revokes waiting for it — after a second
+// look, once every revision committed before then has arrived, for repositories whose
+// attachments or deletions were still on their way (`revisions(of:ending:in:)`).
 
 import ObsCore
 import ObsProtocol
@@ -19,6 +21,8 @@ import Synchronization
 
 final class SharedLeases: LeaseService {
     let store: any SharedStorage
+    /// Which repositories saw a lease's end arrive (for a revoke's second look).
+    private let sequencer: SharedSequencer
 
     private struct State {
         /// This daemon's connection-bound leases, by connection.
@@ -33,8 +37,9 @@ final class SharedLeases: LeaseService {
 
     private let state = Mutex(State())
 
-    init(store: any SharedStorage) {
+    init(store: any SharedStorage, sequencer: SharedSequencer) {
         self.store = store
+        self.sequencer = sequencer
     }
 
     // MARK: Connections
@@ -195,6 +200,7 @@ extension SharedLeases {
 
     func revoke(_ id: JSONValue, _ lease: UInt64, for session: Session) {
         let peer = session.peer
+        let hub = session.hub
         session.afterStore { () async -> Result<[String: UInt64], ProtocolError> in
             let found: SharedLease
             switch await self.named(lease, by: peer) {
@@ -217,13 +223,36 @@ extension SharedLeases {
                         .internal,
                         "lease \(lease) is revoked, but deleting its keys could not be committed within \(Self.revokeTimeout) (the etcd cluster takes no writes now); they are deleted once it does"))
             }
-            return .success(LeaseDeletion.revisions(of: deletions))
+            return .success(await self.revisions(of: deletions, ending: found, in: hub))
         } then: { session, result in
             switch result {
             case .success(let revisions): session.reply(id, RevokeReply(revisions: revisions))
             case .failure(let error): session.fail(id: id, error)
             }
         }
+    }
+
+    /// A revoke's `revs`: the repositories whose keys the end of `lease` deleted, each with
+    /// the revision — the `deletions` this daemon's end found, and those it could not see.
+    /// The lease's end and the repositories' revisions arrive on separate watches, so when the
+    /// end came, an attachment another daemon committed before it (or one behind a lagging
+    /// etcd member) may not have reached this daemon yet — or the other daemon's deletion of
+    /// it already had, leaving nothing attached here. So once every revision committed before
+    /// now has arrived (`linearize`), the lease ends again in each repository where it still
+    /// holds keys or where a deletion of them arrived, and was not counted: the sequencer
+    /// deletes what is left or names the deletion that came first (the robustness suite's
+    /// `etcd-revoke-revs`: a revoke answered without a repository the other daemon deleted in).
+    private func revisions(of deletions: [LeaseDeletion], ending lease: SharedLease, in hub: Hub) async -> [String: UInt64] {
+        var revisions = LeaseDeletion.revisions(of: deletions)
+        guard await store.linearize(.all) else { return revisions }  // unreachable: what it knows
+        let missed = Set(keys(of: lease.id).keys).union(sequencer.repositoriesEnding(lease.id)).subtracting(revisions.keys)
+        guard !missed.isEmpty else { return revisions }
+        let again = EndedLease(id: lease.id, owner: lease.owner, end: .revoked, repos: missed)
+        let more = await withCheckedContinuation { continuation in
+            hub.end(again, time: WallClock.unixSeconds()) { continuation.resume(returning: $0) }
+        }
+        revisions.merge(LeaseDeletion.revisions(of: more), uniquingKeysWith: max)
+        return revisions
     }
 
     /// Lease `id` if it is live and `peer` may name it (its owner's uid, or uid 0).

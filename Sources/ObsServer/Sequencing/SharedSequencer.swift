@@ -84,7 +84,7 @@ final class SharedSequencer: Sequencer, Sendable {
 
     /// The revisions that deleted recent leases' keys, by repository and lease (at most
     /// `endsKept`): a daemon whose own deletion found the keys gone reports the winner's.
-    private let ends = Mutex<(revisions: [EndKey: UInt64], order: [EndKey])>(([:], []))
+    private let ends = Mutex<(revisions: [EndKey: (revision: UInt64, name: String)], order: [EndKey])>(([:], []))
     private struct EndKey: Hashable { let repository: UInt64, lease: UInt64 }
     static let endsKept = 4096
 
@@ -155,14 +155,19 @@ final class SharedSequencer: Sequencer, Sendable {
     func noteEnd(of lease: UInt64, in repository: Repository, revision: UInt64) {
         ends.withLock { e in
             let key = EndKey(repository: repository.id, lease: lease)
-            if e.revisions.updateValue(revision, forKey: key) == nil { e.order.append(key) }
+            if e.revisions.updateValue((revision, repository.name), forKey: key) == nil { e.order.append(key) }
             if e.order.count > Self.endsKept { e.revisions[e.order.removeFirst()] = nil }
         }
     }
 
     /// The revision that deleted lease `lease`'s keys in `repository`, if one arrived lately.
     func endRevision(of lease: UInt64, in repository: Repository) -> UInt64? {
-        ends.withLock { $0.revisions[EndKey(repository: repository.id, lease: lease)] }
+        ends.withLock { $0.revisions[EndKey(repository: repository.id, lease: lease)]?.revision }
+    }
+
+    /// The repositories where a revision that deleted lease `lease`'s keys arrived lately.
+    func repositoriesEnding(_ lease: UInt64) -> Set<String> {
+        ends.withLock { e in Set(e.revisions.lazy.filter { $0.key.lease == lease }.map(\.value.name)) }
     }
 
     /// The connection of this daemon that wrote `revision` of group `writeID` (0: none).
