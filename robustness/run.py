@@ -31,8 +31,8 @@ def main():
     ap.add_argument("--modes", default=os.environ.get("ROBUSTNESS_MODES", "local,etcd"))
     ap.add_argument("--short", action="store_true", help="the short run of `make test`")
     ap.add_argument("--known-open", default=os.environ.get("KNOWN_OPEN") or None,
-                    help="which defects known open to trigger (README, \"Known open\"): all, none, or names "
-                         "(repair-lease); default all, none with --short")
+                    help="which defects known open to trigger (README, \"Known open\"; obsrobust/plan.py "
+                         "KNOWN_OPEN names them): all, none, or names; default all, none with --short")
     ap.add_argument("--out", default=None)
     ap.add_argument("--obsd", default=os.path.join(orchestrate.ROOT, ".build/release/obsd"))
     ap.add_argument("--keep", action="store_true", help="keep the run's directory even when it passed")

@@ -1,8 +1,9 @@
 // ObsCluster — commits and reads.
 //
-// A commit is one txn: compare the counter's mod_revision with the position the daemon's
-// state is at (and, for a repository's first revision, the epoch; for each lease the group's
-// writes name, the create revision of its alive key — the lease is still that one), then
+// A commit is one txn: compare the counter's mod_revision with the position the group was
+// planned at (`SharedCommit.basisPosition`: a move of attachments since changes no revision,
+// only the position) — and, for a repository's first revision, the epoch; for each lease the
+// group's writes name, the create revision of its alive key (the lease is still that one) — then
 // put the counter, the final value and lease attachment of every key the group changed or
 // re-attached, one log record per revision, and trim the log to `historyLimit`. In the same
 // txn, the tombstones: a tomb key for each key the group leaves deleted, none any more for
@@ -45,6 +46,8 @@ final class Health: Sendable {
 }
 
 extension ClusterStorage {
+    public func deliveredPosition(of repo: String) -> Int64? { tracker.entry(repo).position }
+
     public func commit(_ group: SharedCommit) async -> SharedCommitOutcome {
         let counters = self.counters!
         // The position of the basis: the tracker moves only after the sink installed, so a
@@ -55,9 +58,12 @@ extension ClusterStorage {
             entry = tracker.entry(group.repo)
         }
         guard entry.revision == group.basisRevision else { return .stale }
-        if !group.writes && group.leases.isEmpty { return await check(group, position: entry.position) }
+        // The position the group was planned at, where it says (a move of attachments since,
+        // which changes no revision, then fails the compare: the group is planned again).
+        let position = min(group.basisPosition ?? entry.position, entry.position)
+        if !group.writes && group.leases.isEmpty { return await check(group, position: position) }
 
-        let (compare, success, failure) = transaction(for: group, position: entry.position)
+        let (compare, success, failure) = transaction(for: group, position: position)
         tracker.expect(group.writeID)
         defer { tracker.forget(group.writeID) }
         var backoff: Duration = .milliseconds(50)
@@ -83,14 +89,14 @@ extension ClusterStorage {
                 let ended = endedLeases(group, failure: result.responses)
                 guard ended.isEmpty else {
                     leases.drop(ended)
-                    if case .range(let counter)? = result.responses.first, let now = counter.kvs.first?.modRevision, now > entry.position {
+                    if case .range(let counter)? = result.responses.first, let now = counter.kvs.first?.modRevision, now > position {
                         await awaitDelivery(group.repo, position: now, deadline: group.deadline)
                     }
                     return .leaseEnded(ended)
                 }
-                return await catchUp(group, position: entry.position, failure: result.responses)
+                return await catchUp(group, position: position, failure: result.responses)
             } catch let error as EtcdError {
-                if error.isOutcomeUnknown { return await settle(group, position: entry.position, cause: error) }
+                if error.isOutcomeUnknown { return await settle(group, position: position, cause: error) }
                 if case .server(_, let message) = error, message.contains("too large") || message.contains("too many operations") {
                     counters.failures.add(1, ordering: .relaxed)
                     return .failed(SharedFailure(.tooLarge, "etcd refuses this write: \(message) (etcd's --max-request-bytes and --max-txn-ops); nothing was applied"))

@@ -60,6 +60,12 @@ public struct SharedCommit: Sendable {
     /// The tombstones' floor once every daemon installed the group: the basis's, or higher
     /// where its deletions take the repository past its bound (the oldest forgotten).
     public var tombstoneFloor: UInt64 = 0
+    /// Where the store's delivery stood when the group was planned (`deliveredPosition`): it
+    /// commits only if nothing was committed to the repository since — a move of attachments
+    /// included, which changes no revision (without it, a lease's end planned before such a
+    /// move deleted the key the move had taken to another lease: the robustness suite's
+    /// `etcd-end-moved-key`).
+    public var basisPosition: Int64?
 
     /// Whether committing the group changes anything in the store.
     public var writes: Bool { !records.isEmpty || !reattached.isEmpty }
@@ -162,6 +168,11 @@ public protocol SharedStorage: Storage {
     func limitExceeded(by records: [RevisionRecord], extraOperations: Int) -> String?
     /// Commits `group` if its basis is current.
     func commit(_ group: SharedCommit) async -> SharedCommitOutcome
+    /// Where the store's delivery of `repo` stands (opaque; nil: a store without positions).
+    /// The store moves it only after the sink installed what it delivered, so, read while the
+    /// repository's state is locked, it is at or before that state: a group planned on the
+    /// state carries it (`SharedCommit.basisPosition`).
+    func deliveredPosition(of repo: String) -> Int64?
     /// Returns once every revision of `scope` committed before the call has been delivered
     /// (true), or false when the store could not say so quickly (it is unreachable or has
     /// no quorum): the caller then answers from the state it holds.
@@ -178,6 +189,11 @@ public protocol SharedStorage: Storage {
     func leaseFinished(_ id: UInt64)
     var liveLeaseCount: Int { get }
     func leave() async
+}
+
+extension SharedStorage {
+    /// A store without positions: a group is committed on its basis revision alone.
+    public func deliveredPosition(of repo: String) -> Int64? { nil }
 }
 
 extension SharedStorageSink {

@@ -10,11 +10,7 @@ KEYS = [f"k{i:02d}" for i in range(16)] + [f"p/{c}" for c in "abcdefgh"] + ["q",
 # Defects known open today, each with the traffic or fault that triggers it (README, "Known
 # open"). `--known-open` picks which run: `all` (the default of `make robustness`), `none` (the
 # default of the short run in `make test`), or a comma-separated list of these names.
-KNOWN_OPEN = {
-    "etcd-end-moved-key": "found by this suite: in etcd mode a lease's end deleted a key that an equal set naming another "
-                          "lease had moved off it (acknowledged) before the deletion's revision. Not a fault or traffic of its "
-                          "own: without this name the validator does not hold etcd lease ends to it for keys moved off",
-}
+KNOWN_OPEN = {}  # none today (README: "Found by this suite, and fixed")
 
 
 def known_set(spec):

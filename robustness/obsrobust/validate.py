@@ -906,11 +906,6 @@ def check_lease_end_keys(ctx, h):
         if late:
             # Keys attached to the lease at some point before its end revision may go with it.
             extra = [k for k in extra if not any(l == lid and rr < r for rr, l, _ in h.attach_log.get(k, []))]
-        if extra and ctx.mode == "etcd" and "etcd-end-moved-key" not in ctx.plan.get("known_open", []):
-            moved_off = [k for k in extra if any(l == lid and rr < r for rr, l, _ in h.attach_log.get(k, []))]
-            if moved_off:
-                res.skip("a lease's end deleting a key moved off it (known open: etcd-end-moved-key)")
-                extra = [k for k in extra if k not in moved_off]
         if extra or left:
             res.add("lease", f"a lease's end deletes other keys than those attached to it: {h.repo} revision {r} lease {lid}",
                     [src] + lease_refs(ctx, h, lid) + attach_refs(h, extra + left, r),

@@ -23,6 +23,7 @@ extension SharedSequencer {
         let writeID = writeIDs.next()
         return repository.withState { s in
             let basis = s.core.revision
+            let basisPosition = store.deliveredPosition(of: repository.name)  // (under the state's lock: see SharedCommit)
             var decided: [(Item, WriteDecision)] = []
             var answers: [(item: Item, answer: WriteDecision, previous: CanonicalJSON?)] = []
             var records: [RevisionRecord] = []
@@ -185,6 +186,7 @@ extension SharedSequencer {
             commit.leaseEnds = leaseEnds
             commit.tombstonesRemoved = removed
             commit.tombstoneFloor = floor
+            commit.basisPosition = basisPosition
             return (Group(commit: commit, records: records, origins: origins, answers: answers), decided, rest)
         }
     }
