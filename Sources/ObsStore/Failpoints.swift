@@ -114,13 +114,13 @@ public final class Failpoints: Sendable {
                 guard Double(z >> 11) / Double(1 << 53) < point.probability else { return nil }
             }
             point.triggered += 1
-            if let file = s.file { Self.noteFired(name, point.action, next: file) }
+            if let file = s.file { Self.noteFired(name, point.action, beside: file) }
             return point.action
         }
     }
 
     /// Appends `name action` to `<file>.fired` (best effort).
-    private static func noteFired(_ name: String, _ action: Action, next file: String) {
+    private static func noteFired(_ name: String, _ action: Action, beside file: String) {
         let fd = open(file + ".fired", O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0o600)
         guard fd >= 0 else { return }
         defer { close(fd) }
