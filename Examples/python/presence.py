@@ -36,19 +36,27 @@ def main() -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
 
+    printing = threading.Lock()
+
+    def say(line: str) -> None:
+        # Whole lines: the mirror's thread prints too (print writes the text and its newline
+        # apart, so two threads' lines could run together).
+        with printing:
+            print(line, flush=True)
+
     me = {"host": socket.gethostname(), "pid": os.getpid(), "since": int(time.time())}
     with obsd.connect(args.socket) as client:
         members = client.mirror(args.repo, prefix="presence/")
 
         def show(_: List[str]) -> None:
             names = sorted(key[len("presence/"):] for key in members)
-            print(f"present ({members.rev}): {', '.join(names) or 'nobody'}", flush=True)
+            say(f"present ({members.rev}): {', '.join(names) or 'nobody'}")
 
         members.on_change(show)
         with client.hold(args.repo, f"presence/{args.name}", me) as lease:
-            print(f"{args.name} is present (lease {lease.id})", flush=True)
+            say(f"{args.name} is present (lease {lease.id})")
             stop.wait(args.seconds)
-        print(f"{args.name} left", flush=True)
+        say(f"{args.name} left")
     return 0
 
 
