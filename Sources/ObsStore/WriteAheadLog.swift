@@ -207,11 +207,12 @@ final class WriteAheadLog {
             guard let format = Self.format(of: bytes), bytes.count >= Self.headerSize(format: format),
                 UInt64(littleEndian: bytes.loadUnaligned(fromByteOffset: 8, as: UInt64.self)) == segment
             else {
-                if last, bytes.allSatisfy({ $0 == 0 }) {
-                    // A segment whose creation a crash interrupted (its header never synced) —
-                    // unless the log before says it goes on there, or a snapshot relies on it.
+                if last, !Self.anyValidFrame(in: bytes, after: Self.legacyHeaderSize - 8) {
+                    // A segment whose creation a crash interrupted (its header never synced, or
+                    // torn) with no record after it — unless the log before says it goes on
+                    // there, or a snapshot relies on it.
                     if reliedOn {
-                        try lose("\(path) is empty (\(mapped.fileSize) bytes, no header), but \(named ? "the segment before it names it as where the write-ahead log goes on" : "the snapshot covers the write-ahead log into it"): the acknowledged writes it held are gone")
+                        try lose("\(path) is empty (\(mapped.fileSize) bytes, no valid header and no record), but \(named ? "the segment before it names it as where the write-ahead log goes on" : "the snapshot covers the write-ahead log into it"): the acknowledged writes it held are gone")
                         found = true
                     }
                     unlink(path)

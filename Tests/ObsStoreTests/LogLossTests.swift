@@ -177,6 +177,40 @@ private func tenRevisionsInTheLastSegment() throws -> (dir: String, segment: Str
         #expect(try stateOfA(options(crashed, segmentSize: 8192)).revision == 40)
     }
 
+    /// A roll-over a crash interrupted while it wrote the new segment's header (the robustness
+    /// suite's `torn` fault: half the header, then SIGKILL): nothing was written to that
+    /// segment, nothing names it — it goes, as an empty one does (refused as "bad header"
+    /// before). With a record after the torn header, it is still refused.
+    @Test(arguments: [false, true])
+    func aNewSegmentWhoseHeaderACrashToreIsNoLoss(recordAfter: Bool) throws {
+        let crashed = try crashedAfter(40, value: .string(String(repeating: "v", count: 500)), segmentSize: 8192)
+        defer { try? FileManager.default.removeItem(atPath: crashed) }
+        let lastName = try #require(segments(crashed).last)
+        let base = try #require(UInt64(lastName.prefix { $0 != "." }, radix: 16))
+        let position = base + UInt64(try lastFrameEnd(crashed + "/wal/" + lastName))
+        let torn = crashed + "/wal/" + String(format: "%016llx.wal", position)
+        var bytes = Array(WriteAheadLog.header(base: position, reserved: 8192).prefix(WriteAheadLog.headerSize / 2))
+        bytes += [UInt8](repeating: 0, count: 8192 - bytes.count)
+        if recordAfter {
+            // A valid frame where the first record would go: this segment held something.
+            let previous = [UInt8](try Data(contentsOf: URL(fileURLWithPath: crashed + "/wal/" + lastName)))
+            let end = try lastFrameEnd(crashed + "/wal/" + lastName)
+            let frame = previous[WriteAheadLog.headerSize..<end]
+            bytes.replaceSubrange(WriteAheadLog.headerSize..<(WriteAheadLog.headerSize + frame.count), with: frame)
+        }
+        try Data(bytes).write(to: URL(fileURLWithPath: torn))
+        if recordAfter {
+            #expect(throws: StorageError.self) { try stateOfA(options(crashed, segmentSize: 8192)) }
+        } else {
+            #expect(try stateOfA(options(crashed, segmentSize: 8192)).revision == 40)
+            // It went; where it was, the log starts a segment of its own again.
+            if FileManager.default.fileExists(atPath: torn) {
+                let header = [UInt8](try Data(contentsOf: URL(fileURLWithPath: torn)).prefix(WriteAheadLog.headerSize))
+                #expect(WriteAheadLog.format(of: header) == 3)
+            }
+        }
+    }
+
     /// A roll-over a crash interrupted before the new segment's header was durable: the empty
     /// segment goes, a new one starts where the log ends, and a store closed before any write
     /// to it still stops cleanly — its last snapshot covers the new segment's header (before,
