@@ -97,7 +97,12 @@ class ConnCheck:
             self.res.add("kv", f"a reply to no request on {self.conn.name}", [self.ref(ln)])
         if self.conn.half is not None and self.conn.end == "E":
             inc = self.conn.inc
-            alive = inc is not None and (inc.get("stop_t") is None or inc["stop_t"] > self.conn.t_end)
+            stop = inc.get("stop_t") if inc is not None else None
+            if stop is not None and inc.get("how") == "crash":
+                # A crash (a failpoint's SIGKILL) is logged when the suite reaps the process,
+                # a moment after it died: it died after the last fault before then began.
+                stop = max((f["t0"] for f in self.ctx.tl.faults if f["t0"] <= stop), default=stop)
+            alive = inc is not None and (stop is None or stop > self.conn.t_end)
             missing = [r for r in self.conn.reqs if r.rep is None and r.t < self.conn.half]
             if alive and missing:
                 self.res.add("kv", f"a half-closed connection ended before answering: {self.conn.name}",
