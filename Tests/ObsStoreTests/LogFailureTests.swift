@@ -34,6 +34,16 @@ private func appendUntilAFailure(_ storage: DiskStorage, _ a: ListenerStub, from
     }
 }
 
+/// A store on `dir` whose file operations a test can fail, with revision 1 (`k` = "kept") durable.
+private func openWithKeyKept(_ dir: String) throws -> (DiskStorage, FaultyFiles, ListenerStub) {
+    let files = FaultyFiles()
+    let storage = try open(options(dir), files: files)
+    let a = ListenerStub()
+    #expect(storage.append(record("a", 1, "k", "kept"), listener: a))
+    #expect(waitFor { a.durable == 1 })
+    return (storage, files, a)
+}
+
 @Suite struct LogFailureTests {
     @Test func aGroupThatFailsAtASegmentRollOverLeavesTheNewSegmentsHeader() throws {
         let dir = temporaryDirectory()
@@ -142,11 +152,7 @@ private func appendUntilAFailure(_ storage: DiskStorage, _ a: ListenerStub, from
     @Test func aGroupThatCanBeNeitherCutNorVoidedIsAnsweredOutcomeUnknown() throws {
         let dir = temporaryDirectory()
         defer { try? FileManager.default.removeItem(atPath: dir) }
-        let files = FaultyFiles()
-        let storage = try open(options(dir), files: files)
-        let a = ListenerStub()
-        #expect(storage.append(record("a", 1, "k", "kept"), listener: a))
-        #expect(waitFor { a.durable == 1 })
+        let (storage, files, a) = try openWithKeyKept(dir)
         // The group's sync fails, then its cut, then the write that would void it (the only
         // write of 8 bytes: a frame is at least 16).
         files.fail(errno: EIO) { $0 == .fdatasync }
@@ -182,11 +188,7 @@ private func appendUntilAFailure(_ storage: DiskStorage, _ a: ListenerStub, from
     @Test func aPromiseWhoseSyncFailedIsWithdrawnBeforeTheNextCut() throws {
         let dir = temporaryDirectory()
         defer { try? FileManager.default.removeItem(atPath: dir) }
-        let files = FaultyFiles()
-        let storage = try open(options(dir), files: files)
-        let a = ListenerStub()
-        #expect(storage.append(record("a", 1, "k", "kept"), listener: a))
-        #expect(waitFor { a.durable == 1 })
+        let (storage, files, a) = try openWithKeyKept(dir)
         /// Fails the group's sync, then the sync after the first call `trigger` matches once
         /// the segment was truncated.
         func failGroupAndTheSyncAfter(_ trigger: @escaping @Sendable (FaultyFiles.Call) -> Bool) {
