@@ -88,11 +88,12 @@ test: unit-test release-e2e python-test docs tsan asan fuzz-smoke robustness-sho
 # up for longer than a TTL).
 ALONE_SUITES := SoakTests EtcdClientTests ClusterTests LeaseKeepAliveTests
 
-# At most this many tests at once. The end-to-end tests wait for the daemon with blocking
-# reads (WireConnection), each holding one of the cooperative pool's threads — two on a
-# 2-CPU machine — while the client library's tests need that pool to make progress: eight at
-# once starved a client stuck in "connecting" for 20 s (seen in 2 of 3 full runs); four at
-# once, 0 of 6. (Unbounded, swift-testing starts every test together.)
+# At most this many tests at once: each end-to-end test runs a daemon (or three etcd
+# members), and on a 2-CPU machine more at once only make every one slower. (Unbounded,
+# swift-testing starts every test together.) The tests' blocking reads no longer hold the
+# cooperative pool the client library needs: suites that block are marked `.mayBlock` and run
+# on threads of their own (Tests/TestSupport/BlockingThreads.swift) — before that, a CI run
+# starved a lease test for a minute.
 export SWT_EXPERIMENTAL_MAXIMUM_PARALLELIZATION_WIDTH ?= 4
 
 unit-test: test-deps

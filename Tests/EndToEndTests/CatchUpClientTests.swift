@@ -18,7 +18,7 @@ import Observation
 import Testing
 import TestSupport
 
-@Suite(.timeLimit(.minutes(3))) struct CatchUpClientTests {
+@Suite(.mayBlock, .timeLimit(.minutes(3))) struct CatchUpClientTests {
     /// A session on `path` that reconnects at once.
     func session(_ path: String) -> ObsSession {
         ObsSession(socketPath: path, backoff: Backoff(initial: .milliseconds(10), maximum: .milliseconds(50)))

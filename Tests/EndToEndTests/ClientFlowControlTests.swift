@@ -12,7 +12,7 @@ import ObservableKit
 import Testing
 import TestSupport
 
-@Suite(.timeLimit(.minutes(3))) struct ClientFlowControlTests {
+@Suite(.mayBlock, .timeLimit(.minutes(3))) struct ClientFlowControlTests {
     /// Small bounds, so that a test reaches them in a few hundred writes.
     static let limits = FlowControl.Limits(highWater: 64, lowWater: 16, limit: 256)
     static let writes = 1_000

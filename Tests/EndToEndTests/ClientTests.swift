@@ -6,7 +6,7 @@ import ObservableKit
 import Testing
 import TestSupport
 
-@Suite(.timeLimit(.minutes(3))) struct ClientLibraryTests {
+@Suite(.mayBlock, .timeLimit(.minutes(3))) struct ClientLibraryTests {
     @Test func everyOperation() async throws {
         let d = try await TestDaemon.start()
         try await ObsConnection.withConnection(socketPath: d.socketPath) { client in

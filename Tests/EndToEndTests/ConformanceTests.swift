@@ -9,7 +9,7 @@ import ObsProtocol
 import TestSupport
 import Testing
 
-@Suite(.timeLimit(.minutes(3))) struct RequestReplyConformance {
+@Suite(.mayBlock, .timeLimit(.minutes(3))) struct RequestReplyConformance {
     @Test func helloPingAndIdEcho() async throws {
         let d = try await TestDaemon.start()
         let c = try d.connect()
@@ -162,7 +162,7 @@ import Testing
     }
 }
 
-@Suite(.timeLimit(.minutes(3))) struct FramingConformance {
+@Suite(.mayBlock, .timeLimit(.minutes(3))) struct FramingConformance {
     @Test func crlfAndEmptyLinesAndBadJSON() async throws {
         let d = try await TestDaemon.start()
         let c = try d.connect()
@@ -245,7 +245,7 @@ func peakResidentKiB(_ pid: Int32) throws -> Int {
     return kib
 }
 
-@Suite(.timeLimit(.minutes(3))) struct SubscriptionConformance {
+@Suite(.mayBlock, .timeLimit(.minutes(3))) struct SubscriptionConformance {
     @Test func keyedPrefixAndAllFiltering() async throws {
         let d = try await TestDaemon.start()
         let c = try d.connect()

@@ -10,7 +10,7 @@ import Testing
 import Glibc
 #endif
 
-@Suite(.timeLimit(.minutes(3))) struct DaemonLifecycleTests {
+@Suite(.mayBlock, .timeLimit(.minutes(3))) struct DaemonLifecycleTests {
     @Test func sigtermShutsDownGracefullyWithExitZeroAndRemovesTheSocket() async throws {
         let d = try await TestDaemon.start()
         let c = try d.connect()
@@ -135,7 +135,7 @@ import Glibc
     }
 }
 
-@Suite(.timeLimit(.minutes(3))) struct ObsctlTests {
+@Suite(.mayBlock, .timeLimit(.minutes(3))) struct ObsctlTests {
     @Test func setGetDelAndExitCodes() async throws {
         let d = try await TestDaemon.start()
         let s = d.socketPath
@@ -243,7 +243,7 @@ import Glibc
     }
 }
 
-@Suite(.timeLimit(.minutes(3))) struct ObsctlPipelineTests {
+@Suite(.mayBlock, .timeLimit(.minutes(3))) struct ObsctlPipelineTests {
     @Test func watchIntoAPipeThatClosesEndsLikeAnyToolInAPipeline() async throws {
         let d = try await TestDaemon.start(inMemory: true)
         var ends: [Int32] = [0, 0]

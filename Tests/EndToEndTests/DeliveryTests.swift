@@ -19,7 +19,7 @@ func collect(_ subscription: Subscription, until lastRevision: UInt64) async thr
     return seen
 }
 
-@Suite(.serialized, .timeLimit(.minutes(3))) struct DeliveryTests {
+@Suite(.mayBlock, .serialized, .timeLimit(.minutes(3))) struct DeliveryTests {
     @Test func concurrentWritersDeliverGapFreeAndOrderedToEverySubscriber() async throws {
         let d = try await TestDaemon.start()
         let writers = 4
@@ -194,7 +194,7 @@ func collect(_ subscription: Subscription, until lastRevision: UInt64) async thr
     }
 }
 
-@Suite(.timeLimit(.minutes(3))) struct ClientFlowTests {
+@Suite(.mayBlock, .timeLimit(.minutes(3))) struct ClientFlowTests {
     @Test func aConsumerThatAwaitsACallInsideItsLoopGetsTheReplyDuringABurst() async throws {
         let d = try await TestDaemon.start(inMemory: true)
         let client = try await ObsConnection.connect(socketPath: d.socketPath)

@@ -14,7 +14,7 @@ import Testing
 import Glibc
 #endif
 
-@Suite(.serialized, .timeLimit(.minutes(5))) struct DurabilityTests {
+@Suite(.mayBlock, .serialized, .timeLimit(.minutes(5))) struct DurabilityTests {
     @Test func restartKeepsValuesRevisionsAndHistory() async throws {
         let d = try await TestDaemon.start()
         let c = try d.connect()

@@ -17,7 +17,7 @@ import Testing
 import Glibc
 #endif
 
-@Suite(.timeLimit(.minutes(3))) struct EpochTests {
+@Suite(.mayBlock, .timeLimit(.minutes(3))) struct EpochTests {
     /// Writes `values` to `key`, one revision each.
     private func write(_ c: WireConnection, _ repo: String, _ key: String, _ values: ClosedRange<Int>) throws {
         for v in values { #expect(try c.call(["op": "set", "repo": .string(repo), "key": .string(key), "value": .int(Int64(v))]).ok) }

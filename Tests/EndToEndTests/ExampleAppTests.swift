@@ -8,7 +8,7 @@ import ObsProtocol
 import Testing
 import TestSupport
 
-@Suite struct ExampleAppTests {
+@Suite(.mayBlock) struct ExampleAppTests {
     @Test func theMirrorExamplePrintsARepositoryLive() async throws {
         let d = try await TestDaemon.start(inMemory: true)
         try await ObsConnection.withConnection(socketPath: d.socketPath) { c in _ = try await c.set("theme", to: "light", in: "ui") }

@@ -5,7 +5,7 @@ import Foundation
 import Testing
 import TestSupport
 
-@Suite struct FuzzCorpusTests {
+@Suite(.mayBlock) struct FuzzCorpusTests {
     @Test func seedCorpusReplaysCleanly() throws {
         let corpus = URL(fileURLWithPath: #filePath)
             .deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()

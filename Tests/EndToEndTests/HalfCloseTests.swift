@@ -12,7 +12,7 @@ import Testing
 import Glibc
 #endif
 
-@Suite(.timeLimit(.minutes(3))) struct HalfCloseTests {
+@Suite(.mayBlock, .timeLimit(.minutes(3))) struct HalfCloseTests {
     static let requests = [
         #"{"id":1,"op":"set","repo":"hc","key":"k","value":1}"#,
         #"{"id":2,"op":"subscribe","repo":"hc"}"#,

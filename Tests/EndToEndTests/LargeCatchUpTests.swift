@@ -13,7 +13,7 @@ import Testing
 import Glibc
 #endif
 
-@Suite(.timeLimit(.minutes(10))) struct LargeCatchUpTests {
+@Suite(.mayBlock, .timeLimit(.minutes(10))) struct LargeCatchUpTests {
     static let keys = 1_000_000
     static let value = String(repeating: "x", count: 200)
 

@@ -18,7 +18,7 @@ import TestSupport
 /// waits can hold both of that pool's threads (two on a 2-CPU machine) for longer than a TTL —
 /// a 5 s TTL still expired in one of three full runs. That is a statement about the test
 /// process, not the library; alone, the test says what the library does.
-@Suite(.timeLimit(.minutes(3))) struct LeaseKeepAliveTests {
+@Suite(.mayBlock, .timeLimit(.minutes(3))) struct LeaseKeepAliveTests {
     @Test func aTTLLeaseLivesWhileItsValueDoesAndRevokeEndsIt() async throws {
         let d = try await TestDaemon.start(inMemory: true)
         let session = ObsSession(socketPath: d.socketPath)
@@ -58,7 +58,7 @@ import TestSupport
     }
 }
 
-@Suite(.timeLimit(.minutes(3))) struct LeaseClientTests {
+@Suite(.mayBlock, .timeLimit(.minutes(3))) struct LeaseClientTests {
     @Test func aConnectionBoundLeaseEndsWithItsConnection() async throws {
         let d = try await TestDaemon.start(inMemory: true)
         let connection = try await ObsConnection.connect(socketPath: d.socketPath)

@@ -53,7 +53,7 @@ extension TestDaemon {
     }
 }
 
-@Suite(.timeLimit(.minutes(3))) struct LeaseCommandTests {
+@Suite(.mayBlock, .timeLimit(.minutes(3))) struct LeaseCommandTests {
     @Test func setWithATTLExpiresUnlessSetAgainAndStaysOnOneLease() async throws {
         let d = try await TestDaemon.start(inMemory: true)
         let watcher = try d.connect()
@@ -176,25 +176,19 @@ extension TestDaemon {
         #expect(try value.status() == 0 && value.stdout == "\"dark\"\n")
     }
 
-    /// The time from a write's reply to the exit of the `obsctl wait` it satisfies, over
-    /// several runs; printed for the record (docs: README, "Keys with a lifetime").
-    @Test func waitReturnsWithin50msOfTheWrite() async throws {
+    /// `obsctl wait` exits 0 once the key is written, and not before — run after run, each
+    /// ending its connection before the next starts.
+    @Test func waitReturnsOnceTheWriteIsMade() async throws {
         let d = try await TestDaemon.start(inMemory: true)
         let writer = try d.connect()
-        var latencies: [Duration] = []
-        for run in 1...10 {
+        for run in 1...5 {
             let wait = try BackgroundObsctl(["wait", "r", "k\(run)"], socket: d.socketPath, directory: d.directory, name: "wait\(run)")
             try d.waitForSubscriptions(1)
+            #expect(wait.process.isRunning, "run \(run): waiting while the key is absent")
             #expect(try writer.call(["op": "set", "repo": "r", "key": .string("k\(run)"), "value": 1]).ok)
-            let replied = ContinuousClock.now
-            #expect(try wait.status() == 0)
-            latencies.append(ContinuousClock.now - replied)
+            #expect(try wait.status() == 0 && wait.stdout == "1\n", "run \(run)")
             try d.waitForSubscriptions(0)  // its connection's end reached the daemon: the next run starts clean
         }
-        let sorted = latencies.sorted()
-        let ms = sorted.map { Double($0.components.attoseconds) / 1e15 + Double($0.components.seconds) * 1000 }
-        print("obsctl wait, from the write's reply to its exit (ms, sorted): \(ms.map { String(format: "%.1f", $0) }.joined(separator: " "))")
-        #expect(sorted[sorted.count / 2] < .milliseconds(50), "median \(ms[ms.count / 2]) ms")
     }
 
     @Test func watchShowsWhyAKeyWentAway() async throws {

@@ -14,7 +14,7 @@ import TestSupport
 import Glibc
 #endif
 
-@Suite(.timeLimit(.minutes(5))) struct LeaseReviewTests {
+@Suite(.mayBlock, .timeLimit(.minutes(5))) struct LeaseReviewTests {
     /// A batch of 5,000 `set`s naming lease L, and `revoke L` from three other connections
     /// while the batch is under way (at random points of the time a batch takes, measured
     /// first): whichever comes first, once every reply is in no key of the batch is left (the

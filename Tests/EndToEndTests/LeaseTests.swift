@@ -9,7 +9,7 @@ import ObsProtocol
 import TestSupport
 import Testing
 
-@Suite(.timeLimit(.minutes(3))) struct LeaseTests {
+@Suite(.mayBlock, .timeLimit(.minutes(3))) struct LeaseTests {
     @Test func aConnectionBoundLeaseEndsWithItsConnectionAndItsKeysGoInOneRevision() async throws {
         let d = try await TestDaemon.start()
         let watcher = try d.connect()
@@ -147,7 +147,7 @@ import Testing
     }
 }
 
-@Suite(.timeLimit(.minutes(3))) struct ProgressTests {
+@Suite(.mayBlock, .timeLimit(.minutes(3))) struct ProgressTests {
     @Test func aQuietSubscriptionIsToldTheRevisionItCanResumeFrom() async throws {
         let d = try await TestDaemon.start(inMemory: true)
         let watcher = try d.connect()

@@ -29,7 +29,7 @@ func packagesInstalled(byMaking target: String) throws -> Set<String> {
     return packages
 }
 
-@Suite struct MakefileTests {
+@Suite(.mayBlock) struct MakefileTests {
     @Test(.enabled(if: which("make") != nil, "needs make"))
     func runInstallsOnlyWhatTheBuildNeedsAndTestAddsTheTestsToolsButNoEtcdService() throws {
         #expect(try packagesInstalled(byMaking: "run") == ["libsqlite3-dev", "libsystemd-dev", "pkg-config"])

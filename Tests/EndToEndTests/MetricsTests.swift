@@ -129,7 +129,7 @@ func daemonWithFourWrites() async throws -> TestDaemon {
     return d
 }
 
-@Suite(.timeLimit(.minutes(3))) struct PrometheusMetricsTests {
+@Suite(.mayBlock, .timeLimit(.minutes(3))) struct PrometheusMetricsTests {
     @Test func everyCounterOnceWithHelpAndTypeInTheFormatsLineOrder() async throws {
         let d = try await daemonWithFourWrites()
         let result = try obsctl(["stats", "--prometheus"], socket: d.socketPath)

@@ -14,7 +14,7 @@ import ObservableKit
 import Testing
 import TestSupport
 
-@Suite(.timeLimit(.minutes(3))) struct ObsctlCatchUpTests {
+@Suite(.mayBlock, .timeLimit(.minutes(3))) struct ObsctlCatchUpTests {
     /// A daemon whose only connection gets `script` after its subscribe request (recorded).
     func daemon(_ log: ScriptLog, _ script: @escaping @Sendable (WireConnection, JSONObject) throws -> Void) throws -> (ScriptedServer, String) {
         let path = scriptedSocketPath()

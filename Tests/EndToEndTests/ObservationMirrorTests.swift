@@ -11,7 +11,7 @@ import Observation
 import Testing
 import TestSupport
 
-@Suite(.timeLimit(.minutes(3))) struct ObservationMirrorTests {
+@Suite(.mayBlock, .timeLimit(.minutes(3))) struct ObservationMirrorTests {
     @Test @MainActor func oneNotificationPerRevisionAndNoneForAWriteThatChangesNothing() async throws {
         let d = try await TestDaemon.start(inMemory: true)
         let session = ObsSession(socketPath: d.socketPath)

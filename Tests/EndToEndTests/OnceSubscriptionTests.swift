@@ -8,7 +8,7 @@ import ObsProtocol
 import Testing
 import TestSupport
 
-@Suite struct OnceSubscriptionTests {
+@Suite(.mayBlock) struct OnceSubscriptionTests {
     @Test func onceSubscriptionsEndAtTheirFirstChangeAndTheDaemonGoesOn() async throws {
         let d = try await TestDaemon.start(inMemory: true, environment: ["MALLOC_PERTURB_": "165"])
         let writer = try d.connect()

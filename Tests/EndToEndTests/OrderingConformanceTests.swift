@@ -12,7 +12,7 @@ extension JSONObject {
     var asValue: JSONValue { .object(self) }
 }
 
-@Suite(.timeLimit(.minutes(3))) struct OrderingConformanceTests {
+@Suite(.mayBlock, .timeLimit(.minutes(3))) struct OrderingConformanceTests {
     /// Sends sets of key `k<i % 7>` = i for each i in `range`, without reading the replies.
     func burst(_ w: WireConnection, repo: String, _ range: ClosedRange<Int>) throws {
         var text = ""

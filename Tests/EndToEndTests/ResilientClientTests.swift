@@ -10,7 +10,7 @@ import Observation
 import TestSupport
 import Testing
 
-@Suite(.timeLimit(.minutes(3))) struct ResilientClientTests {
+@Suite(.mayBlock, .timeLimit(.minutes(3))) struct ResilientClientTests {
     @Test func aWatchContinuesAcrossADaemonRestartWithNoGapAndNoDuplicate() async throws {
         let d = try await TestDaemon.start()
         let session = ObsSession(socketPath: d.socketPath, backoff: Backoff(initial: .milliseconds(200), maximum: .milliseconds(400)))

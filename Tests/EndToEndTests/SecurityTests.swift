@@ -27,7 +27,7 @@ func daemonForTwoUsers(_ config: String, _ arguments: [String] = []) async throw
 
 let canSwitchUsers = getuid() == 0 && which("setpriv") != nil
 
-@Suite(.serialized, .timeLimit(.minutes(5)), .enabled(if: canSwitchUsers, "needs root and setpriv to act as nobody"))
+@Suite(.mayBlock, .serialized, .timeLimit(.minutes(5)), .enabled(if: canSwitchUsers, "needs root and setpriv to act as nobody"))
 struct AccessControlTests {
     static let policy = """
         [[access.rule]]
@@ -133,7 +133,7 @@ struct AccessControlTests {
     }
 }
 
-@Suite(.timeLimit(.minutes(3))) struct LimitTests {
+@Suite(.mayBlock, .timeLimit(.minutes(3))) struct LimitTests {
     @Test func sizeLimitsAreTooLargeAndCountLimitsOverloaded() async throws {
         let d = try await TestDaemon.start(
             [

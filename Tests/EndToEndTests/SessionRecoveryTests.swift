@@ -12,7 +12,7 @@ import ObservableKit
 import Testing
 import TestSupport
 
-@Suite(.timeLimit(.minutes(3))) struct SessionRecoveryTests {
+@Suite(.mayBlock, .timeLimit(.minutes(3))) struct SessionRecoveryTests {
     @Test @MainActor func aRefusedConnectionIsRetriedAndWatchesAndMirrorsCarryOn() async throws {
         let d = try await TestDaemon.start(["--max-connections", "1"], inMemory: true)
         let holder = try await admittedConnection(d)  // the one connection the daemon admits

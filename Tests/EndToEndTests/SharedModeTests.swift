@@ -12,7 +12,7 @@ import ObservableKit
 import Testing
 import TestSupport
 
-@Suite struct SharedModeTests {
+@Suite(.mayBlock) struct SharedModeTests {
     @Test func writesThatChangeNothingLeaveNoRepositoryBehind() async throws {
         let daemon = try await InProcessDaemon.start(storage: FakeSharedStorage())
         let client = try await ObsConnection.connect(socketPath: daemon.socketPath)

@@ -10,7 +10,7 @@ import TestSupport
 import Glibc
 #endif
 
-@Suite(.timeLimit(.minutes(3))) struct SoakTests {
+@Suite(.mayBlock, .timeLimit(.minutes(3))) struct SoakTests {
     @Test func churnSlowReadersAndFastSubscribersForFifteenSeconds() async throws {
         let d = try await TestDaemon.start(["--queue-bytes", "131072", "--overflow-grace", "1"])
         let arguments = [

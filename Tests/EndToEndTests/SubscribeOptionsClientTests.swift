@@ -16,7 +16,7 @@ import TestSupport
 /// This test process as the daemon sees it (SO_PEERCRED of its connections).
 let thisProcess = Writer(uid: getuid(), gid: getgid(), pid: getpid())
 
-@Suite(.timeLimit(.minutes(3))) struct SubscribeOptionsClientTests {
+@Suite(.mayBlock, .timeLimit(.minutes(3))) struct SubscribeOptionsClientTests {
     @Test func coalesceWithOnceIsRefusedBeforeAnythingIsSent() async throws {
         let d = try await TestDaemon.start(inMemory: true)
         try await ObsConnection.withConnection(socketPath: d.socketPath) { client in

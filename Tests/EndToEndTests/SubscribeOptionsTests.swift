@@ -16,7 +16,7 @@ import Glibc
 /// The credentials this test process connects with, as `by` shows them.
 let ownWriter: JSONValue = ["uid": .int(Int64(getuid())), "gid": .int(Int64(getgid())), "pid": .int(Int64(getpid()))]
 
-@Suite(.timeLimit(.minutes(3))) struct SubscribeOptionsTests {
+@Suite(.mayBlock, .timeLimit(.minutes(3))) struct SubscribeOptionsTests {
     @Test func writersNameWhoWroteEachRevisionLiveAndInAReplayAfterARestart() async throws {
         let d = try await TestDaemon.start()
         let watcher = try d.connect()

@@ -101,7 +101,7 @@ func makeHome() -> (root: String, environment: [String: String]) {
     return (root, ["HOME": home, "XDG_RUNTIME_DIR": runtime, "PATH": "/usr/bin:/bin"])
 }
 
-@Suite(.serialized, .timeLimit(.minutes(3))) struct SystemdUnitTests {
+@Suite(.mayBlock, .serialized, .timeLimit(.minutes(3))) struct SystemdUnitTests {
     /// What a user manager gives a user unit's command (systemd.exec(5), "Environment
     /// variables in spawned processes"): the manager's own environment (HOME, XDG_RUNTIME_DIR,
     /// what environment.d adds), the unit's Environment=, and for StateDirectory=NAME,
@@ -235,7 +235,7 @@ func makeHome() -> (root: String, environment: [String: String]) {
 /// whose group `nogroup` stands in for `obsd`): forbidden until its `[[access.rule]]` is in
 /// the file and reloaded, then allowed; and from a login session (`XDG_RUNTIME_DIR` set)
 /// obsctl tries that directory's socket, not the system one, until `OBSD_SOCKET` names it.
-@Suite(.timeLimit(.minutes(2)), .enabled(if: canSwitchUsers, "needs root and setpriv to act as nobody"))
+@Suite(.mayBlock, .timeLimit(.minutes(2)), .enabled(if: canSwitchUsers, "needs root and setpriv to act as nobody"))
 struct ReadmeSystemInstanceTests {
     /// The TOML block after "In `/etc/obsd/obsd.toml`:" in the README's systemd section.
     static func accessRule() throws -> String {

@@ -7,7 +7,7 @@ import ObsProtocol
 import Testing
 import TestSupport
 
-@Suite(.timeLimit(.minutes(3))) struct WatchExecTests {
+@Suite(.mayBlock, .timeLimit(.minutes(3))) struct WatchExecTests {
     @Test func theCommandRunsForEachChangedKeyOneAtATimeWithTheChangeInItsEnvironment() async throws {
         let d = try await TestDaemon.start(inMemory: true)
         let log = d.directory + "/runs"

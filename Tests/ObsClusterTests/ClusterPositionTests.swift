@@ -25,7 +25,7 @@ private final class CountingSink: SharedStorageSink {
     func historyLost(_ reason: String) {}
 }
 
-@Suite(.serialized, .enabled(if: EtcdCluster.isAvailable, etcdMissing), .timeLimit(.minutes(2)))
+@Suite(.mayBlock, .serialized, .enabled(if: EtcdCluster.isAvailable, etcdMissing), .timeLimit(.minutes(2)))
 struct ClusterPositionTests {
     static func record(_ revision: UInt64, _ key: String, _ value: Int) -> RevisionRecord {
         RevisionRecord(

@@ -19,7 +19,7 @@ import ObservableKit
 import Testing
 import TestSupport
 
-@Suite(.serialized, .enabled(if: EtcdCluster.isAvailable, etcdMissing), .timeLimit(.minutes(3)))
+@Suite(.mayBlock, .serialized, .enabled(if: EtcdCluster.isAvailable, etcdMissing), .timeLimit(.minutes(3)))
 struct ClusterTests {
     @Test func aWriteOnAReachesBsSubscriberWithOldAndNewValues() async throws {
         let pair = try await ClusterPair.start()

@@ -9,7 +9,7 @@ import ObsEtcd
 import Testing
 import TestSupport
 
-@Suite(.serialized, .enabled(if: EtcdCluster.isAvailable, etcdMissing), .timeLimit(.minutes(2)))
+@Suite(.mayBlock, .serialized, .enabled(if: EtcdCluster.isAvailable, etcdMissing), .timeLimit(.minutes(2)))
 struct EtcdClientTests {
     @Test func putThenRangeReadsBackKeyValueAndRevisions() async throws {
         let cluster = try await EtcdCluster.started()

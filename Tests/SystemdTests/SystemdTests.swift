@@ -64,7 +64,7 @@ import Testing
     }
 }
 
-@Suite(.serialized) struct NotifierTests {
+@Suite(.mayBlock, .serialized) struct NotifierTests {
     @Test func sendsStateChangesToNotifySocket() throws {
         let path = NSTemporaryDirectory() + "obsd-notify-\(getpid()).sock"
         let listener = try DatagramListener(path: path)
