@@ -32,6 +32,11 @@ public struct FlatState: Sendable {
     /// The entry for `key`, if the key exists.
     public subscript(key: Key) -> Entry<CanonicalJSON>? { table[key] }
 
+    /// Whether `key` exists (its entry not copied out).
+    public func contains(_ key: Key) -> Bool {
+        key.withUTF8 { table.contains(key: UnsafeRawBufferPointer($0)) }
+    }
+
     /// Calls `body` with every entry, read in place, in no particular order.
     public func forEach(_ body: (FlatRecord) -> Void) { table.forEach(body) }
 

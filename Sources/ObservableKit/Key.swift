@@ -98,11 +98,19 @@ func memcmpEqual(_ a: UnsafeBufferPointer<UInt8>, _ b: UnsafeBufferPointer<UInt8
     return true
 }
 
-/// Byte-wise lexicographic "less than".
-@usableFromInline
+/// Byte-wise lexicographic "less than", eight bytes at a time (sorting 200,000 keys for a
+/// lease's end spent 15 % of a start-up comparing them byte by byte).
+@inlinable
 func bytesLess(_ a: UnsafeBufferPointer<UInt8>, _ b: UnsafeBufferPointer<UInt8>) -> Bool {
     let n = min(a.count, b.count)
     var i = 0
+    while i + 8 <= n {
+        let x = UnsafeRawPointer(a.baseAddress! + i).loadUnaligned(as: UInt64.self)
+        let y = UnsafeRawPointer(b.baseAddress! + i).loadUnaligned(as: UInt64.self)
+        // The first differing byte decides: as big-endian integers, the words compare so.
+        if x != y { return UInt64(bigEndian: x) < UInt64(bigEndian: y) }
+        i += 8
+    }
     while i < n {
         if a[i] != b[i] { return a[i] < b[i] }
         i += 1

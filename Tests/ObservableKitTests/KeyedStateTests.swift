@@ -97,4 +97,24 @@ import Testing
         #expect(Key("é").hasBytePrefix("\u{E9}"))
         #expect(!Key("e\u{301}").hasBytePrefix("\u{E9}"))
     }
+
+    /// `<` (compared a word at a time) agrees with comparing the UTF-8 bytes one by one, for
+    /// keys that share prefixes of every length and differ in any byte, high bits included.
+    @Test func orderAgreesWithByteByByteComparison() {
+        var generator = SystemRandomNumberGenerator()
+        let alphabet: [String] = ["a", "b", "z", "A", "0", "/", "\u{7F}", "\u{E9}", "\u{FF}", "\u{10348}"]
+        let stems = ["", "k", "svc/web/", "instance-0000000", "abcdefgh", "abcdefghijklmnop"]
+        var keys: [Key] = []
+        for _ in 0..<2_000 {
+            var s = stems.randomElement(using: &generator) ?? ""
+            for _ in 0..<Int.random(in: 0...12, using: &generator) { s += alphabet.randomElement(using: &generator) ?? "" }
+            keys.append(Key(s))
+        }
+        for _ in 0..<20_000 {
+            let a = keys.randomElement(using: &generator) ?? "", b = keys.randomElement(using: &generator) ?? ""
+            let expected = Array(a.string.utf8).lexicographicallyPrecedes(Array(b.string.utf8))
+            #expect((a < b) == expected, "\(a.string.debugDescription) < \(b.string.debugDescription)")
+            if (a < b) != expected { return }
+        }
+    }
 }
