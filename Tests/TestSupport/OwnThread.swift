@@ -5,7 +5,9 @@
 // those threads for as long as it runs: two such loops and no other test's task — nor the
 // daemon clients' tasks a test awaits — runs until they end (a fresh clone's `make test`
 // on a busy machine: three storm writers as detached tasks, and a mirror test beside them
-// timed out waiting for work that never got a thread).
+// timed out waiting for work that never got a thread). A `.mayBlock` suite's body and child
+// tasks already run off the pool (BlockingThreads.swift); an unstructured `Task` does not
+// inherit that, so a blocking loop in one still goes here.
 
 import Foundation
 
