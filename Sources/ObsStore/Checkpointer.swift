@@ -433,7 +433,7 @@ final class Checkpointer {
             let owner = Writer(uid: uid, gid: gid, pid: Int32(bitPattern: pid))
             if ended == 0 {
                 leases.live[id] = PersistedLeases.Lease(id: id, owner: owner, ttl: ttl == 0 ? nil : Int64(bitPattern: ttl))
-            } else if let reason = LeaseRecord.reason(ended) {
+            } else if let reason = LeaseJournalRecord.reason(ended) {
                 leases.ended[id] = PersistedLeases.Ended(reason: reason, owner: owner)
             } else {
                 throw input.malformed(at, "a lease that ended for no known reason")

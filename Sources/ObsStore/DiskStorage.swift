@@ -181,7 +181,7 @@ public final class DiskStorage: Storage {
         if report.records > 0 { notices.append("replayed \(report.records) revisions from the write-ahead log") }
         var repositories = recovery.repositories
         var leases = recovery.leases
-        let journal = directory + "/" + LeaseRecord.fileName
+        let journal = directory + "/" + LeaseJournalRecord.fileName
         let legacy = try LegacyLeases.read(journal)
         if let legacy {
             (repositories, leases) = Self.migrate(legacy, into: repositories)

@@ -64,25 +64,25 @@ struct LegacyLeases: Sendable {
             guard n > 0 else { throw StorageError.from(n < 0 ? errno : EIO, "cannot read \(path)") }
             got += n
         }
-        if bytes.count < LeaseRecord.magic.count, LeaseRecord.magic.starts(with: bytes) { return LegacyLeases() }
-        guard Array(bytes.prefix(LeaseRecord.magic.count)) == LeaseRecord.magic else {
+        if bytes.count < LeaseJournalRecord.magic.count, LeaseJournalRecord.magic.starts(with: bytes) { return LegacyLeases() }
+        guard Array(bytes.prefix(LeaseJournalRecord.magic.count)) == LeaseJournalRecord.magic else {
             throw StorageError(.corrupt, "\(path) is not an obsd lease journal (bad header); refusing to start")
         }
         var found = LegacyLeases()
         try bytes.withUnsafeBytes { raw in Result { () throws(StorageError) in
-            var offset = LeaseRecord.magic.count
+            var offset = LeaseJournalRecord.magic.count
             while offset < raw.count {
                 var header = PayloadReader(UnsafeRawBufferPointer(rebasing: raw[offset...]))
-                guard let length = header.u32(), let crc = header.u32(), Int(length) <= raw.count - offset - LeaseRecord.frameHeader else {
+                guard let length = header.u32(), let crc = header.u32(), Int(length) <= raw.count - offset - LeaseJournalRecord.frameHeader else {
                     return  // a frame cut short: the last write a crash interrupted
                 }
-                let start = offset + LeaseRecord.frameHeader
+                let start = offset + LeaseJournalRecord.frameHeader
                 let payload = UnsafeRawBufferPointer(rebasing: raw[start..<(start + Int(length))])
                 guard CRC32C.checksum(payload) == crc else {
                     if start + Int(length) == raw.count { return }
                     throw StorageError(.corrupt, "\(path) is damaged at byte \(offset) (a record whose checksum does not match, with more after it); refusing to start")
                 }
-                guard LeaseRecord.apply(payload, to: &found) else {
+                guard LeaseJournalRecord.apply(payload, to: &found) else {
                     throw StorageError(.corrupt, "\(path) holds a record obsd cannot read at byte \(offset); refusing to start")
                 }
                 offset = start + Int(length)
@@ -92,7 +92,10 @@ struct LegacyLeases: Sendable {
     }
 }
 
-enum LeaseRecord {
+/// The records of the lease journal an earlier obsd kept beside the log (read once, to
+/// migrate it), and the codes of a lease's end reasons, which the log and the snapshot reuse.
+/// (Not `ObsCluster`'s `LeaseRecord`, a lease as etcd holds it.)
+enum LeaseJournalRecord {
     /// The journal's name in the data directory.
     static let fileName = "leases"
     static let magic: [UInt8] = Array("OBSDLSE1".utf8)

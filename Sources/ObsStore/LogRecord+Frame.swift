@@ -34,7 +34,7 @@ extension LogRecord {
             appendFrame(size: 1 + 8 + 1 + 12, to: &group) { w in
                 w.put(Kind.leaseEnded.rawValue)
                 w.put(id)
-                w.put(LeaseRecord.code(reason))
+                w.put(LeaseJournalRecord.code(reason))
                 w.putWriter(owner)
             }
         }
@@ -62,7 +62,7 @@ extension LogRecord {
         if let writer = r.writer { w.putWriter(writer) }
         if let leaseEnd = r.leaseEnd {
             w.put(leaseEnd.lease)
-            w.put(LeaseRecord.code(leaseEnd.reason))
+            w.put(LeaseJournalRecord.code(leaseEnd.reason))
         }
         if !r.moves.isEmpty { w.putMoves(r.moves) }
         w.put(UInt32(r.changes.count))

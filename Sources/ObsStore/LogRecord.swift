@@ -86,7 +86,7 @@ enum LogRecord {
                 self = .leaseGranted(PersistedLeases.Lease(id: id, owner: owner, ttl: ttl == 0 ? nil : ttl))
             case .leaseEnded:
                 let id = try reader.u64()
-                guard let reason = LeaseRecord.reason(try reader.byte()) else { throw Malformed() }
+                guard let reason = LeaseJournalRecord.reason(try reader.byte()) else { throw Malformed() }
                 let owner = try reader.writer()
                 guard reader.offset == payload.count, id > 0 else { throw Malformed() }
                 self = .leaseEnded(id: id, reason: reason, owner: owner)
@@ -250,7 +250,7 @@ enum LogRecord {
         }
         if let leaseEnd {
             append(leaseEnd.lease, &out)
-            out.append(LeaseRecord.code(leaseEnd.reason))
+            out.append(LeaseJournalRecord.code(leaseEnd.reason))
         }
     }
 
@@ -288,7 +288,7 @@ enum LogRecord {
             let writer = flags & 1 == 0 ? nil : try self.writer()
             guard flags & 2 != 0 else { return (writer, nil) }
             let lease = try u64()
-            guard let reason = LeaseRecord.reason(try byte()) else { throw Malformed() }
+            guard let reason = LeaseJournalRecord.reason(try byte()) else { throw Malformed() }
             return (writer, SharedLeaseEnd(lease: lease, reason: reason))
         }
         mutating func writer() throws(Malformed) -> Writer {

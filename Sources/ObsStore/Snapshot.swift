@@ -160,7 +160,7 @@ final class SnapshotWriter {
             Self.append(owner.gid, &payload)
             Self.append(UInt32(bitPattern: owner.pid), &payload)
             Self.append(UInt64(bitPattern: ttl ?? 0), &payload)
-            payload.append(ended.map(LeaseRecord.code) ?? 0)
+            payload.append(ended.map(LeaseJournalRecord.code) ?? 0)
         }
         for (id, live) in leases.live.sorted(by: { $0.key < $1.key }) { lease(id, live.owner, ttl: live.ttl, ended: nil) }
         for (id, ended) in leases.ended.sorted(by: { $0.key < $1.key }) { lease(id, ended.owner, ttl: nil, ended: ended.reason) }
@@ -243,7 +243,7 @@ struct StoredRevision {
         }
         var leaseEnd: SharedLeaseEnd? = nil
         if flags & 2 != 0 {
-            guard let lease = reader.u64(), let reason = reader.u8().flatMap(LeaseRecord.reason) else { return nil }
+            guard let lease = reader.u64(), let reason = reader.u8().flatMap(LeaseJournalRecord.reason) else { return nil }
             leaseEnd = SharedLeaseEnd(lease: lease, reason: reason)
         }
         guard let changes = reader.take(reader.bytes.count - reader.offset) else { return nil }
@@ -424,7 +424,7 @@ enum SnapshotLoader {
                     if ended == 0 {
                         leases.live[id] = PersistedLeases.Lease(id: id, owner: owner, ttl: ttl == 0 ? nil : Int64(bitPattern: ttl))
                     } else {
-                        guard let reason = LeaseRecord.reason(ended) else { throw input.malformed(block.at, "a lease that ended for no known reason") }
+                        guard let reason = LeaseJournalRecord.reason(ended) else { throw input.malformed(block.at, "a lease that ended for no known reason") }
                         leases.ended[id] = PersistedLeases.Ended(reason: reason, owner: owner)
                     }
                     guard id < leases.nextID else { throw input.malformed(block.at, "lease \(id) at or past the next id \(leases.nextID)") }

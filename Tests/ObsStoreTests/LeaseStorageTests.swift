@@ -131,16 +131,16 @@ private func storeWithoutCheckpoints(_ dir: String) throws -> DiskStorage {
         storage.flush()
         #expect(waitFor { repo.durable == 1 })
         storage.close()
-        var journal = LeaseRecord.magic
-        LeaseRecord.grant(.init(id: 1, owner: alice, ttl: 30), into: &journal)
-        LeaseRecord.grant(.init(id: 2, owner: alice, ttl: nil), into: &journal)
-        LeaseRecord.attach(repo: "r", key: "a", lease: 1, into: &journal)
-        LeaseRecord.attach(repo: "r", key: "b", lease: 2, into: &journal)
-        LeaseRecord.attach(repo: "r", key: "gone", lease: 1, into: &journal)
-        LeaseRecord.end(2, .revoked, into: &journal)
+        var journal = LeaseJournalRecord.magic
+        LeaseJournalRecord.grant(.init(id: 1, owner: alice, ttl: 30), into: &journal)
+        LeaseJournalRecord.grant(.init(id: 2, owner: alice, ttl: nil), into: &journal)
+        LeaseJournalRecord.attach(repo: "r", key: "a", lease: 1, into: &journal)
+        LeaseJournalRecord.attach(repo: "r", key: "b", lease: 2, into: &journal)
+        LeaseJournalRecord.attach(repo: "r", key: "gone", lease: 1, into: &journal)
+        LeaseJournalRecord.end(2, .revoked, into: &journal)
         // Lease 2's end deleted b in the revision after 1 — not durable: still owed.
-        LeaseRecord.deletion(.init(lease: 2, reason: .revoked, owner: alice, repo: "r", before: 1, keys: ["b"]), into: &journal)
-        LeaseRecord.next(9, into: &journal)
+        LeaseJournalRecord.deletion(.init(lease: 2, reason: .revoked, owner: alice, repo: "r", before: 1, keys: ["b"]), into: &journal)
+        LeaseJournalRecord.next(9, into: &journal)
         try Data(journal).write(to: URL(fileURLWithPath: dir + "/leases"))
 
         for round in 1...2 {
@@ -159,10 +159,10 @@ private func storeWithoutCheckpoints(_ dir: String) throws -> DiskStorage {
     @Test func aDamagedJournalRefusesStartUpNamingIt() throws {
         let dir = temporaryDirectory()
         defer { try? FileManager.default.removeItem(atPath: dir) }
-        var journal = LeaseRecord.magic
-        LeaseRecord.grant(.init(id: 1, owner: alice, ttl: 30), into: &journal)
+        var journal = LeaseJournalRecord.magic
+        LeaseJournalRecord.grant(.init(id: 1, owner: alice, ttl: 30), into: &journal)
         let damaged = journal.count - 3
-        LeaseRecord.grant(.init(id: 2, owner: alice, ttl: 30), into: &journal)
+        LeaseJournalRecord.grant(.init(id: 2, owner: alice, ttl: 30), into: &journal)
         journal[damaged] ^= 0xFF
         try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
         try Data(journal).write(to: URL(fileURLWithPath: dir + "/leases"))
