@@ -114,9 +114,6 @@ final class Repository: DurabilityListener, DurableLine, Sendable {
     /// The leases some key is attached to.
     var attachedLeases: Set<UInt64> { state.withLock { Set($0.core.attachedLeases) } }
 
-    /// The current state, for replies that report it (a conflict, say).
-    var sequence: StateSequence { state.withLock { $0.ledger.current } }
-
     // MARK: Publishing (under the lock)
 
     /// The sequence the next change applied gets (storage is handed it before `applied`).

@@ -39,7 +39,7 @@ private func start(_ c: RepositoryCore, since: UInt64, epoch: String? = nil, key
     return try c.start(SubscribeRequest(repo: "ui", selection: selection, since: since, epoch: epoch, catchup: true), sub: 1, skipOrigin: nil, now: 100)
 }
 
-@Suite struct CatchUpCoreTests {
+@Suite(.mayBlock) struct CatchUpCoreTests {
     @Test func aDeletionLeavesATombstoneThatARecreationTakesAway() throws {
         var c = core()
         try write(&c, [.set("a", value(1)), .set("b", value(1))])

@@ -12,7 +12,7 @@ import ObservableKit
 import TestSupport
 import Testing
 
-@Suite struct FlatStateTests {
+@Suite(.mayBlock) struct FlatStateTests {
     /// Values with twins that are equal as JSON but differ in bytes.
     static let values: [CanonicalJSON] = [
         CanonicalJSON(.int(1)), CanonicalJSON(.double(1.0)), CanonicalJSON(.double(1.5)), CanonicalJSON(.string("a")),

@@ -9,6 +9,7 @@ import ObsStore
 import ObsValues
 import ObservableKit
 import Testing
+import TestSupport
 
 private let unlimited = WriteLimits(maxKeys: .max, maxRevisionBytes: .max)
 private func value(_ v: JSONValue) -> CanonicalJSON { CanonicalJSON(v) }
@@ -31,7 +32,7 @@ private func replay(_ c: RepositoryCore, _ request: SubscribeRequest, skip: UInt
     return String(decoding: start.replay, as: UTF8.self).split(separator: "\n").map(String.init)
 }
 
-@Suite struct RepositoryCoreTests {
+@Suite(.mayBlock) struct RepositoryCoreTests {
     @Test func theWriteRulesDecideWhatChanges() throws {
         var c = core()
         #expect(try write(&c, [.set("theme", value("light"))]) == 1)

@@ -9,6 +9,7 @@ import ObsStore
 import ObsValues
 import ObservableKit
 import Testing
+import TestSupport
 
 private func core() -> RepositoryCore {
     RepositoryCore(name: "ui", epoch: "e1", historyLimits: HistoryLimits(count: 10_000, maxBytes: 1 << 30, maxAge: nil))
@@ -41,7 +42,7 @@ private func state(_ c: RepositoryCore) -> [String: [UInt8]] {
     return entries
 }
 
-@Suite struct WritePathTests {
+@Suite(.mayBlock) struct WritePathTests {
     /// What a single-key write answers, whatever its spelling: an equal value (however spelled)
     /// is no change and reports the value left in place; a delete of an absent key reports no
     /// value; a change reports the value it replaced; the limits refuse before anything applies.
@@ -77,7 +78,7 @@ private func state(_ c: RepositoryCore) -> [String: [UInt8]] {
     }
 }
 
-@Suite struct UndoLogTests {
+@Suite(.mayBlock) struct UndoLogTests {
     /// Random writes not yet durable — batches and single keys — confirmed in random runs
     /// (past the log's compaction of its front) and
     /// undone in random runs: after each undo the state is exactly what it was at the revision

@@ -6,10 +6,11 @@ import Dispatch
 import Glibc
 import ObsStore
 import Testing
+import TestSupport
 
 @testable import ObsServer
 
-@Suite struct BusyPollTests {
+@Suite(.mayBlock) struct BusyPollTests {
     @Test func waitsWithinTheLimitGrowTheWindowAndLongerOnesShrinkItToNothing() {
         var poll = BusyPoll(limit: 50_000)
         #expect(poll.window == 0, "a loop starts by sleeping")

@@ -9,10 +9,11 @@ import ObsProtocol
 import ObsStore
 import Synchronization
 import Testing
+import TestSupport
 
 @testable import ObsServer
 
-@Suite struct ConnectionTests {
+@Suite(.mayBlock) struct ConnectionTests {
     @Test func aRequestLineIsAnsweredWithItsIdOkRevAndEpoch() throws {
         let server = try TestServer()
         let hub = server.hub
@@ -307,7 +308,7 @@ import Testing
 
 
 /// The rule alone: runs of a quarter of the read, within bounds, and half a run to follow.
-@Suite struct EarlySendTests {
+@Suite(.mayBlock) struct EarlySendTests {
     /// `due` for a read of `count` requests of 20 bytes, `handled` of them handled.
     func due(_ sinceSend: Int, of handled: Int, in count: Int, tickWrites: Int = 1) -> Bool {
         EarlySend.due(sinceSend: sinceSend, handled: handled, consumed: 20 * handled, of: 20 * count, tickWrites: tickWrites)

@@ -6,10 +6,11 @@
 import ObsProtocol
 import Synchronization
 import Testing
+import TestSupport
 
 @testable import ObsServer
 
-@Suite struct DeliveryBacklogTests {
+@Suite(.mayBlock) struct DeliveryBacklogTests {
     /// 20 sets of one key, in one read.
     private static let twentySets = (1...20).map { #"{"id":\#($0),"op":"set","repo":"r","key":"k","value":\#($0)}"# }
 

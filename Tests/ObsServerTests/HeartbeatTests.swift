@@ -6,10 +6,11 @@
 import Dispatch
 import ObsStore
 import Testing
+import TestSupport
 
 @testable import ObsServer
 
-@Suite struct HeartbeatTests {
+@Suite(.mayBlock) struct HeartbeatTests {
     /// Returns once `loop` ran everything queued on it before.
     private func drained(_ loop: IOLoop) async {
         await withCheckedContinuation { (c: CheckedContinuation<Void, Never>) in loop.execute { c.resume() } }

@@ -8,6 +8,7 @@ import ObsStore
 import ObservableKit
 import Synchronization
 import Testing
+import TestSupport
 
 @testable import ObsServer
 
@@ -24,7 +25,7 @@ func write(_ hub: Hub, _ repository: Repository, _ ops: [WriteOp<CanonicalJSON>]
     }
 }
 
-@Suite struct HubTests {
+@Suite(.mayBlock) struct HubTests {
     @Test func aRepositoryWhoseFirstRevisionWasUndoneIsStillTheOneTheHubHandsOut() throws {
         let server = try TestServer(storage: ManualStorage())
         let hub = server.hub
@@ -44,6 +45,39 @@ func write(_ hub: Hub, _ repository: Repository, _ ops: [WriteOp<CanonicalJSON>]
         let now = try #require(hub.existing("r"), "the hub kept the repository")
         #expect(now === first)
         #expect(now.get("k").entry?.value == CanonicalJSON(.int(2)), "the write is where readers look")
+    }
+
+    /// A refusal names the state it was checked against, and an undo of that state voids it:
+    /// a conflict with a pending write that storage then fails is never shown as durable. (The
+    /// session used to read the repository's current state after the check; an undo in between
+    /// made that the durable state, and the robustness suite saw `conflict: key "q/1" is at
+    /// revision 6450` for a revision 6450 that was undone — seed 580200557009.)
+    @Test func aRefusalOfAPendingStateIsVoidedWhenThatStateIsUndone() throws {
+        let storage = ManualStorage()
+        let server = try TestServer(storage: storage)
+        let hub = server.hub
+        let repository = hub.hold("r")
+        defer { hub.release("r") }
+        _ = write(hub, repository, [.set("k", CanonicalJSON(.int(1)))])
+        storage.confirmAll()
+        guard case .success(let pending) = write(hub, repository, [.set("k", CanonicalJSON(.int(2)))]) else {
+            Issue.record("the second write was not applied")
+            return
+        }
+        #expect(!repository.isDurable(pending.sequence), "storage has not confirmed it")
+        // Checked against the pending revision 2: a conflict, which names that state.
+        guard case .failure(.refused(.rules(.conflict), let checked)) = write(hub, repository, [.set("k", CanonicalJSON(.int(3)), ifRevision: 1)]) else {
+            Issue.record("ifRev 1 against revision 2 is not a conflict")
+            return
+        }
+        #expect(checked == pending.sequence)
+        repository.failed(after: 1, error: StorageError(.full, "test: disk full"))
+        guard case .failed = repository.awaitDurable(checked, on: hub.shards[0]) else {
+            Issue.record("a refusal of an undone state may be shown")
+            return
+        }
+        // What reading the state after the check would have named: the durable one.
+        #expect(repository.revision == 1)
     }
 
     @Test func concurrentConnectionsAndCreationsNeverPassTheirLimits() async throws {
@@ -88,7 +122,7 @@ func write(_ hub: Hub, _ repository: Repository, _ ops: [WriteOp<CanonicalJSON>]
     }
 }
 
-@Suite struct MessageSizeTests {
+@Suite(.mayBlock) struct MessageSizeTests {
     @Test func aReplyPastTheMessageLimitIsRefusedBeforeItIsBuilt() {
         let value = CanonicalJSON(.string(String(repeating: "v", count: 1000)))
         let entries = (0..<3000).map { (key: Key("k\($0)"), value: value) }

@@ -5,10 +5,11 @@
 
 import ObsProtocol
 import Testing
+import TestSupport
 
 @testable import ObsServer
 
-@Suite struct LeaseClockTests {
+@Suite(.mayBlock) struct LeaseClockTests {
     @Test func aTTLLeaseEndsAtItsDeadlineNeverEarlierAndAKeepAliveStartsItAgain() throws {
         let server = try TestServer()
         let watcher = try TestConnection(server)

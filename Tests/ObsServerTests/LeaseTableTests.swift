@@ -13,7 +13,7 @@ import TestSupport
 
 @testable import ObsServer
 
-@Suite struct LeaseTableTests {
+@Suite(.mayBlock) struct LeaseTableTests {
     private let owner = Writer(uid: 1000, gid: 1000, pid: 7)
 
     /// Two leases with a one-year TTL, three million keep-alives of the second: the deadline

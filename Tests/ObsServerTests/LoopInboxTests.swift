@@ -6,10 +6,11 @@
 
 import ObsProtocol
 import Testing
+import TestSupport
 
 @testable import ObsServer
 
-@Suite struct LoopInboxTests {
+@Suite(.mayBlock) struct LoopInboxTests {
     private static func set(_ value: Int) -> String {
         #"{"id":\#(value),"op":"set","repo":"r","key":"k","value":\#(value)}"# + "\n"
     }

@@ -9,6 +9,7 @@ import ObsProtocol
 import ObsStore
 import Synchronization
 import Testing
+import TestSupport
 
 @testable import ObsServer
 
@@ -26,7 +27,7 @@ private func subscriberAndWriter(_ limits: Limits) throws -> (TestServer, subscr
     return (server, subscriber, writer)
 }
 
-@Suite struct OutboxTests {
+@Suite(.mayBlock) struct OutboxTests {
     @Test func aReplyWaitingInItsSlotHoldsBackWhatIsQueuedAfterIt() throws {
         var pair: [Int32] = [0, 0]
         try #require(socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_NONBLOCK.rawValue), 0, &pair) == 0)

@@ -5,10 +5,11 @@
 
 import ObsProtocol
 import Testing
+import TestSupport
 
 @testable import ObsServer
 
-@Suite struct ProgressClockTests {
+@Suite(.mayBlock) struct ProgressClockTests {
     @Test func aQuietSubscriptionIsToldOnceASecondWhileTheRepositoryMoves() throws {
         let server = try TestServer()
         let watcher = try TestConnection(server)

@@ -14,7 +14,7 @@ import TestSupport
 
 @testable import ObsServer
 
-@Suite struct ReviewDefectTests {
+@Suite(.mayBlock) struct ReviewDefectTests {
     /// Two writers on two loops, the durable store failing their first revisions: the undo
     /// tells both loops; the writer on loop B writes again — a revision the store then keeps —
     /// before its loop has heard of the undo. Only the undone writes fail.

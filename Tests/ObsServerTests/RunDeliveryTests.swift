@@ -7,10 +7,11 @@
 import ObsProtocol
 import ObsValues
 import Testing
+import TestSupport
 
 @testable import ObsServer
 
-@Suite struct RunDeliveryTests {
+@Suite(.mayBlock) struct RunDeliveryTests {
     /// Revision n's value: long enough that a run's events are more than the socket takes at once.
     private static func value(_ n: Int64) -> String { "\(n):" + String(repeating: "x", count: 300) }
 

@@ -11,6 +11,7 @@ import ObsProtocol
 import ObsStore
 import ObservableKit
 import Testing
+import TestSupport
 
 @testable import ObsServer
 
@@ -33,7 +34,7 @@ extension String {
     fileprivate func leftPadded(to width: Int) -> String { String(repeating: "0", count: max(0, width - count)) + self }
 }
 
-@Suite struct SnapshotStreamTests {
+@Suite(.mayBlock) struct SnapshotStreamTests {
     @Test func aLargeSnapshotStreamsInPiecesAndWhatFollowsComesAfterIt() throws {
         let server = try TestServer()
         let writer = try fill(server, count: 6000)

@@ -118,7 +118,7 @@ func crashedAfter(_ revisions: UInt64, value: JSONValue = 1, segmentSize: Int = 
 
 func crashedAfterTenRevisions() throws -> String { try crashedAfter(10) }
 
-@Suite struct DiskStorageTests {
+@Suite(.mayBlock) struct DiskStorageTests {
     @Test func whatWasMadeDurableIsLoadedWithItsHistoryAndEpoch() throws {
         let dir = temporaryDirectory()
         defer { try? FileManager.default.removeItem(atPath: dir) }

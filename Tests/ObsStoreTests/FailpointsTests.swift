@@ -4,8 +4,9 @@
 import Foundation
 @testable import ObsStore
 import Testing
+import TestSupport
 
-@Suite struct FailpointsTests {
+@Suite(.mayBlock) struct FailpointsTests {
     @Test func afterAndTimesPickTheHitsThatTrigger() {
         let f = Failpoints(spec: "wal.write=drop@after(2)@times(2);store.segment-size=value(4096)", seed: 1)
         let hits = (1...6).map { _ in f.evaluate("wal.write") }

@@ -29,7 +29,7 @@ func expectSame(_ table: FlatTable, _ model: [Key: Entry<CanonicalJSON>], source
     for (key, entry) in model { #expect(table[key] == entry, "key \(key) looked up", sourceLocation: sourceLocation) }
 }
 
-@Suite struct FlatTableTests {
+@Suite(.mayBlock) struct FlatTableTests {
     @Test(arguments: [(keys: 40, ops: 20_000, seed: 1 as UInt64), (keys: 3_000, ops: 60_000, seed: 2), (keys: 200, ops: 30_000, seed: 3)])
     func randomOperationsMatchADictionary(keys: Int, ops: Int, seed: UInt64) {
         var rng = SeededGenerator(seed: seed)

@@ -36,7 +36,7 @@ private func storeWithoutCheckpoints(_ dir: String) throws -> DiskStorage {
     return try DiskStorage(options: o, logger: testLogger)
 }
 
-@Suite struct LeaseStorageTests {
+@Suite(.mayBlock) struct LeaseStorageTests {
     private let alice = Writer(uid: 1000, gid: 1000, pid: 42)
 
 
@@ -219,7 +219,7 @@ private func storeWithoutCheckpoints(_ dir: String) throws -> DiskStorage {
 
 /// Lease ids across `obsd --repair-log` (found by the robustness suite, `repair-lease`): the
 /// grants the repair cut away had ids the table must never hand out again.
-@Suite struct LeaseRepairTests {
+@Suite(.mayBlock) struct LeaseRepairTests {
     private let alice = Writer(uid: 1000, gid: 1000, pid: 42)
 
     @Test func aRepairThatCutGrantsAwayHandsOutNoneOfTheirIds() throws {

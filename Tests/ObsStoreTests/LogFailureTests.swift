@@ -44,7 +44,7 @@ private func openWithKeyKept(_ dir: String) throws -> (DiskStorage, FaultyFiles,
     return (storage, files, a)
 }
 
-@Suite struct LogFailureTests {
+@Suite(.mayBlock) struct LogFailureTests {
     @Test func aGroupThatFailsAtASegmentRollOverLeavesTheNewSegmentsHeader() throws {
         let dir = temporaryDirectory()
         defer { try? FileManager.default.removeItem(atPath: dir) }

@@ -58,7 +58,7 @@ private func tenRevisionsInTheLastSegment() throws -> (dir: String, segment: Str
     return (dir, segment, starts)
 }
 
-@Suite struct LogLossTests {
+@Suite(.mayBlock) struct LogLossTests {
     /// The last segment cut in the middle of a record: what is left looks like a torn write,
     /// but a preallocated segment is never shorter than its preallocation after a crash.
     @Test func aLastSegmentCutShortIsRefusedNamingIt() throws {

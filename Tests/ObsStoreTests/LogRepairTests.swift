@@ -28,7 +28,7 @@ private func repairing(_ dir: String) -> DiskStorage.Options {
     return o
 }
 
-@Suite struct LogRepairTests {
+@Suite(.mayBlock) struct LogRepairTests {
     @Test func aDamagedRecordIsCutWithWhatFollowsAndTheStoreGoesOn() throws {
         let dir = try crashedAfterTenRevisions()
         defer { try? FileManager.default.removeItem(atPath: dir) }

@@ -91,7 +91,7 @@ private func expectRefusal(_ dir: String, naming path: String, _ words: String..
     }
 }
 
-@Suite struct SnapshotTests {
+@Suite(.mayBlock) struct SnapshotTests {
     @Test(arguments: [21 as UInt64, 22])
     func snapshotsTakenWhileWritingLoadWhatWasWrittenAfterAStopOrACrash(seed: UInt64) throws {
         let dir = temporaryDirectory()

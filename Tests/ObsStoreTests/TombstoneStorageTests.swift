@@ -175,7 +175,7 @@ private func doneBlock(repositories: UInt32, entries: UInt64) -> (SnapshotFormat
     return (.done, w.bytes)
 }
 
-@Suite struct TombstoneStorageTests {
+@Suite(.mayBlock) struct TombstoneStorageTests {
     /// Tombstones across several TOMB blocks, a floor without any, none at all: read back as
     /// written; read with a lower bound, the newest are kept and the floor raised.
     @Test func aSnapshotHoldsEachRepositorysTombstonesAndTheirFloor() throws {

@@ -55,7 +55,7 @@ private func segmentFiles(_ dir: String) throws -> [String] {
     try FileManager.default.contentsOfDirectory(atPath: dir).filter { $0.hasSuffix(".wal") }.sorted().map { dir + "/" + $0 }
 }
 
-@Suite struct WriteAheadLogTornGroupTests {
+@Suite(.mayBlock) struct WriteAheadLogTornGroupTests {
     /// Frame sizes: a group start is 16 bytes, a 1,400-byte record 1,408.
     static let record = 1408
     static let start = 16

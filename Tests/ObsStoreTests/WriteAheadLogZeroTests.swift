@@ -68,7 +68,7 @@ private func holesShowUnwrittenSpace(in dir: String) -> Bool {
     return lseek(fd, 0, 4 /* SEEK_HOLE */) == 0
 }
 
-@Suite struct WriteAheadLogZeroTests {
+@Suite(.mayBlock) struct WriteAheadLogZeroTests {
     @Test func zerosAheadOfTheEndChangeNothingReplayFinds() throws {
         let dir = temporaryDirectory()
         defer { try? FileManager.default.removeItem(atPath: dir) }

@@ -78,7 +78,10 @@ struct WriteOutcome: Sendable {
 
 /// Why a write was not applied (or, for `.shared(.outcomeUnknown)`, may not have been).
 enum WriteFailure: Error, Sendable {
-    case refused(WriteRefusal)
+    /// Refused by the write rules or limits, checked against the state `at` names (read under
+    /// the same lock as the check): its reply waits until that state is durable, and becomes
+    /// a storage failure if that state is undone.
+    case refused(WriteRefusal, at: StateSequence)
     /// The write would create this repository, and no more may be created.
     case tooManyRepositories(limit: Int)
     /// Storage no longer takes revisions (the daemon is stopping).
@@ -142,7 +145,7 @@ final class LocalSequencer: Sequencer {
         return repository.withState { s -> WriteDecision in
             let plan: WritePlan
             do throws(WriteRefusal) { plan = try s.core.plan(write.ops, limits: write.context.limits, into: plans) } catch {
-                return .failure(.refused(error))
+                return .failure(.refused(error, at: s.ledger.current))
             }
             // A lease named must exist and be the writer's — checked, and this repository
             // recorded in the lease, under this lock: a lease that ends meanwhile ends either

@@ -74,7 +74,7 @@ extension SharedSequencer {
                     }
                     switch planned {
                     case .failure(let error):
-                        answers.append((item, .failure(.refused(error)), nil))  // a conflict: true if the state is current
+                        answers.append((item, .failure(.refused(error, at: s.ledger.current)), nil))  // a conflict: true if the state is current
                         continue
                     case .success(let planned):
                         (changes, previous, creates) = planned

@@ -155,12 +155,12 @@ extension Session {
     /// The error reply for a write that failed.
     static func protocolError(_ failure: WriteFailure, repo: String) -> ProtocolError {
         switch failure {
-        case .refused(.rules(let error)):
+        case .refused(.rules(let error), _):
             let code: ErrorCode = if case .conflict = error { .conflict } else { .badRequest }
             return ProtocolError(code, error.description)
-        case .refused(.tooManyKeys(let limit)):
+        case .refused(.tooManyKeys(let limit), _):
             return ProtocolError(.overloaded, "repository \(repo) would hold more than \(limit) keys")
-        case .refused(.revisionTooLarge(let bytes, let limit)):
+        case .refused(.revisionTooLarge(let bytes, let limit), _):
             return ProtocolError(
                 .tooLarge,
                 "this write's revision would carry \(bytes) bytes of keys and old and new values; the limit is \(limit) (limits.max-revision-bytes): split it into smaller batches")

@@ -319,11 +319,16 @@ final class Session {
                 case .success(let outcome):
                     if outcome.changed { shard.counters.countWrite() }
                     scratch.old.withUnsafeBytes { old in answerWrite(id, outcome, old: single && outcome.existed ? old : nil, in: repository) }
-                case .failure(.refused(.rules(let error))):
-                    // Reports the state it was checked against.
-                    fail(id: id, Self.protocolError(.refused(.rules(error)), repo: repository.name), after: repository.sequence, in: repository)
                 case .failure(let failure):
-                    fail(id: id, Self.protocolError(failure, repo: repository.name))
+                    // A refusal reports the state it was checked against, named by the check
+                    // itself: read afterwards, the sequence could already be the durable one an
+                    // undo went back to, and a conflict with a write that never happened would
+                    // be shown (found by the robustness suite under a full disk).
+                    if case .refused(_, let checked) = failure {
+                        fail(id: id, Self.protocolError(failure, repo: repository.name), after: checked, in: repository)
+                    } else {
+                        fail(id: id, Self.protocolError(failure, repo: repository.name))
+                    }
                 }
                 holdForDelivery()
             }
