@@ -175,7 +175,8 @@ public struct ListReply<Value: WireValue>: ReplyMessage, Equatable {
         self.valuesInKeyOrder = valuesInKeyOrder
     }
 
-    /// The values by key, when they were asked for.
+    /// The values by key, when they were asked for — a dictionary built on each read: read it
+    /// once, not per key.
     public var values: [Key: Value]? {
         valuesInKeyOrder.map { Dictionary(zip(keys, $0), uniquingKeysWith: { $1 }) }
     }

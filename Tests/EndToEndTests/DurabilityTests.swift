@@ -58,9 +58,10 @@ import Glibc
             try await d.launch()
             let client = try await ObsConnection.connect(socketPath: d.socketPath)
             let listing = try await client.list("k", includingValues: true)
+            let values = listing.values ?? [:]  // (built on each read of `values`: read once)
             var missing = 0
             for (key, ack) in acknowledged {
-                guard let value = listing.values?[key], value == .int(ack.value) else {
+                guard let value = values[key], value == .int(ack.value) else {
                     missing += 1
                     continue
                 }
@@ -86,7 +87,8 @@ import Glibc
             try await d.launch()
             let client = try await ObsConnection.connect(socketPath: d.socketPath)
             let listing = try await client.list("k", includingValues: true)
-            let lost = acknowledged.filter { listing.values?[$0.key] != .int($0.value.value) }
+            let values = listing.values ?? [:]  // (built on each read of `values`: read once)
+            let lost = acknowledged.filter { values[$0.key] != .int($0.value.value) }
             #expect(lost.isEmpty, "round \(round) (kill after \(delay) µs): \(lost.count) acknowledged writes lost")
             // Every write adds one key: a revision per key means no revision was lost from
             // the middle or replayed twice.
@@ -106,7 +108,8 @@ import Glibc
         try await d.launch()
         let client = try await ObsConnection.connect(socketPath: d.socketPath)
         let listing = try await client.list("k", includingValues: true)
-        #expect(acks.allSatisfy { listing.values?[$0.key] == .int($0.value.value) }, "every acknowledged write is kept")
+        let values = listing.values ?? [:]  // (built on each read of `values`: read once)
+        #expect(acks.allSatisfy { values[$0.key] == .int($0.value.value) }, "every acknowledged write is kept")
         let unanswered = listing.keys.filter { acks[$0] == nil }
         #expect(unanswered.isEmpty, "\(unanswered.count) writes became durable at shutdown but their replies never reached the client")
         await client.close()
@@ -118,7 +121,8 @@ import Glibc
         try await d.launch()
         let client = try await ObsConnection.connect(socketPath: d.socketPath)
         let listing = try await client.list("k", includingValues: true)
-        #expect(acks.allSatisfy { listing.values?[$0.key] == .int($0.value.value) })
+        let values = listing.values ?? [:]  // (built on each read of `values`: read once)
+        #expect(acks.allSatisfy { values[$0.key] == .int($0.value.value) })
         let stats = try await client.statistics()
         #expect(stats.storage?.contains("relaxed (1000 ms)") == true)
         await client.close()

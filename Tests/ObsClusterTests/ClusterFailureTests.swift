@@ -108,10 +108,11 @@ extension ClusterTests {
         // Every acknowledged write is readable through B, at its revision in B's stream.
         #expect(await log.wait(forRevision: last), "\(pair.diagnostics)")
         let listing = try await b.list("load", includingValues: true)
+        let values = listing.values ?? [:]  // (built on each read of `values`: read once)
         #expect(listing.revision >= last)
         let events = Dictionary(log.changes.map { ($0.revision, $0) }, uniquingKeysWith: { first, _ in first })
         for (i, revision) in acknowledged {
-            #expect(listing.values?[Key("k\(i)")] == int(i), "acknowledged write \(i) (revision \(revision)) is not readable via B")
+            #expect(values[Key("k\(i)")] == int(i), "acknowledged write \(i) (revision \(revision)) is not readable via B")
             #expect(events[revision]?.changes.map(\.key) == [Key("k\(i)")] && events[revision]?.changes.first?.new == int(i))
         }
         // B's stream is dense and holds no duplicate: 1, 2, … up to B's revision.
