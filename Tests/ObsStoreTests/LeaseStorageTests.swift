@@ -33,7 +33,7 @@ private final class Table: DurabilityListener {
 private func storeWithoutCheckpoints(_ dir: String) throws -> DiskStorage {
     var o = options(dir)
     o.checkpointInterval = .seconds(3600)
-    return try DiskStorage(options: o, logger: testLogger)
+    return try lockedByNoOtherProcess { try DiskStorage(options: o, logger: testLogger) }
 }
 
 @Suite(.mayBlock) struct LeaseStorageTests {
@@ -78,7 +78,7 @@ private func storeWithoutCheckpoints(_ dir: String) throws -> DiskStorage {
         storage.close()
 
         for (place, directory) in [("the log", crashed), ("the snapshot", dir)] {
-            let reopened = try DiskStorage(options: options(directory), logger: testLogger)
+            let reopened = try lockedByNoOtherProcess { try DiskStorage(options: options(directory), logger: testLogger) }
             defer { reopened.close() }
             let loaded = try #require(try reopened.load().first)
             #expect(loaded.attachments == ["a": 1, "b": 1, "d": 3], "from \(place)")
@@ -109,7 +109,7 @@ private func storeWithoutCheckpoints(_ dir: String) throws -> DiskStorage {
         storage.close()
         // The same directory, its last group never written: the write and its attachment are gone.
         try zeroLastGroup(crashed)
-        let reopened = try DiskStorage(options: options(crashed), logger: testLogger)
+        let reopened = try lockedByNoOtherProcess { try DiskStorage(options: options(crashed), logger: testLogger) }
         defer { reopened.close() }
         let loaded = try #require(try reopened.load().first)
         #expect(loaded.state.revision == 1 && loaded.state[Key("k")]?.value == CanonicalJSON(.string("v0")))
@@ -122,7 +122,7 @@ private func storeWithoutCheckpoints(_ dir: String) throws -> DiskStorage {
     @Test func anEarlierObsdsJournalIsMigratedOnce() throws {
         let dir = temporaryDirectory()
         defer { try? FileManager.default.removeItem(atPath: dir) }
-        let storage = try DiskStorage(options: options(dir), logger: testLogger)
+        let storage = try lockedByNoOtherProcess { try DiskStorage(options: options(dir), logger: testLogger) }
         let repo = ListenerStub()
         let values = RevisionRecord(
             repo: "r", changeSet: ChangeSet(revision: 1, changes: ["a", "b", "c"].map { Change(key: Key($0), old: nil, new: CanonicalJSON(.int(1))) }),
@@ -144,7 +144,7 @@ private func storeWithoutCheckpoints(_ dir: String) throws -> DiskStorage {
         try Data(journal).write(to: URL(fileURLWithPath: dir + "/leases"))
 
         for round in 1...2 {
-            let reopened = try DiskStorage(options: options(dir), logger: testLogger)
+            let reopened = try lockedByNoOtherProcess { try DiskStorage(options: options(dir), logger: testLogger) }
             defer { reopened.close() }
             let loaded = try #require(try reopened.load().first)
             #expect(loaded.attachments == ["a": 1, "b": 2], "round \(round): b owed to the revoked lease, a key that is gone left out")
@@ -167,7 +167,7 @@ private func storeWithoutCheckpoints(_ dir: String) throws -> DiskStorage {
         try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
         try Data(journal).write(to: URL(fileURLWithPath: dir + "/leases"))
         #expect {
-            _ = try DiskStorage(options: options(dir), logger: testLogger)
+            _ = try lockedByNoOtherProcess { try DiskStorage(options: options(dir), logger: testLogger) }
         } throws: { error in
             "\(error)".contains(dir + "/leases") && "\(error)".contains("damaged")
         }
@@ -242,14 +242,14 @@ private func storeWithoutCheckpoints(_ dir: String) throws -> DiskStorage {
 
         var repair = options(crashed)
         repair.repairLog = true
-        let repaired = try DiskStorage(options: repair, logger: testLogger)
+        let repaired = try lockedByNoOtherProcess { try DiskStorage(options: repair, logger: testLogger) }
         let leases = repaired.loadLeases()
         repaired.close()
         #expect(Set(leases.live.keys) == [1, 2, 3])
         #expect(leases.nextID > 6, "ids 4 to 6 were granted before the cut: \(leases.nextID)")
         #expect(leases.nextID == 4 + DiskStorage.leaseIDsSkippedByARepair)
         // And the next start keeps it (the repair's snapshot holds it).
-        let reopened = try DiskStorage(options: options(crashed), logger: testLogger)
+        let reopened = try lockedByNoOtherProcess { try DiskStorage(options: options(crashed), logger: testLogger) }
         defer { reopened.close() }
         #expect(reopened.loadLeases().nextID == 4 + DiskStorage.leaseIDsSkippedByARepair)
     }

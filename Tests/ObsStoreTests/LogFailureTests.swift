@@ -19,7 +19,7 @@ import Glibc
 #endif
 
 private func open(_ options: DiskStorage.Options, files: FaultyFiles) throws -> DiskStorage {
-    try DiskStorage(options: options, logger: testLogger, files: files)
+    try lockedByNoOtherProcess { try DiskStorage(options: options, logger: testLogger, files: files) }
 }
 
 /// Appends revisions `from...` of "a" (key `k<rev>` = `value`), one group each, until one
@@ -68,7 +68,7 @@ private func openWithKeyKept(_ dir: String) throws -> (DiskStorage, FaultyFiles,
         #expect(waitFor { a.durable == failed })
         storage.close()
 
-        let reopened = try DiskStorage(options: options(dir, segmentSize: 4096), logger: testLogger)  // refused ("bad header") before the fix
+        let reopened = try lockedByNoOtherProcess { try DiskStorage(options: options(dir, segmentSize: 4096), logger: testLogger) }  // refused ("bad header") before the fix
         let loaded = try #require(try reopened.load().first)
         reopened.close()
         #expect(loaded.state.revision == failed)
@@ -82,7 +82,7 @@ private func openWithKeyKept(_ dir: String) throws -> (DiskStorage, FaultyFiles,
         defer { try? FileManager.default.removeItem(atPath: dir) }
         var o = options(dir, segmentSize: 4096)
         o.checkpointInterval = .seconds(3600)  // everything reaches the compacted state at close
-        let storage = try DiskStorage(options: o, logger: testLogger)
+        let storage = try lockedByNoOtherProcess { try DiskStorage(options: o, logger: testLogger) }
         let a = ListenerStub()
         let value = JSONValue.string(String(repeating: "v", count: 1000))
         var rev: UInt64 = 0
@@ -98,7 +98,7 @@ private func openWithKeyKept(_ dir: String) throws -> (DiskStorage, FaultyFiles,
         let applied = try SnapshotLoader.load(dir + "/obsd.snapshot", options: options(dir)).covered
         let end = base + UInt64(try lastFrameEnd(dir + "/wal/" + last))
         #expect(applied == end, "the snapshot covers the log through where its last frame ends, header included (\(applied) against \(end))")
-        let reopened = try DiskStorage(options: options(dir, segmentSize: 4096), logger: testLogger)
+        let reopened = try lockedByNoOtherProcess { try DiskStorage(options: options(dir, segmentSize: 4096), logger: testLogger) }
         #expect(try reopened.load().first?.state.revision == rev)
         #expect(!reopened.notices.contains { $0.contains("replayed") }, "a clean stop replays nothing: \(reopened.notices)")
         reopened.close()
@@ -130,7 +130,7 @@ private func openWithKeyKept(_ dir: String) throws -> (DiskStorage, FaultyFiles,
         // Told undone, they must never come back: not after a crash now…
         let crashed = try crashCopy(dir)
         defer { try? FileManager.default.removeItem(atPath: crashed) }
-        let recovered = try DiskStorage(options: options(crashed), logger: testLogger)
+        let recovered = try lockedByNoOtherProcess { try DiskStorage(options: options(crashed), logger: testLogger) }
         let state = try #require(try recovered.load().first).state
         #expect(state.revision == 2 && state[Key("k3")] == nil, "revision \(state.revision)")
         #expect(recovered.notices.contains { $0.contains("after the end of the write-ahead log") }, "\(recovered.notices)")
@@ -143,7 +143,7 @@ private func openWithKeyKept(_ dir: String) throws -> (DiskStorage, FaultyFiles,
         #expect(waitFor { a.durable == 3 })
         #expect(segments(dir).count == 2, "\(segments(dir))")
         storage.close()
-        let reopened = try DiskStorage(options: options(dir), logger: testLogger)
+        let reopened = try lockedByNoOtherProcess { try DiskStorage(options: options(dir), logger: testLogger) }
         let again = try #require(try reopened.load().first).state
         reopened.close()
         #expect(again.revision == 3 && again[Key("k3")]?.value == CanonicalJSON(.string("again")) && again[Key("k4")] == nil)
@@ -174,7 +174,7 @@ private func openWithKeyKept(_ dir: String) throws -> (DiskStorage, FaultyFiles,
         storage.close()
 
         // Here the frame did reach the file: a restart applies the write told "unknown".
-        let reopened = try DiskStorage(options: options(dir), logger: testLogger)
+        let reopened = try lockedByNoOtherProcess { try DiskStorage(options: options(dir), logger: testLogger) }
         let state = try #require(try reopened.load().first).state
         reopened.close()
         #expect(state.revision == 2 && state[Key("k")]?.value == CanonicalJSON(.string("unknown")))
@@ -217,7 +217,7 @@ private func openWithKeyKept(_ dir: String) throws -> (DiskStorage, FaultyFiles,
 
         // The next start finds the segment shorter than preallocated, and a header that does
         // not promise that size: no loss (refused as cut outside obsd before the fix).
-        let reopened = try DiskStorage(options: options(dir), logger: testLogger)
+        let reopened = try lockedByNoOtherProcess { try DiskStorage(options: options(dir), logger: testLogger) }
         let state = try #require(try reopened.load().first).state
         reopened.close()
         #expect(state.revision == 1 && state[Key("k")]?.value == CanonicalJSON(.string("kept")))
@@ -236,7 +236,7 @@ private func openWithKeyKept(_ dir: String) throws -> (DiskStorage, FaultyFiles,
         try file.write(contentsOf: Data(count: 8))
         try file.close()
 
-        let recovered = try DiskStorage(options: options(crashed), logger: testLogger)
+        let recovered = try lockedByNoOtherProcess { try DiskStorage(options: options(crashed), logger: testLogger) }
         #expect(try recovered.load().first?.state.revision == 7)
         // Cut from the start of revision 8's group: its group-start frame goes with it.
         #expect(
@@ -247,7 +247,7 @@ private func openWithKeyKept(_ dir: String) throws -> (DiskStorage, FaultyFiles,
         #expect(recovered.append(record("a", 8, "k", "new"), listener: b))
         recovered.close()
         #expect(b.durable == 8)
-        let again = try DiskStorage(options: options(crashed), logger: testLogger)
+        let again = try lockedByNoOtherProcess { try DiskStorage(options: options(crashed), logger: testLogger) }
         let state = try #require(try again.load().first).state
         again.close()
         #expect(state.revision == 8 && state[Key("k")]?.value == CanonicalJSON(.string("new")), "revision \(state.revision)")
@@ -260,7 +260,7 @@ private func openWithKeyKept(_ dir: String) throws -> (DiskStorage, FaultyFiles,
         let dir = mount.path + "/data"
         var o = options(dir, segmentSize: 1 << 20)
         o.checkpointInterval = .seconds(3600)  // acknowledged writes live in the log only
-        let storage = try DiskStorage(options: o, logger: testLogger)
+        let storage = try lockedByNoOtherProcess { try DiskStorage(options: o, logger: testLogger) }
         let a = ListenerStub()
         let big = JSONValue.string(String(repeating: "x", count: 400_000))
         // Fill the first segment until the next write cannot fit in it.
@@ -294,7 +294,7 @@ private func openWithKeyKept(_ dir: String) throws -> (DiskStorage, FaultyFiles,
         #expect(waitFor { a.durable == rev + 1 })
         storage.close()
 
-        let reopened = try DiskStorage(options: options(dir, segmentSize: 1 << 20), logger: testLogger)  // refused ("bad header") before the fix
+        let reopened = try lockedByNoOtherProcess { try DiskStorage(options: options(dir, segmentSize: 1 << 20), logger: testLogger) }  // refused ("bad header") before the fix
         let state = try #require(try reopened.load().first).state
         reopened.close()
         #expect(state.revision == rev + 1)

@@ -38,7 +38,7 @@ private func expectLossRefused(_ dir: String, segmentSize: Int = 64 << 20, namin
 
 /// The epoch and revision of repository "a" in the store at `dir`, opened with `o` (then closed).
 private func stateOfA(_ o: DiskStorage.Options) throws -> (epoch: String, revision: UInt64, notices: [String]) {
-    let storage = try DiskStorage(options: o, logger: testLogger)
+    let storage = try lockedByNoOtherProcess { try DiskStorage(options: o, logger: testLogger) }
     defer { storage.close() }
     let a = try #require(try storage.load().first { $0.name == "a" })
     return (a.epoch, a.state.revision, storage.notices)

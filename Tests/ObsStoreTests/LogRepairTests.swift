@@ -38,7 +38,7 @@ private func repairing(_ dir: String) -> DiskStorage.Options {
         try damage(segment, recordAt: starts[4])  // revision 5
         #expect(throws: StorageError.self) { try open(options(dir)) }
 
-        let repaired = try DiskStorage(options: repairing(dir), logger: testLogger)
+        let repaired = try lockedByNoOtherProcess { try DiskStorage(options: repairing(dir), logger: testLogger) }
         let loaded = try #require(try repaired.load().first)
         #expect(loaded.state.revision == 4 && loaded.state[Key("k4")] != nil && loaded.state[Key("k5")] == nil)
         #expect(
@@ -72,7 +72,7 @@ private func repairing(_ dir: String) -> DiskStorage.Options {
         try damage(first, recordAt: starts[1])
         #expect(throws: StorageError.self) { try open(options(dir)) }
 
-        let repaired = try DiskStorage(options: repairing(dir), logger: testLogger)
+        let repaired = try lockedByNoOtherProcess { try DiskStorage(options: repairing(dir), logger: testLogger) }
         #expect(try repaired.load().first?.state.revision == 1)
         #expect(repaired.notices.contains { $0.contains("and \(names.count - 1) later log segment(s)") }, "\(repaired.notices)")
         repaired.close()
@@ -85,7 +85,7 @@ private func repairing(_ dir: String) -> DiskStorage.Options {
     @Test func aSoundLogIsLeftAsItIs() throws {
         let dir = try crashedAfterTenRevisions()
         defer { try? FileManager.default.removeItem(atPath: dir) }
-        let storage = try DiskStorage(options: repairing(dir), logger: testLogger)
+        let storage = try lockedByNoOtherProcess { try DiskStorage(options: repairing(dir), logger: testLogger) }
         let loaded = try #require(try storage.load().first)
         #expect(loaded.state.revision == 10, "nothing cut")
         #expect(!storage.notices.contains { $0.hasPrefix("repaired") }, "\(storage.notices)")
