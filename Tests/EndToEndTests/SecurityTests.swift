@@ -173,12 +173,14 @@ struct AccessControlTests {
     }
 
     @Test func aRevisionCarryingTooManyOldAndNewBytesIsRefusedBeforeAnythingIsApplied() async throws {
-        // The daemon's defaults on a durable store: the values are within max-value-bytes,
-        // their sum is not within max-revision-bytes (16 MiB).
-        let d = try await TestDaemon.start()
+        // On a durable store: the values are within max-value-bytes, their sum is not within
+        // max-revision-bytes — 1 MiB here, so that the test writes 1.25 MiB, not the 20 MiB
+        // the default 16 MiB takes (forty 500 KiB writes to the debug daemon took over 10 s
+        // each on a busy machine).
+        let d = try await TestDaemon.start(["--max-revision-bytes", "1048576"])
         let c = try d.connect()
         let other = try d.connect()
-        let half = JSONValue.string(String(repeating: "v", count: 500 * 1024))
+        let half = JSONValue.string(String(repeating: "v", count: 32 * 1024))
         for i in 0..<40 { #expect(try c.call(["op": "set", "repo": "big", "key": .string("k\(i)"), "value": half]).ok) }
         let deleteAll: [JSONValue] = (0..<40).map { ["op": "delete", "key": .string("k\($0)")] }
         let refused = try c.call(["op": "batch", "repo": "big", "ops": .array(deleteAll)])
