@@ -309,6 +309,12 @@ final class Connection: IOHandler {
 
     // MARK: Endings
 
+    /// The loop's shard ended `subscription`, and its repository is a placeholder: the hub
+    /// may drop it now.
+    func subscriptionEnded(_ subscription: Subscription) {
+        hub.subscriptionEnded(subscription.repository)
+    }
+
     /// The connection overflowed: nothing more is read; it closes once the `overflow` event
     /// is written, or after the grace period. Its connection-bound leases end now — the
     /// connection is cut off, whatever the client takes to read its last message.

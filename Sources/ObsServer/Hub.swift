@@ -134,7 +134,6 @@ final class Hub: Sendable {
         }
         stats.repositories.store(loaded.filter { $0.state.revision > 0 }.count, ordering: .relaxed)
         for shard in shards {
-            shard.attach(to: self)
             // Each loop commits the writes it made before it delivers and writes (DiskStorage.flush).
             shard.loop.beforeTick = { [storage] in storage.flush() }
         }
@@ -187,8 +186,9 @@ final class Hub: Sendable {
         }
     }
 
-    /// Called after a subscription to `repository` ended, whatever ended it: drops the
-    /// repository if it was a placeholder nobody uses any more.
+    /// Called after a subscription to `repository` ended, by whoever ended it (a session, or
+    /// a connection for what its loop's delivery ended): drops the repository if it was a
+    /// placeholder nobody uses any more.
     func subscriptionEnded(_ repository: Repository) {
         guard !repository.isPermanent else { return }
         repositories.withLock { map in

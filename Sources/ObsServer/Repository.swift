@@ -28,19 +28,27 @@ final class Repository: DurabilityListener, DurableLine, Sendable {
     let id: UInt64
     let epoch: String
 
+    /// What the lock guards. A sequencer, deciding a write under the lock, plans and changes
+    /// `core` and hands each change it applied back (`appliedRevision`, `appliedAttachments`);
+    /// which states are durable, and who is shown what, stay the repository's own.
     struct State: Sendable {
+        /// The values, their history, and the lease attachments.
         var core: RepositoryCore
         /// Which of its states are durable.
-        var ledger = DurabilityLedger()
-        /// Loops with subscribers to this repository, and how many each has.
-        var subscriberLoops: [(shard: LoopShard, count: Int)] = []
+        fileprivate var ledger = DurabilityLedger()
+        /// Loops with subscribers to this repository: each loop's count, which it keeps
+        /// (a count at zero is dropped here when the next subscription starts).
+        fileprivate var subscriberLoops: [RouteCount] = []
+
+        /// The state `core` is in (a refusal or a reply that reports it waits for it).
+        var current: StateSequence { ledger.current }
+        /// The sequence the next change applied gets (storage is handed it before it is applied).
+        var nextSequence: StateSequence { ledger.next }
     }
 
     private let state: Mutex<State>
     /// What of `ledger` is readable without the lock.
     private let marks = DurabilityMarks()
-    /// Subscriptions of every loop; readable without the lock.
-    private let subscribers = Atomic<Int>(0)
     /// Loaded from storage, or written in this process (even if storage undid it since): the
     /// hub never drops it. Set once, never cleared.
     private let permanent = Atomic<Bool>(false)
@@ -88,7 +96,8 @@ final class Repository: DurabilityListener, DurableLine, Sendable {
     }
     var revision: UInt64 { state.withLock { $0.core.revision } }
     var isPermanent: Bool { permanent.load(ordering: .acquiring) }
-    var subscriberCount: Int { subscribers.load(ordering: .relaxed) }
+    /// Subscriptions of every loop.
+    var subscriberCount: Int { state.withLock { $0.subscriberLoops.reduce(0) { $0 + $1.count } } }
 
     /// Whether `bytes` are this repository's name.
     func hasName(_ bytes: UnsafeRawBufferPointer) -> Bool {
@@ -116,18 +125,30 @@ final class Repository: DurabilityListener, DurableLine, Sendable {
 
     // MARK: Publishing (under the lock)
 
-    /// The sequence the next change applied gets (storage is handed it before `applied`).
-    static func nextSequence(_ s: borrowing State) -> StateSequence { s.ledger.next }
+    /// A revision was committed to `s.core`: names its state; `durable` if it may be shown at
+    /// once — then it is published now, else when storage says it is durable.
+    func appliedRevision(_ s: inout State, durable: Bool) -> StateSequence {
+        let sequence = s.ledger.apply(durable: durable, marks: marks)
+        if durable, !s.subscriberLoops.isEmpty {
+            let loops = s.subscriberLoops
+            s.core.withLastRecord { Self.publish($0, to: loops, of: self) }
+        }
+        return sequence
+    }
 
-    /// A change was applied: names its state; `durable` if it may be shown at once.
-    static func applied(_ s: inout State, durable: Bool, on repository: Repository) -> StateSequence {
-        s.ledger.apply(durable: durable, marks: repository.marks)
+    /// Lease attachments a write moved without a revision were recorded in `s.core`: names
+    /// their state; `durable` if it may be reported at once.
+    func appliedAttachments(_ s: inout State, durable: Bool) -> StateSequence {
+        s.ledger.apply(durable: durable, marks: marks)
     }
 
     /// Posts a durable revision to the loops with subscribers. Under the lock, so each loop
     /// sees this repository's revisions in order.
-    static func publish(_ view: RevisionView, to loops: [(shard: LoopShard, count: Int)], of repository: Repository) {
-        for loop in loops { loop.shard.post(view, of: repository, weight: loop.count) }
+    private static func publish(_ view: RevisionView, to loops: [RouteCount], of repository: Repository) {
+        for loop in loops {
+            let weight = loop.count
+            if weight > 0 { loop.shard.post(view, of: repository, weight: weight) }
+        }
     }
 
     // MARK: Durability
@@ -187,7 +208,7 @@ final class Repository: DurabilityListener, DurableLine, Sendable {
             for (record, origin, tail) in revisions {
                 let info = RevisionInfo(revision: record.revision, time: record.time, writer: record.writer, origin: origin, weight: record.byteSize)
                 guard s.core.install(record.changes, info: info, tail: tail) else { continue }
-                _ = Self.applied(&s, durable: true, on: self)
+                _ = s.ledger.apply(durable: true, marks: marks)
                 if record.revision == 1 {
                     stats.repositories.add(1, ordering: .relaxed)
                     makePermanent()
@@ -233,24 +254,25 @@ final class Repository: DurabilityListener, DurableLine, Sendable {
     static let keysReadAtOnce = 4096
 
     /// Starts `subscription` for `request`: takes what it starts with and — unless its one
-    /// `once` change is in the replay, or its connection closed — makes it live and routes
-    /// it on its loop, all under the lock, so its start and its first event meet at one
-    /// revision. Its state's first `firstBytes` (about) are read at once.
-    func subscribe(_ subscription: Subscription, _ request: SubscribeRequest, now: Int64, firstBytes: Int) throws(RepositoryCore.StartRefusal) -> Started {
+    /// `once` change is in the replay, or its connection closed — has its loop's `shard`
+    /// start it (live and routed), all under the lock, so its start and its first event meet
+    /// at one revision. Its state's first `firstBytes` (about) are read at once.
+    func subscribe(
+        _ subscription: Subscription, _ request: SubscribeRequest, on shard: LoopShard, now: Int64, firstBytes: Int
+    ) throws(RepositoryCore.StartRefusal) -> Started {
         try state.withLock { (s) throws(RepositoryCore.StartRefusal) in
             let start = try s.core.start(request, sub: subscription.id, skipOrigin: subscription.skippedOrigin, now: now)
-            let live = !(request.once && start.replayed > 0) && subscription.connection.outbox.register(subscription)
-            if live {
+            var live = false
+            if !(request.once && start.replayed > 0) {
                 subscription.after = start.revision
                 subscription.completeThrough = start.revision
-                let shard = subscription.connection.shard
-                shard.route(subscription)
-                if let i = s.subscriberLoops.firstIndex(where: { $0.shard === shard }) {
-                    s.subscriberLoops[i].count += 1
-                } else {
-                    s.subscriberLoops.append((shard, 1))
+                if let count = shard.start(subscription) {
+                    live = true
+                    if !s.subscriberLoops.contains(where: { $0 === count }) {
+                        s.subscriberLoops.removeAll { $0.count == 0 }
+                        s.subscriberLoops.append(count)
+                    }
                 }
-                subscribers.add(1, ordering: .relaxed)
             }
             var started = Started(start: start, sequence: s.ledger.current, registered: live)
             guard let keys = start.state?.keys else { return started }
@@ -279,14 +301,4 @@ final class Repository: DurabilityListener, DurableLine, Sendable {
 
     /// How many readers are open (in-process tests look).
     var openReaders: Int { state.withLock { $0.core.openReaders } }
-
-    /// A subscription on `shard` ended (the shard stopped routing it).
-    func subscriberLeft(_ shard: LoopShard) {
-        state.withLock { s in
-            guard let i = s.subscriberLoops.firstIndex(where: { $0.shard === shard }) else { return }
-            s.subscriberLoops[i].count -= 1
-            if s.subscriberLoops[i].count == 0 { s.subscriberLoops.remove(at: i) }
-        }
-        subscribers.subtract(1, ordering: .relaxed)
-    }
 }

@@ -120,6 +120,55 @@ func write(_ hub: Hub, _ repository: Repository, _ ops: [WriteOp<CanonicalJSON>]
         server.hub.release("ghost")
         #expect(server.hub.existing("ghost") == nil)
     }
+
+    /// A loop keeps its own count of the subscriptions to a repository it routes, and the
+    /// repository reads it (the loop never calls the repository or the hub): every way a
+    /// subscription ends — an unsubscribe, a closing connection, an overflow in delivery —
+    /// leaves the counts right, and a placeholder goes with its last subscription.
+    @Test func subscriptionEndsAreCountedByTheirLoopsAndAPlaceholderGoesWithTheLast() throws {
+        var limits = Limits.testing
+        limits.queueEvents = 3
+        let server = try TestServer(limits: limits, loops: 2)
+        let hub = server.hub
+        let first = try TestConnection(server, loop: 0)
+        let second = try TestConnection(server, loop: 1)
+        let third = try TestConnection(server, loop: 1)
+        try first.send(lines(#"{"id":1,"op":"subscribe","repo":"ghost"}"#, #"{"id":2,"op":"subscribe","repo":"ghost","keys":["k"]}"#))
+        try second.send(lines(#"{"id":1,"op":"subscribe","repo":"ghost"}"#))
+        try third.send(lines(#"{"id":1,"op":"subscribe","repo":"ghost"}"#))
+        #expect(try first.received().map { $0["sub"] } == [1, 2])
+        #expect(try second.received().map { $0["sub"] } == [1])
+        #expect(try third.received().map { $0["sub"] } == [1])
+        let ghost = try #require(hub.existing("ghost"))
+        #expect(ghost.subscriberCount == 4)
+
+        try first.send(lines(#"{"id":3,"op":"unsubscribe","sub":1}"#))
+        #expect(try first.received().map { $0["ok"] } == [true])
+        #expect(ghost.subscriberCount == 3)
+        first.close()
+        #expect(ghost.subscriberCount == 2)
+        second.close()
+        #expect(ghost.subscriberCount == 1)
+        #expect(hub.existing("ghost") === ghost, "the other loop still routes it")
+
+        // `third` subscribes to a written repository too, reads nothing, and overflows: its
+        // loop's delivery ends both of its subscriptions, the placeholder's last.
+        let writer = try TestConnection(server, loop: 0)
+        try writer.send(lines(#"{"id":1,"op":"set","repo":"r","key":"k","value":0}"#))
+        #expect(try writer.received().map { $0["ok"] } == [true])
+        try third.send(lines(#"{"id":2,"op":"subscribe","repo":"r"}"#))
+        #expect(try third.received().map { $0["sub"] } == [2])
+        let written = try #require(hub.existing("r"))
+        #expect(written.subscriberCount == 1)
+        try third.setWritable(false)
+        for n in 1...5 { try writer.send(lines(#"{"id":\#(n + 1),"op":"set","repo":"r","key":"k","value":\#(n)}"#)) }
+        #expect(try writer.received().count == 5)
+        #expect(hub.stats.overflows.load(ordering: .relaxed) == 1)
+        #expect(written.subscriberCount == 0)
+        #expect(ghost.subscriberCount == 0)
+        #expect(hub.existing("ghost") == nil, "the placeholder went with its last subscription")
+        #expect(hub.existing("r") === written, "a written repository stays")
+    }
 }
 
 @Suite(.mayBlock) struct MessageSizeTests {

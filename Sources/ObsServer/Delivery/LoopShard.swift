@@ -1,12 +1,14 @@
 // ObsServer — one event loop's share of delivery: the subscriptions of its connections, by
 // repository and key; the revisions and durability news waiting to be delivered on it; the
 // replies waiting for durability (LoopShard+Durability.swift); and the connections with output
-// to write. It is the only code that appends events to outboxes, and it ends subscriptions:
-// whoever ends one — an unsubscribe, a failed start, a closing connection, a revoke — asks
-// it (`end`, `revoke`), which takes it out of its connection's outbox and of the routes in
-// one step. It calls back up in two places only: a subscription that ends in delivery
-// (`once`, an overflow) is taken off its repository and the hub's tally
-// (`subscriptionEnded`), and a `sync` whose events are queued is answered by its session
+// to write. It is the only code that appends events to outboxes, and it owns a subscription's
+// life on the loop: it starts one (`start`: registered with its connection's outbox and routed,
+// in one step) and ends it — whoever ends one (an unsubscribe, a failed start, a closing
+// connection, a revoke, its own delivery of a `once` event or an overflow) goes through it,
+// which takes it out of its connection's outbox and of the routes in one step. It never calls
+// a repository or the hub: how many subscriptions to a repository it routes is news it keeps
+// (`RouteCount`), which the repository reads as it posts; an ended subscription to a
+// placeholder repository is reported to its connection, which tells the hub. A `sync` whose events are queued is answered by its session
 // (`checkSyncs`).
 //
 // A repository posts each revision it may show (a durable one) to every loop with subscribers
@@ -56,6 +58,23 @@ struct DeliveryBudget: Sendable {
     var eventsPerTick = 65_536
     /// Events waiting to be delivered on one loop past which writers wait.
     var maxBacklog = 262_144
+}
+
+/// How many subscriptions to one repository one loop routes: the loop's news for that
+/// repository, written only by the loop as it routes and unroutes, read by the repository as
+/// it posts — a revision's weight on that loop, and whether to post there at all. Zero is
+/// final: a loop's routes of a repository that empty take their count with them, and the
+/// next subscription there starts a new one.
+final class RouteCount: Sendable {
+    let shard: LoopShard
+    private let value = Atomic<Int>(0)
+
+    fileprivate init(shard: LoopShard) { self.shard = shard }
+
+    /// The subscriptions routed now (relaxed: a post that reads a count just ended finds no
+    /// routes on the loop and is dropped there).
+    var count: Int { value.load(ordering: .relaxed) }
+    fileprivate func add(_ n: Int) { value.add(n, ordering: .relaxed) }
 }
 
 /// A reply that waits for several repositories' states (a `revoke` that deleted keys in
@@ -109,9 +128,12 @@ final class LoopShard: @unchecked Sendable {
         /// The newest revision delivered to this loop.
         var revision: UInt64 = 0
         var isRouting = false  // asserted in route/unroute (`deliver` unroutes after routing)
+        /// `routes`' size, as the repository reads it.
+        let count: RouteCount
 
-        init(repository: Repository) {
+        init(repository: Repository, shard: LoopShard) {
             self.repository = repository
+            self.count = RouteCount(shard: shard)
             storage = .allocate(capacity: 1)
             storage.initialize(to: KeyedRoutes())
         }
@@ -166,8 +188,6 @@ final class LoopShard: @unchecked Sendable {
     /// How many connections recent ticks wrote to (the most, decaying like `recentTickEvents`).
     private(set) var recentTickWrites = 0
     static let manyWrites = 32  // past this many connections, a tick may write the newest first
-    /// The hub that owns this shard (weak: the hub holds its shards).
-    private(set) weak var hub: Hub?
     /// Connections whose session waits for a `sync` (Session+Sync.swift): checked after each
     /// tick's delivery.
     private var syncing: [Connection] = []
@@ -180,9 +200,6 @@ final class LoopShard: @unchecked Sendable {
         self.budget = budget
         loop.onTick = { [unowned self] in self.tick() }
     }
-
-    /// Set once by the hub that owns this shard, before it serves.
-    func attach(to hub: Hub) { self.hub = hub }
 
     // MARK: Posting (any thread)
 
@@ -236,27 +253,33 @@ final class LoopShard: @unchecked Sendable {
 
     // MARK: Subscriptions (on the loop)
 
-    /// Makes `subscription` receive the revisions of its repository that its selection picks.
-    /// Called with the repository's lock held (see `Repository.subscribe`), so no revision
-    /// can slip between its start and its first event.
-    func route(_ subscription: Subscription) {
+    /// Starts `subscription`: registers it with its connection's outbox and routes it here —
+    /// unless the connection is closing. Returns this loop's count of subscriptions to its
+    /// repository, for the repository to post by; nil if it did not start. Called with the
+    /// repository's lock held (see `Repository.subscribe`), so no revision can slip between
+    /// its start and its first event.
+    func start(_ subscription: Subscription) -> RouteCount? {
         loop.assertInLoop()
+        assert(subscription.connection.shard === self, "a subscription starts on its connection's loop")
+        guard subscription.connection.outbox.register(subscription) else { return nil }
         let id = subscription.repository.id
-        let entry = routes[id] ?? RepositoryRoutes(repository: subscription.repository)
+        let entry = routes[id] ?? RepositoryRoutes(repository: subscription.repository, shard: self)
         assert(!entry.isRouting, "a subscription routed while a revision is routed")
         routes[id] = entry
         entry.routes.insert(.passUnretained(subscription), for: subscription.selection, id: subscription.routeID)
+        entry.count.add(1)
         if subscription.progress {
             subscription.lastProgress = loop.now
             progressing[subscription.routeID] = subscription
             if progressTimer == nil { scheduleProgress() }
         }
+        return entry.count
     }
 
     /// Ends subscription `id` of `outbox`'s connection: no event of it follows, and its route
     /// goes with it. The one way a subscription ends — an unsubscribe, a start that failed,
-    /// a storage failure under its start — besides `end(allOf:closing:)` and `revoke`. Nil if
-    /// it was not live.
+    /// a storage failure under its start — besides `end(allOf:closing:)`, `revoke` and this
+    /// shard's delivery. Nil if it was not live.
     @discardableResult
     func end(_ id: UInt64, of outbox: Outbox) -> Subscription? {
         guard let subscription = outbox.unregister(id) else { return nil }
@@ -280,16 +303,18 @@ final class LoopShard: @unchecked Sendable {
 
     /// Stops routing to `subscription`. Idempotent. The shard's own (its delivery unroutes the
     /// `once` subscriptions a revision ended); every other end goes through `end` or `revoke`.
+    /// One to a repository nobody wrote is reported to its connection, for the hub (a
+    /// placeholder nobody uses any more goes).
     func unroute(_ subscription: Subscription) {
         loop.assertInLoop()
         let id = subscription.repository.id
         guard let entry = routes[id] else { return }
         assert(!entry.isRouting, "a subscription unrouted while a revision is routed")
         guard entry.routes.remove(subscription.routeID) != nil else { return }
+        entry.count.add(-1)
         if entry.routes.count == 0 { routes[id] = nil }
         if subscription.progress { progressing[subscription.routeID] = nil }
-        subscription.repository.subscriberLeft(self)
-        hub?.subscriptionEnded(subscription.repository)
+        if !subscription.repository.isPermanent { subscription.connection.subscriptionEnded(subscription) }
     }
 
     /// Checks `connection`'s pending `sync` after each tick's delivery until it is answered.

@@ -145,7 +145,7 @@ final class LocalSequencer: Sequencer {
         return repository.withState { s -> WriteDecision in
             let plan: WritePlan
             do throws(WriteRefusal) { plan = try s.core.plan(write.ops, limits: write.context.limits, into: plans) } catch {
-                return .failure(.refused(error, at: s.ledger.current))
+                return .failure(.refused(error, at: s.current))
             }
             // A lease named must exist and be the writer's — checked, and this repository
             // recorded in the lease, under this lock: a lease that ends meanwhile ends either
@@ -167,7 +167,7 @@ final class LocalSequencer: Sequencer {
                 // waits until they are durable.
                 let moves = s.core.attach(write.ops)
                 guard !moves.isEmpty else {
-                    return .success(WriteOutcome(revision: s.core.revision, changed: false, existed: existed, sequence: s.ledger.current))
+                    return .success(WriteOutcome(revision: s.core.revision, changed: false, existed: existed, sequence: s.current))
                 }
                 guard let sequence = attach(moves, &s, repository) else { return .failure(.storageClosed) }
                 return .success(WriteOutcome(revision: s.core.revision, changed: false, existed: existed, sequence: sequence))
@@ -213,13 +213,13 @@ final class LocalSequencer: Sequencer {
         let immediate = storage.isImmediate
         let stored =
             immediate
-            || storage.append(.attachments(repo: repository.name, revision: s.core.revision, moves: moves), sequence: Repository.nextSequence(s), listener: repository)
+            || storage.append(.attachments(repo: repository.name, revision: s.core.revision, moves: moves), sequence: s.nextSequence, listener: repository)
         guard stored else {
             for move in moves.reversed() { s.core.setAttachment(move.key, to: move.from) }
             return nil
         }
         s.core.recordAttachments(moves, durable: immediate)
-        return Repository.applied(&s, durable: immediate, on: repository)
+        return repository.appliedAttachments(&s, durable: immediate)
     }
 
     /// Commits `ops`, planned (a write that changes something), as the repository's next
@@ -235,7 +235,7 @@ final class LocalSequencer: Sequencer {
         let info = s.core.nextRevision(plan, time: time, writer: writer, origin: origin)
         if !immediate {
             // Storage never calls back from inside `append` (this lock is held).
-            let sequence = Repository.nextSequence(s)
+            let sequence = s.nextSequence
             let stored = RepositoryCore.withChanges(ops, plans, changed: plan.changed) { changes in
                 storage.append(
                     .revision(
@@ -252,11 +252,6 @@ final class LocalSequencer: Sequencer {
         }
         s.core.commit(plan, ops, plans, as: info, durable: immediate, tail: leaseEnd.map(RepositoryCore.tail) ?? [], moves: moves)
         if plan.creates { repository.makePermanent() }
-        let sequence = Repository.applied(&s, durable: immediate, on: repository)
-        if immediate {
-            let loops = s.subscriberLoops
-            if !loops.isEmpty { s.core.withLastRecord { Repository.publish($0, to: loops, of: repository) } }
-        }
-        return (info.revision, sequence)
+        return (info.revision, repository.appliedRevision(&s, durable: immediate))
     }
 }

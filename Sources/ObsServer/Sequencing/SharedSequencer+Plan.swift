@@ -74,7 +74,7 @@ extension SharedSequencer {
                     }
                     switch planned {
                     case .failure(let error):
-                        answers.append((item, .failure(.refused(error, at: s.ledger.current)), nil))  // a conflict: true if the state is current
+                        answers.append((item, .failure(.refused(error, at: s.current)), nil))  // a conflict: true if the state is current
                         continue
                     case .success(let planned):
                         (changes, previous, creates) = planned
@@ -116,7 +116,7 @@ extension SharedSequencer {
                     guard !doomed.isEmpty, case .success(let deleted) = deletion, !deleted.isEmpty else {
                         // Nothing left: say which revision deleted them, if it is known.
                         let known = endRevision(of: ended.id, in: repository) ?? 0
-                        decided.append((item, .success(WriteOutcome(revision: known, changed: false, existed: false, sequence: s.ledger.current))))
+                        decided.append((item, .success(WriteOutcome(revision: known, changed: false, existed: false, sequence: s.current))))
                         continue
                     }
                     changes = deleted

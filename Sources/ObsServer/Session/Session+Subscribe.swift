@@ -23,7 +23,7 @@ extension Session {
         let subscription = Subscription(id: number, repository: repository, connection: connection, request: request)
         let started: Repository.Started
         do throws(RepositoryCore.StartRefusal) {
-            started = try repository.subscribe(subscription, request, now: now, firstBytes: Self.streamAbove)
+            started = try repository.subscribe(subscription, request, on: shard, now: now, firstBytes: Self.streamAbove)
         } catch {
             switch error {
             case .compacted(let message): return fail(id: id, ProtocolError(.compacted, message))
