@@ -197,6 +197,7 @@ final class Connection: IOHandler {
         guard shard.recentTickEvents < EarlySend.heavyTick else { return }
         if outbox.holdsSlots, hub.storage.flushesCheaply {
             hub.storage.flush()
+            hub.courier.deliver()
             shard.releaseDurable()
         }
         guard outbox.hasReady else { return }

@@ -81,6 +81,8 @@ final class Hub: Sendable {
     let freshEpoch: String
     let historyLimits: HistoryLimits
     let storage: any Storage
+    /// Delivers what storage reports about the frames handed to it.
+    let courier: DurabilityCourier
     /// Decides writes (`LocalSequencer`, or `SharedSequencer` when other daemons share the store).
     let sequencer: any Sequencer
     /// Reads first make sure the state here is current: the shared store, when there is one.
@@ -127,6 +129,8 @@ final class Hub: Sendable {
         self.readBarrier = parts.readBarrier
         self.delivery = parts.delivery
         self.freshEpoch = parts.freshEpoch
+        let courier = DurabilityCourier(storage, wakes: shards[0].loop)
+        self.courier = courier
         let loaded = try storage.load()
         let made = loaded.map { ($0.name, makeRepository($0.name, loaded: $0)) }
         repositories.withLock { map in
@@ -134,8 +138,12 @@ final class Hub: Sendable {
         }
         stats.repositories.store(loaded.filter { $0.state.revision > 0 }.count, ordering: .relaxed)
         for shard in shards {
-            // Each loop commits the writes it made before it delivers and writes (DiskStorage.flush).
-            shard.loop.beforeTick = { [storage] in storage.flush() }
+            // Each loop commits the writes it made, and delivers what storage reported about
+            // them, before it delivers events and writes.
+            shard.loop.beforeTick = { [storage] in
+                storage.flush()
+                courier.deliver()
+            }
         }
         leases.attach(to: self)
         delivery?.attach(to: self)

@@ -2,8 +2,10 @@
 //
 // Whoever holds the log's leadership (`Committer.lead`, an atomic flag) takes every revision
 // queued since its last group, encodes them (LogRecord), writes the group with one `pwrite`
-// and — under `sync = always` — one `fdatasync`, then tells each repository how far it is
-// durable and the checkpointer how far the log is written. The daemon's event loops call
+// and — under `sync = always` — one `fdatasync`, then posts how far each repository's (or
+// the lease table's) frames are durable (`DurabilityReports`: storage calls nobody; the
+// server takes the reports and delivers them) and tells the checkpointer how far the log is
+// written. The daemon's event loops call
 // `DiskStorage.flush` at the end of each iteration: the loop that wrote commits its own
 // writes on its own thread — no hand-over to another thread and back, as Redis writes its
 // append-only file before it sleeps — and a loop that finds another committing leaves its
@@ -13,7 +15,7 @@
 //
 // A group that fails (a full disk, an I/O error) is undone in the log — cut off, or voided
 // when the cut fails (WriteAheadLog.swift) — so that no replay can find it, and only then
-// is each of its repositories told its revisions failed. Until a repository has undone
+// is it reported that each of its repositories' revisions failed. Until a repository has undone
 // them — it says so with `discard` — its later revisions, built on the failed ones, are
 // dropped here unwritten. If the log can be neither cut nor voided, the group may still be
 // replayed by a restart: its writes are answered "outcome unknown" (`.outcomeUnknown`),
@@ -27,6 +29,63 @@ import Synchronization
 #if canImport(Glibc)
 import Glibc
 #endif
+
+/// What a storage learned about the frames handed to it — durable, or failed — posted by the
+/// thread that learned it, in that order, for the server to take (`take`) and deliver to each
+/// frame's listener. Posting calls nobody but `whenPosted`'s wake-up, and that only for a
+/// report posted by a thread that does not deliver it itself (the committer thread): a thread
+/// that flushes takes what it posted when its flush returns.
+public final class DurabilityReports: Sendable {
+    /// What became of a listener's frames.
+    public enum Outcome: Sendable {
+        /// Everything numbered up to `through` is durable.
+        case durable(through: UInt64)
+        /// Everything numbered above `after` failed (`DurabilityListener.failed`).
+        case failed(after: UInt64, error: StorageError)
+    }
+
+    private struct State {
+        var posted: [(listener: any DurabilityListener, outcome: Outcome)] = []
+        var wake: (@Sendable () -> Void)?
+    }
+
+    private let state = Mutex(State())
+    /// Whether `posted` holds anything: read without the lock by deliverers that look.
+    private let pending = Atomic<Bool>(false)
+
+    public init() {}
+
+    /// Sets who is woken (once, before anything is posted) when a report arrives that its
+    /// poster will not deliver.
+    public func whenPosted(_ wake: @escaping @Sendable () -> Void) {
+        state.withLock { $0.wake = wake }
+    }
+
+    /// Posts `outcome` for `listener`; `wake`: the posting thread will not take it itself.
+    public func post(_ listener: any DurabilityListener, _ outcome: Outcome, wake: Bool) {
+        let wakeUp = state.withLock { s -> (@Sendable () -> Void)? in
+            let first = s.posted.isEmpty
+            s.posted.append((listener, outcome))
+            pending.store(true, ordering: .releasing)
+            // A report already waiting has a taker coming: the thread that posted it, or the
+            // one woken for it.
+            return wake && first ? s.wake : nil
+        }
+        wakeUp?()
+    }
+
+    /// Whether reports wait to be taken.
+    public var hasReports: Bool { pending.load(ordering: .acquiring) }
+
+    /// Takes everything posted, in the order it was posted.
+    public func take() -> [(listener: any DurabilityListener, outcome: Outcome)] {
+        state.withLock { s in
+            pending.store(false, ordering: .releasing)
+            defer { s.posted.removeAll(keepingCapacity: true) }
+            return s.posted
+        }
+    }
+}
 
 /// The queue of frames for the committer, with the listeners whose frames are dropped until
 /// they have undone a failure.
@@ -117,6 +176,11 @@ final class Committer: @unchecked Sendable {
     let logger: Logger
     private let queue: CommitQueue
     private let progress: LogProgress
+    /// Where each group's outcome is posted for its listeners.
+    private let reports: DurabilityReports
+    /// Whether the thread holding the lead wakes someone to deliver what it posts: the
+    /// committer thread does; a loop that flushes delivers it itself when its flush returns.
+    private var wakes = false
     /// Set when a failed group could not be undone in the log: no write is taken after it.
     private var broken: StorageError? = nil
     /// Under `sync = relaxed`: groups written since the last sync, and when that was.
@@ -127,21 +191,26 @@ final class Committer: @unchecked Sendable {
     /// The frames of the batch being written.
     private var frames: [UInt8] = []
 
-    init(log: WriteAheadLog, sync: SyncPolicy, queue: CommitQueue, progress: LogProgress, counters: StorageCounters, logger: Logger) {
+    init(
+        log: WriteAheadLog, sync: SyncPolicy, queue: CommitQueue, progress: LogProgress, reports: DurabilityReports, counters: StorageCounters, logger: Logger
+    ) {
         self.log = log
         self.sync = sync
         self.queue = queue
         self.progress = progress
+        self.reports = reports
         self.counters = counters
         self.logger = logger
     }
 
-    /// Runs `body` holding the lead, if no other thread holds it; whether it ran.
+    /// Runs `body` holding the lead, if no other thread holds it; whether it ran. `wakes`:
+    /// what it posts wakes a deliverer (this thread does not deliver it).
     @discardableResult
-    private func withLead(_ body: () -> Void) -> Bool {
+    private func withLead(wakes: Bool, _ body: () -> Void) -> Bool {
         guard lead.compareExchange(expected: false, desired: true, successOrdering: .acquiring, failureOrdering: .relaxed).exchanged else {
             return false
         }
+        self.wakes = wakes
         body()
         lead.store(false, ordering: .releasing)
         return true
@@ -149,10 +218,10 @@ final class Committer: @unchecked Sendable {
 
     /// Commits what is queued, in groups, unless another thread is committing (it takes
     /// what is queued in its next group). Checks again after giving the lead back, so a
-    /// revision queued just as it was given back is not left behind.
-    func drain() {
+    /// revision queued just as it was given back is not left behind. `wakes`: see `withLead`.
+    func drain(wakes: Bool) {
         while queue.hasItems {
-            let ran = withLead { commitQueued() }
+            let ran = withLead(wakes: wakes) { commitQueued() }
             if !ran { return }
         }
     }
@@ -164,7 +233,7 @@ final class Committer: @unchecked Sendable {
         if case .relaxed(let i) = sync { interval = i }
         while queue.wait(timeout: interval ?? .seconds(1)) {
             if let interval {
-                withLead {
+                withLead(wakes: true) {
                     if unsynced, ContinuousClock.now - lastSync >= interval {
                         unsynced = !syncRelaxed()  // a failed sync is retried at the next interval
                         lastSync = .now
@@ -173,10 +242,10 @@ final class Committer: @unchecked Sendable {
             }
             // After the sync: what a loop queued while this thread held the lead is this
             // thread's to commit (that loop's flush found the lead taken and went on).
-            drain()
+            drain(wakes: true)
         }
         // Closed: no loop flushes any more; wait for one still committing, then the rest.
-        while !withLead({
+        while !withLead(wakes: true, {
             commitQueued()
             if unsynced { _ = syncRelaxed() }
         }) {
@@ -219,7 +288,7 @@ final class Committer: @unchecked Sendable {
         counters.commits.add(1, ordering: .relaxed)
         counters.records.add(batch.count, ordering: .relaxed)
         progress.advance(to: log.position)
-        for (listener, sequence) in Self.lastSequences(batch) { listener.durable(through: sequence) }
+        for (listener, sequence) in Self.lastSequences(batch) { reports.post(listener, .durable(through: sequence), wake: wakes) }
         log.zeroAhead()  // once its writers are told: off the path that acknowledges
         return true
     }
@@ -257,7 +326,7 @@ final class Committer: @unchecked Sendable {
         var told = Set<ObjectIdentifier>()
         for item in batch where told.insert(ObjectIdentifier(item.listener)).inserted {
             queue.poison(item.listener)
-            item.listener.failed(after: item.sequence - 1, error: error)
+            reports.post(item.listener, .failed(after: item.sequence - 1, error: error), wake: wakes)
         }
     }
 

@@ -19,10 +19,10 @@
 //   no longer known. A data directory an earlier obsd wrote (SQLite, `obsd.db`:
 //   SQLiteSchema.swift) is read once, written as a snapshot, removed.
 //
-// Durability callbacks come from whichever thread commits — an event loop at the end of its
-// iteration (`flush`), or the committer thread for what no loop flushes — and must not block:
-// the listener (a repository) confirms the revisions and posts them to the loops' inboxes
-// under its own lock. `append` never calls back.
+// Whichever thread commits — an event loop at the end of its iteration (`flush`), or the
+// committer thread for what no loop flushes — posts each group's outcome (`reports`) and calls
+// nobody: a loop takes what it posted when its flush returns; what the committer thread
+// posts wakes the server's deliverer (`DurabilityReports.whenPosted`).
 
 import CSQLite
 import Logging
@@ -114,6 +114,9 @@ public final class DiskStorage: Storage {
     public let options: Options
     public let path: String
     public let counters: StorageCounters? = StorageCounters()
+    /// Each group's outcome, for the server to deliver.
+    private let posted = DurabilityReports()
+    public var reports: DurabilityReports? { posted }
     public let notices: [String]
     private let queue: CommitQueue
     private let lock: DirectoryLock
@@ -243,7 +246,7 @@ public final class DiskStorage: Storage {
         // The checkpointer moves to its thread and is used there only.
         let handedCheckpointer = Handover(checkpointer)
         self.checkpointer = DedicatedThread { handedCheckpointer.take().run(progress) }
-        let committer = Committer(log: log, sync: options.sync, queue: queue, progress: progress, counters: counters, logger: logger)
+        let committer = Committer(log: log, sync: options.sync, queue: queue, progress: progress, reports: posted, counters: counters, logger: logger)
         self.committer = committer
         committerThread = DedicatedThread { committer.run() }
     }
@@ -317,7 +320,7 @@ public final class DiskStorage: Storage {
     public func flush() {
         let me = Unmanaged.passUnretained(self).toOpaque()
         if pthread_getspecific(Self.flusher) != me { pthread_setspecific(Self.flusher, me) }
-        committer.drain()
+        committer.drain(wakes: false)
     }
 
     /// The store each thread flushes (see `flush`).

@@ -52,9 +52,9 @@ public struct LoadedRepository: Sendable {
 
 /// Told when what it handed to storage is durable — or that it never will be. Each listener
 /// numbers what it hands over (`sequence`, increasing: a repository's states, the lease
-/// table's grants and ends) and hears about it in that order. Called from the thread that
-/// commits — an event loop's own `flush`, or the store's committer thread — which must not
-/// wait: an implementation takes note (or posts the news to its loops) and returns.
+/// table's grants and ends) and hears about it in that order. Storage never calls it: it
+/// posts what it learns (`DurabilityReports`), and the server delivers that — on an event
+/// loop, never with a listener's lock held.
 public protocol DurabilityListener: AnyObject, Sendable {
     /// Everything it handed over numbered up to `sequence` is durable.
     func durable(through sequence: UInt64)
@@ -79,16 +79,19 @@ public protocol Storage: AnyObject, Sendable {
     func loadLeases() -> PersistedLeases
     /// What the daemon should say at start-up about the store (e.g. why epochs were renewed).
     var notices: [String] { get }
+    /// Where this storage posts what becomes of the frames handed to it; nil for one that
+    /// posts nothing (it is immediate, or decides in a shared store).
+    var reports: DurabilityReports? { get }
     /// Queues `frame` — a revision, attachments moved without one, a lease granted or ended
     /// — numbered `sequence` by `listener` (in increasing order), while the listener's lock is
-    /// held: it must never call the listener. The frame's bytes are read during the call only.
-    /// Returns `false`, queuing nothing, once the storage is closed.
+    /// held. The frame's bytes are read during the call only. Returns `false`, queuing
+    /// nothing, once the storage is closed.
     func append(_ frame: LogFrame, sequence: UInt64, listener: any DurabilityListener) -> Bool
     /// Forgets what `listener` queued numbered above `sequence`, after a failure undid it.
     func discard(_ listener: any DurabilityListener, after sequence: UInt64)
     /// Makes what was queued so far durable now, on the calling thread, if the store
-    /// does that (an event loop calls it at the end of each iteration; the listeners may be
-    /// called from inside). Must not be called with a listener's lock held.
+    /// does that (an event loop calls it at the end of each iteration, and then takes the
+    /// reports it posted).
     func flush()
     /// Whether `flush` is cheap enough to call in the middle of an iteration too — it waits for
     /// no sync (a connection that sends the replies of a long pipelined read early flushes
@@ -99,6 +102,7 @@ public protocol Storage: AnyObject, Sendable {
 }
 
 extension Storage {
+    public var reports: DurabilityReports? { nil }
     public func flush() {}
     public var flushesCheaply: Bool { false }
     public func loadLeases() -> PersistedLeases { PersistedLeases() }

@@ -1,7 +1,6 @@
 // End-to-end test support: a storage that fails on demand, for the daemon run in the test
 // process (TestSupport's InProcessDaemon) — failures no real disk produces on demand.
 
-import Foundation
 import Logging
 import ObsServer
 import ObsStore
@@ -9,8 +8,9 @@ import Synchronization
 import TestSupport
 
 /// A disk store that fails on demand the way a failing disk fails a group commit: each
-/// repository that appends while it fails is told its revisions failed (from another
-/// thread), and its later revisions are dropped until it has undone them (`discard`).
+/// repository that appends while it fails is reported its revisions failed (posted as the
+/// committer thread posts, for the server to deliver), and its later revisions are dropped
+/// until it has undone them (`discard`).
 /// Turn failures on only once earlier writes were acknowledged: a failure reported while
 /// the real store still holds earlier revisions would confirm those early.
 final class FailingStorage: Storage {
@@ -29,6 +29,7 @@ final class FailingStorage: Storage {
     var isImmediate: Bool { false }
     var summary: String { "failing on demand (test) over \(disk.summary)" }
     var counters: StorageCounters? { disk.counters }
+    var reports: DurabilityReports? { disk.reports }
     var notices: [String] { disk.notices }
     func load() throws(StorageError) -> [LoadedRepository] { try disk.load() }
 
@@ -43,7 +44,7 @@ final class FailingStorage: Storage {
         if let failure {
             if report {
                 disk.counters?.failures.add(1, ordering: .relaxed)
-                DispatchQueue.global().async { listener.failed(after: sequence - 1, error: failure) }
+                disk.reports?.post(listener, .failed(after: sequence - 1, error: failure), wake: true)
             }
             return true
         }

@@ -65,11 +65,15 @@ let testLogger = Logger(label: "obsstore-test")
 /// belongs to the open file), and on a busy machine that moment lasts (a fresh clone's run:
 /// "in use by another obsd (pid <the test process>)"). obsd spawns no child; this is the test
 /// process's own doing. Any other error, or one still there after 10 s, is thrown.
+///
+/// A `DiskStorage` opened here has its reports delivered (`deliverReports`).
 func lockedByNoOtherProcess<T>(_ open: () throws -> T) throws -> T {
     let deadline = ContinuousClock.now + .seconds(10)
     while true {
         do {
-            return try open()
+            let opened = try open()
+            if let storage = opened as? DiskStorage { deliverReports(of: storage) }
+            return opened
         } catch let error as StorageError where error.kind == .locked && error.description.hasSuffix("(pid \(getpid()))") && ContinuousClock.now < deadline {
             usleep(10_000)
         }
@@ -77,6 +81,30 @@ func lockedByNoOtherProcess<T>(_ open: () throws -> T) throws -> T {
 }
 
 func open(_ options: DiskStorage.Options) throws -> DiskStorage { try lockedByNoOtherProcess { try DiskStorage(options: options, logger: testLogger) } }
+
+/// Has what `storage` reports delivered to the listeners as the server's courier does, with no
+/// event loop: what the committer thread posts, at once on that thread; what a thread that
+/// flushes posts, by `flushed`.
+func deliverReports(of storage: DiskStorage) {
+    guard let reports = storage.reports else { return }
+    reports.whenPosted { deliver(reports) }
+}
+
+/// Flushes `storage` on this thread, then delivers what that reported (the server's loops do
+/// both at the end of each iteration).
+func flushed(_ storage: DiskStorage) {
+    storage.flush()
+    if let reports = storage.reports { deliver(reports) }
+}
+
+private func deliver(_ reports: DurabilityReports) {
+    for (listener, outcome) in reports.take() {
+        switch outcome {
+        case .durable(let sequence): listener.durable(through: sequence)
+        case .failed(let sequence, let error): listener.failed(after: sequence, error: error)
+        }
+    }
+}
 
 /// Waits (bounded) until `condition` holds.
 func waitFor(_ condition: () -> Bool) -> Bool {
@@ -136,6 +164,47 @@ func crashedAfter(_ revisions: UInt64, value: JSONValue = 1, segmentSize: Int = 
 func crashedAfterTenRevisions() throws -> String { try crashedAfter(10) }
 
 @Suite(.mayBlock) struct DiskStorageTests {
+    /// Storage never calls a listener: a group's outcome is posted. What a thread that flushes
+    /// commits waits for that thread to take it (nobody is woken); what the committer thread
+    /// commits wakes the deliverer, once while reports wait.
+    @Test func storageReportsDurabilityAndCallsNoListener() throws {
+        let dir = temporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let storage = try DiskStorage(options: options(dir), logger: testLogger)  // no deliverer: see `deliverReports`
+        defer { storage.close() }
+        let reports = try #require(storage.reports)
+        let wakes = Atomic<Int>(0)
+        reports.whenPosted { wakes.add(1, ordering: .relaxed) }
+        let a = ListenerStub()
+
+        // This thread flushes: it commits what it queued, and takes the report itself.
+        storage.flush()
+        #expect(storage.append(record("a", 1), listener: a))
+        #expect(storage.append(record("a", 2), listener: a))
+        storage.flush()
+        #expect(a.durable == 0, "storage called the listener")
+        #expect(wakes.load(ordering: .relaxed) == 0, "a flush's report woke the deliverer")
+        let taken = reports.take()
+        #expect(taken.count == 1 && taken.first?.listener === a)
+        guard case .durable(through: 2)? = taken.first?.outcome else {
+            Issue.record("not reported durable through 2: \(taken.map(\.outcome))")
+            return
+        }
+        #expect(!reports.hasReports && reports.take().isEmpty)
+
+        // Another thread, which never flushes, queues: the committer thread commits it, and its
+        // report wakes the deliverer.
+        let other = Thread { _ = storage.append(record("a", 3), listener: a) }
+        other.start()
+        #expect(waitFor { reports.hasReports })
+        #expect(waitFor { wakes.load(ordering: .relaxed) == 1 })
+        #expect(a.durable == 0)
+        guard case .durable(through: 3)? = reports.take().first?.outcome else {
+            Issue.record("not reported durable through 3")
+            return
+        }
+    }
+
     @Test func whatWasMadeDurableIsLoadedWithItsHistoryAndEpoch() throws {
         let dir = temporaryDirectory()
         defer { try? FileManager.default.removeItem(atPath: dir) }

@@ -71,7 +71,7 @@ private func storeWithoutCheckpoints(_ dir: String) throws -> DiskStorage {
             repo: "r", changeSet: ChangeSet(revision: 2, changes: [Change(key: "c", old: CanonicalJSON(.int(1)), new: nil)]), time: 1_700_000_000,
             writer: alice, leaseEnd: SharedLeaseEnd(lease: 3, reason: .expired))
         #expect(storage.append(.revision(RevisionFrame(deletion, epoch: repo.epoch, moves: [("c", 3, nil)])), sequence: 3, listener: repo))
-        storage.flush()
+        flushed(storage)
         #expect(waitFor { repo.durable == 3 })
         let crashed = try crashCopy(dir)
         defer { try? FileManager.default.removeItem(atPath: crashed) }
@@ -99,10 +99,10 @@ private func storeWithoutCheckpoints(_ dir: String) throws -> DiskStorage {
         let repo = ListenerStub()
         #expect(table.append(.leaseGranted(.init(id: 1, owner: alice, ttl: nil)), to: storage))
         #expect(storage.append(.revision(RevisionFrame(set("k", "v0", rev: 1), epoch: repo.epoch)), sequence: 1, listener: repo))
-        storage.flush()
+        flushed(storage)
         #expect(waitFor { repo.durable == 1 })
         #expect(storage.append(.revision(RevisionFrame(set("k", "v1", rev: 2, old: "v0"), epoch: repo.epoch, moves: [("k", nil, 1)])), sequence: 2, listener: repo))
-        storage.flush()
+        flushed(storage)
         #expect(waitFor { repo.durable == 2 })
         let crashed = try crashCopy(dir)
         defer { try? FileManager.default.removeItem(atPath: crashed) }
@@ -128,7 +128,7 @@ private func storeWithoutCheckpoints(_ dir: String) throws -> DiskStorage {
             repo: "r", changeSet: ChangeSet(revision: 1, changes: ["a", "b", "c"].map { Change(key: Key($0), old: nil, new: CanonicalJSON(.int(1))) }),
             time: 1_700_000_000, writer: alice)
         #expect(storage.append(values, listener: repo))
-        storage.flush()
+        flushed(storage)
         #expect(waitFor { repo.durable == 1 })
         storage.close()
         var journal = LeaseJournalRecord.magic
@@ -229,7 +229,7 @@ private func storeWithoutCheckpoints(_ dir: String) throws -> DiskStorage {
         let table = Table()
         for id in 1...6 as ClosedRange<UInt64> {
             #expect(table.append(.leaseGranted(.init(id: id, owner: alice, ttl: 30)), to: storage))
-            storage.flush()
+            flushed(storage)
             #expect(waitFor { table.durable.withLock { $0 } >= id })
         }
         let crashed = try crashCopy(dir)

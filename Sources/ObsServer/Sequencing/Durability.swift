@@ -5,11 +5,46 @@
 // A change is applied in memory at once and named by a sequence number (`StateSequence`), one
 // per change, never reused after an undo, so a reply computed from undone state can always be
 // recognised. Storage reports, in order, how far a line's changes are durable — or that those
-// after some point never will be. A reply that reports a state not yet durable waits in its
-// outbox slot (LoopShard+Durability.swift); the loops holding such replies are told the news.
+// after some point never will be: it posts its reports and calls nobody, and the
+// `DurabilityCourier` delivers them to the lines, on an event loop. A reply that reports a
+// state not yet durable waits in its outbox slot (LoopShard+Durability.swift); the loops
+// holding such replies are told the news.
 
 import ObsStore
 import Synchronization
+
+/// Delivers what storage reports (`DurabilityReports`) to the lines that handed the frames
+/// over (`DurabilityListener`: the repositories, the lease table), in the order storage
+/// reported it and one deliverer at a time: a loop, after its flush, delivers what it
+/// reported; the committer thread's reports wake a loop to deliver them. A loop that finds
+/// another delivering leaves the reports to it, which looks again before it stops.
+final class DurabilityCourier: Sendable {
+    private let reports: DurabilityReports?
+    private let delivering = Atomic<Bool>(false)
+
+    /// Delivers what `storage` reports; the loop `wakes` runs what its committer thread reports.
+    init(_ storage: any Storage, wakes loop: IOLoop) {
+        reports = storage.reports
+        reports?.whenPosted { [self] in loop.execute { self.deliver() } }
+    }
+
+    /// Delivers every report waiting, unless another thread is delivering them.
+    func deliver() {
+        guard let reports else { return }
+        while reports.hasReports {
+            guard delivering.compareExchange(expected: false, desired: true, successOrdering: .acquiring, failureOrdering: .relaxed).exchanged else {
+                return
+            }
+            for (line, outcome) in reports.take() {
+                switch outcome {
+                case .durable(let sequence): line.durable(through: sequence)
+                case .failed(let sequence, let error): line.failed(after: sequence, error: error)
+                }
+            }
+            delivering.store(false, ordering: .releasing)
+        }
+    }
+}
 
 /// Identifies the state a reply was computed from (see the file header).
 typealias StateSequence = UInt64
