@@ -1,6 +1,8 @@
 // ObsServer — the daemon as a `Service`: opening storage, starting the event loops, listening
 // (binding a path, or adopting sockets passed by socket activation), a heartbeat that proves
-// every loop still runs, and graceful shutdown.
+// every loop still runs, and graceful shutdown. Once it serves, it runs as a swift-service-
+// lifecycle `ServiceGroup` of stages — event loops, storage, the shared store, connections,
+// listener, heartbeat — which stop in the reverse order, stated once (`assemble`).
 //
 // The path of a write, from socket bytes to a subscriber's socket (README "Architecture"):
 // Connection (read, frame) → Session (decode, check access) → Sequencer (plan and commit on
@@ -93,38 +95,71 @@ public final class Server: Service, Sendable {
 
     public func run() async throws {
         let config = configuration
-        let (threads, threadsReason) = config.threads.map { ($0, "server.threads") } ?? Loop.sized()
         let opened = ContinuousClock.now
         if let path = config.listener.path { try SocketFile.prepare(path) }
         let storage = try openStorage()
+        // Whatever fails from here on to serving, the storage it opened is closed here.
+        let stages: [any Service]
+        do {
+            guard let assembled = try await assemble(storage, opened: opened) else {
+                storage.close()
+                logger.info("obsd stopped before it reached the shared store")
+                return
+            }
+            stages = assembled
+        } catch {
+            storage.close()
+            throw error
+        }
+        // The stages stop in the reverse of their order in `stages` (ServiceGroup's ordered
+        // shutdown). The group runs in a task of its own, which cancelling this one does not
+        // cancel: a cancellation stops the server in order, as a graceful shutdown does.
+        let group = ServiceGroup(configuration: ServiceGroupConfiguration(services: stages.map { .init(service: $0) }, logger: logger))
+        let stop: @Sendable () -> Void = { Task { await group.triggerGracefulShutdown() } }
+        if fatal.withLock({ f in f.stop = stop; return f.reason != nil }) { stop() }
+        let running = Task { try await group.run() }
+        try await withTaskCancellationHandler {
+            try await withGracefulShutdownHandler { try await running.value } onGracefulShutdown: { stop() }
+        } onCancel: {
+            stop()
+        }
+        if let reason = fatal.withLock({ $0.reason }) { throw ServerFailure(description: reason) }
+        logger.info("obsd stopped")
+    }
+
+    /// Builds the server on `storage` and starts it serving: the shared store reached (nil:
+    /// stopped before it was), the event loops and the hub made, the leases restored, the
+    /// listener bound and the loops' threads started. Returns the stages that stop it, in
+    /// the order they were started — the last to start stops first:
+    ///
+    /// 1. the event loops: what is still queued for clients gets two seconds to go out, then
+    ///    every connection closes and the loops' threads end;
+    /// 2. storage: what it holds is made durable, the replies waiting for it fill their
+    ///    slots, and it closes;
+    /// 3. the shared store, when there is one: the leases bound to this daemon's connections
+    ///    end (1 s at most);
+    /// 4. the connections: none takes another request;
+    /// 5. the listener: no connection is accepted, and the socket path goes;
+    /// 6. the heartbeat (when configured): no more watchdog pings.
+    private func assemble(_ storage: any Storage, opened: ContinuousClock.Instant) async throws -> [any Service]? {
+        let config = configuration
+        let (threads, threadsReason) = config.threads.map { ($0, "server.threads") } ?? Loop.sized()
         let mode = StorageMode(storage)
         // A shared store (etcd): nothing is served until the cluster was reached and read.
         if let shared = mode.shared {
             logger.info("reaching the shared store before serving", metadata: ["storage": "\(storage.summary)"])
             do {
                 try await cancelWhenGracefulShutdown { try await shared.connect() }
-            } catch {
-                storage.close()
-                if error is CancellationError {
-                    logger.info("obsd stopped before it reached the shared store")
-                    return
-                }
-                throw error
+            } catch is CancellationError {
+                return nil
             }
         }
-        let loops: [Loop]
-        let hub: Hub
-        do {
-            loops = try (0..<max(1, threads)).map { i throws(SocketError) in try Loop(index: i, delivery: delivery, busyPoll: config.busyPollNanoseconds) }
-            let limits = HistoryLimits(
-                count: config.historyLimit, maxBytes: config.historyMaxBytes, maxAge: config.historyMaxAge?.components.seconds, tombstones: config.historyTombstones)
-            hub = try Hub(
-                shards: loops.map(\.shard), historyLimits: limits, storage: storage, runtime: runtime,
-                onHistoryLost: { [weak self] reason in self?.historyLost(reason) })
-        } catch {
-            storage.close()
-            throw error
-        }
+        let loops = try (0..<max(1, threads)).map { i throws(SocketError) in try Loop(index: i, delivery: delivery, busyPoll: config.busyPollNanoseconds) }
+        let limits = HistoryLimits(
+            count: config.historyLimit, maxBytes: config.historyMaxBytes, maxAge: config.historyMaxAge?.components.seconds, tombstones: config.historyTombstones)
+        let hub = try Hub(
+            shards: loops.map(\.shard), historyLimits: limits, storage: storage, runtime: runtime,
+            onHistoryLost: { [weak self] reason in self?.historyLost(reason) })
         if let shared = mode.shared, let delivery = hub.delivery { shared.start(delivering: delivery) }
         // Leases a persisting store kept: restored, and the deletions a restart owes made,
         // before anything is served.
@@ -138,15 +173,8 @@ public final class Server: Service, Sendable {
             ])
         for notice in storage.notices { logger.notice("\(notice)") }
 
-        let listening: [Int32]
-        var ownSocket: (path: String, identity: SocketFile.Identity?)? = nil
-        do {
-            listening = try listen()
-            if let path = config.listener.path { ownSocket = (path, SocketFile.identity(of: path)) }
-        } catch {
-            storage.close()
-            throw error
-        }
+        let listening = try listen()
+        let ownSocket = config.listener.path.map { (path: $0, identity: SocketFile.identity(of: $0)) }
         let acceptor = Acceptor(loops: loops, hub: hub, runtime: runtime, logger: logger)
         // TTLs start again in full from the moment the daemon serves.
         hub.leases.startClocks(now: loops[0].io.currentTime)
@@ -158,42 +186,30 @@ public final class Server: Service, Sendable {
             metadata: ["listener": "\(config.listener)", "version": "\(Self.version)", "threads": "\(loops.count)", "threadsFrom": "\(threadsReason)"])
         observer?.serverDidStart(status)
 
-        let (stopped, stop) = AsyncStream<Void>.makeStream()
-        let stopServing: @Sendable () -> Void = { stop.finish() }
-        if fatal.withLock({ f in f.stop = stopServing; return f.reason != nil }) { stopServing() }
-        await withTaskCancellationHandler {
-            await withGracefulShutdownHandler {
-                await withTaskGroup(of: Void.self) { tasks in
-                    if let interval = config.heartbeatInterval {
-                        tasks.addTask { await self.beat(every: interval, loops: loops.map(\.io)) }
-                    }
-                    for await _ in stopped {}
-                    tasks.cancelAll()
-                }
-            } onGracefulShutdown: {
-                stopServing()
-            }
-        } onCancel: {
-            stopServing()
+        let (observer, logger) = (self.observer, self.logger)
+        var stages: [any Service] = [
+            Stage("event loops") {
+                for loop in loops { await loop.drain(within: 2_000_000_000) }
+                for loop in loops { await loop.run { for connection in loop.connections.all.values { connection.close() } } }
+                for loop in loops { loop.io.stop() }
+                for thread in threadsRunning { thread.join() }
+            },
+            Stage("storage") { storage.close() },
+        ]
+        if let shared = mode.shared { stages.append(Stage("shared store") { await shared.leave() }) }
+        stages.append(Stage("connections") { for loop in loops { await loop.run { for connection in loop.connections.all.values { connection.quiesce() } } } })
+        stages.append(
+            Stage("listener") {
+                observer?.serverWillStop()
+                let open = await loops.asyncMap { loop in await loop.run { loop.connections.count } }.reduce(0, +)
+                logger.info("obsd shutting down", metadata: ["connections": "\(open)"])
+                await loops[0].run { acceptor.close() }
+                if let ownSocket { SocketFile.remove(ownSocket.path, ifStill: ownSocket.identity) }
+            })
+        if let interval = config.heartbeatInterval {
+            stages.append(Stage("heartbeat", running: { await self.beat(every: interval, loops: loops.map(\.io)) }, stop: {}))
         }
-
-        observer?.serverWillStop()
-        let open = await loops.asyncMap { loop in await loop.run { loop.connections.count } }.reduce(0, +)
-        logger.info("obsd shutting down", metadata: ["connections": "\(open)"])
-        await loops[0].run { acceptor.close() }
-        if let ownSocket { SocketFile.remove(ownSocket.path, ifStill: ownSocket.identity) }
-        // Stop taking requests, make durable what storage holds (its replies fill their
-        // slots), let those replies reach their clients (two seconds at most), then close.
-        for loop in loops { await loop.run { for connection in loop.connections.all.values { connection.quiesce() } } }
-        // A shared store ends the leases bound to this daemon's connections now (1 s at most).
-        await mode.shared?.leave()
-        storage.close()
-        for loop in loops { await loop.drain(within: 2_000_000_000) }
-        for loop in loops { await loop.run { for connection in loop.connections.all.values { connection.close() } } }
-        for loop in loops { loop.io.stop() }
-        for thread in threadsRunning { thread.join() }
-        if let reason = fatal.withLock({ $0.reason }) { throw ServerFailure(description: reason) }
-        logger.info("obsd stopped")
+        return stages
     }
 
     /// A shared store's history no longer matches what this daemon served: stops the server,
@@ -244,6 +260,26 @@ public final class Server: Service, Sendable {
             case .resumed: logger.notice("event loops respond again; watchdog pings resume")
             }
         }
+    }
+}
+
+/// One stage of the running server (see `Server.assemble`): it runs `running` (or nothing)
+/// until the server stops, then `stop` undoes what its start did.
+private struct Stage: Service, CustomStringConvertible {
+    let description: String
+    let running: @Sendable () async -> Void
+    let stop: @Sendable () async -> Void
+
+    init(_ name: String, running: @escaping @Sendable () async -> Void = {}, stop: @escaping @Sendable () async -> Void) {
+        self.description = name
+        self.running = running
+        self.stop = stop
+    }
+
+    func run() async {
+        try? await cancelWhenGracefulShutdown { await running() }
+        try? await gracefulShutdown()
+        await stop()
     }
 }
 
