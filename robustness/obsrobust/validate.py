@@ -731,7 +731,13 @@ def replay(ctx, h):
         # Unknown-outcome writes sent before this revision was made: one that would change
         # nothing may have run and moved attachments (its keys' attachments become unknown
         # until its connection is over); one that would change something shows as a revision.
+        # "Before it was made" is bounded by when it was first seen, not by when its own
+        # request was sent: a write sent later on another connection can overtake it (a set
+        # of an equal value naming another lease, sent just after a `revoke`, may move the key
+        # before the revoke's deletion — and its client may never hear).
         t_now = max(prev_created, w.t if w else 0)
+        if content is not None and content.t_seen:
+            t_now = max(t_now, content.t_seen)
         while amb_i < len(amb_writes) and amb_writes[amb_i].t <= t_now:
             u = amb_writes[amb_i]
             amb_i += 1
