@@ -25,7 +25,11 @@ final class DurabilityCourier: Sendable {
     /// Delivers what `storage` reports; the loop `wakes` runs what its committer thread reports.
     init(_ storage: any Storage, wakes loop: IOLoop) {
         reports = storage.reports
-        reports?.whenPosted { [self] in loop.execute { self.deliver() } }
+        // Weak: the storage holds this wake-up, and the loop holds the storage (its flush).
+        reports?.whenPosted { [weak self, weak loop] in
+            guard let self, let loop else { return }
+            loop.execute { self.deliver() }
+        }
     }
 
     /// Delivers every report waiting, unless another thread is delivering them.
