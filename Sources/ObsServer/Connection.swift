@@ -106,7 +106,7 @@ final class Connection: IOHandler {
         let entry = ConnectedPeer(peer: peer, since: .now, subscriptions: outbox.tally) {
             ref.loop.execute { ref.session?.revalidate() }
         }
-        if let reason = hub.admit(id, entry) {
+        if let reason = hub.peers.admit(id, entry) {
             hub.stats.connectionsRefused.add(1, ordering: .relaxed)
             logger.notice("connection refused: \(reason)", metadata: peer.metadata)
             return refuse(reason)
@@ -313,7 +313,7 @@ final class Connection: IOHandler {
     /// The loop's shard ended `subscription`, and its repository is a placeholder: the hub
     /// may drop it now.
     func subscriptionEnded(_ subscription: Subscription) {
-        hub.subscriptionEnded(subscription.repository)
+        hub.repositories.subscriptionEnded(subscription.repository)
     }
 
     /// The connection overflowed: nothing more is read; it closes once the `overflow` event
@@ -368,7 +368,7 @@ final class Connection: IOHandler {
         Glibc.close(fd)
         if let session {
             session.close()
-            hub.leave(id)
+            hub.peers.leave(id)
             hub.leases.connectionClosed(id, time: loop.wallSeconds, in: hub)
             logger.debug("disconnected", metadata: session.peer.metadata)
         }

@@ -75,7 +75,7 @@ public final class Server: Service, Sendable {
         guard let hub = hub.withLock({ $0 }) else { return ServerStatus(connections: 0, subscriptions: 0, repositories: 0) }
         return ServerStatus(
             connections: hub.stats.connections.load(ordering: .relaxed),
-            subscriptions: max(0, hub.stats.subscriptions.load(ordering: .relaxed)), repositories: hub.repositoryCount)
+            subscriptions: max(0, hub.stats.subscriptions.load(ordering: .relaxed)), repositories: hub.repositories.count)
     }
 
     private func openStorage() throws(StorageError) -> any Storage {
@@ -164,7 +164,7 @@ public final class Server: Service, Sendable {
         // Leases a persisting store kept: restored, and the deletions a restart owes made,
         // before anything is served.
         hub.leases.restore(time: WallClock.unixSeconds(), in: hub)
-        let (repositories, keys) = hub.listed().reduce(into: (0, 0)) { $0.0 += 1; $0.1 += $1.summary.keys }
+        let (repositories, keys) = hub.repositories.listed().reduce(into: (0, 0)) { $0.0 += 1; $0.1 += $1.summary.keys }
         logger.info(
             "storage ready",
             metadata: [
@@ -277,7 +277,7 @@ private struct Stage: Service, CustomStringConvertible {
     }
 
     func run() async {
-        try? await cancelWhenGracefulShutdown { await running() }
+        await cancelWhenGracefulShutdown { await running() }
         try? await gracefulShutdown()
         await stop()
     }

@@ -29,7 +29,7 @@ import TestSupport
         let list = try #require(try client.received().only)
         #expect(list["id"] == "l" && list["ok"] == true && list["rev"] == 1)
         let epoch = try #require(list["epoch"]?.stringValue)
-        #expect(epoch.count == 32 && epoch.allSatisfy(\.isHexDigit) && epoch == hub.existing("ui")?.epoch)
+        #expect(epoch.count == 32 && epoch.allSatisfy(\.isHexDigit) && epoch == hub.repositories.existing("ui")?.epoch)
         #expect(list["keys"] == ["theme"] && list["values"] == ["theme": "dark"])
 
         try client.send(lines(#"{"id":3,"op":"set","repo":"ui","key":"theme","value":"dark"}"#))
@@ -44,7 +44,7 @@ import TestSupport
 
         try client.send(#"{"id":7,"op":"set","repo":"ui","ke"#)
         #expect(try client.received().isEmpty)
-        #expect(hub.existing("ui") == nil, "nothing was executed")
+        #expect(hub.repositories.existing("ui") == nil, "nothing was executed")
         try client.send(#"y":"k","value":[1,2]}"# + "\n")
         let reply = try #require(try client.received().only)
         #expect(reply["id"] == 7 && reply["ok"] == true && reply["rev"] == 1)
@@ -179,7 +179,7 @@ import TestSupport
         // The rest of that line is discarded up to its newline; the next line is a request.
         try client.send(String(repeating: "x", count: 500) + "\"}\n" + lines(#"{"id":2,"op":"ping"}"#))
         #expect(try client.received().map { $0["id"] } == [2])
-        #expect(hub.existing("r") == nil, "nothing of the over-long request was applied")
+        #expect(hub.repositories.existing("r") == nil, "nothing of the over-long request was applied")
     }
 
     @Test func invalidRequestsGetTheirErrorAndTheConnectionKeepsWorking() throws {

@@ -30,19 +30,19 @@ func write(_ hub: Hub, _ repository: Repository, _ ops: [WriteOp<CanonicalJSON>]
         let server = try TestServer(storage: ManualStorage())
         let hub = server.hub
         let set: (Int64) -> [WriteOp<CanonicalJSON>] = { [.set("k", CanonicalJSON(.int($0)))] }
-        let held = hub.hold("r")
+        let held = hub.repositories.hold("r")
         _ = write(hub, held, set(1))
-        let first = try #require(hub.existing("r"))
+        let first = try #require(hub.repositories.existing("r"))
         // Storage fails revision 1: the repository is back at revision 0.
         held.failed(after: 0, error: StorageError(.full, "test: disk full"))
         #expect(held.revision == 0)
         // Someone else uses the repository meanwhile and lets go of it.
-        _ = hub.hold("r")
-        hub.release("r")
+        _ = hub.repositories.hold("r")
+        hub.repositories.release("r")
         // The holder writes again: into the repository the hub still has.
         _ = write(hub, held, set(2))
-        hub.release("r")
-        let now = try #require(hub.existing("r"), "the hub kept the repository")
+        hub.repositories.release("r")
+        let now = try #require(hub.repositories.existing("r"), "the hub kept the repository")
         #expect(now === first)
         #expect(now.get("k").entry?.value == CanonicalJSON(.int(2)), "the write is where readers look")
     }
@@ -56,8 +56,8 @@ func write(_ hub: Hub, _ repository: Repository, _ ops: [WriteOp<CanonicalJSON>]
         let storage = ManualStorage()
         let server = try TestServer(storage: storage)
         let hub = server.hub
-        let repository = hub.hold("r")
-        defer { hub.release("r") }
+        let repository = hub.repositories.hold("r")
+        defer { hub.repositories.release("r") }
         _ = write(hub, repository, [.set("k", CanonicalJSON(.int(1)))])
         storage.confirmAll()
         guard case .success(let pending) = write(hub, repository, [.set("k", CanonicalJSON(.int(2)))]) else {
@@ -91,7 +91,7 @@ func write(_ hub: Hub, _ repository: Repository, _ ops: [WriteOp<CanonicalJSON>]
             for _ in 0..<200 {
                 group.addTask {
                     let entry = ConnectedPeer(peer: peer, since: .now, subscriptions: SubscriptionTally()) {}
-                    if hub.admit(.next(), entry) == nil { admitted.withLock { $0 += 1 } }
+                    if hub.peers.admit(.next(), entry) == nil { admitted.withLock { $0 += 1 } }
                 }
             }
         }
@@ -102,8 +102,8 @@ func write(_ hub: Hub, _ repository: Repository, _ ops: [WriteOp<CanonicalJSON>]
         await withTaskGroup(of: Void.self) { group in
             for i in 0..<100 {
                 group.addTask {
-                    let repository = hub.hold("r\(i)")
-                    defer { hub.release("r\(i)") }
+                    let repository = hub.repositories.hold("r\(i)")
+                    defer { hub.repositories.release("r\(i)") }
                     if case .success? = write(hub, repository, [.set("k", CanonicalJSON(1))], maxRepositories: 7, maxKeys: 10) {
                         created.withLock { $0 += 1 }
                     }
@@ -111,14 +111,14 @@ func write(_ hub: Hub, _ repository: Repository, _ ops: [WriteOp<CanonicalJSON>]
             }
         }
         #expect(created.withLock { $0 } == 7)
-        #expect(hub.repositoryCount == 7 && hub.listed().count == 7)
+        #expect(hub.repositories.count == 7 && hub.repositories.listed().count == 7)
     }
 
     @Test func placeholdersOfRepositoriesNobodyWroteAreDroppedWhenUnused() throws {
         let server = try TestServer()
-        _ = server.hub.hold("ghost")
-        server.hub.release("ghost")
-        #expect(server.hub.existing("ghost") == nil)
+        _ = server.hub.repositories.hold("ghost")
+        server.hub.repositories.release("ghost")
+        #expect(server.hub.repositories.existing("ghost") == nil)
     }
 
     /// A loop keeps its own count of the subscriptions to a repository it routes, and the
@@ -139,7 +139,7 @@ func write(_ hub: Hub, _ repository: Repository, _ ops: [WriteOp<CanonicalJSON>]
         #expect(try first.received().map { $0["sub"] } == [1, 2])
         #expect(try second.received().map { $0["sub"] } == [1])
         #expect(try third.received().map { $0["sub"] } == [1])
-        let ghost = try #require(hub.existing("ghost"))
+        let ghost = try #require(hub.repositories.existing("ghost"))
         #expect(ghost.subscriberCount == 4)
 
         try first.send(lines(#"{"id":3,"op":"unsubscribe","sub":1}"#))
@@ -149,7 +149,7 @@ func write(_ hub: Hub, _ repository: Repository, _ ops: [WriteOp<CanonicalJSON>]
         #expect(ghost.subscriberCount == 2)
         second.close()
         #expect(ghost.subscriberCount == 1)
-        #expect(hub.existing("ghost") === ghost, "the other loop still routes it")
+        #expect(hub.repositories.existing("ghost") === ghost, "the other loop still routes it")
 
         // `third` subscribes to a written repository too, reads nothing, and overflows: its
         // loop's delivery ends both of its subscriptions, the placeholder's last.
@@ -158,7 +158,7 @@ func write(_ hub: Hub, _ repository: Repository, _ ops: [WriteOp<CanonicalJSON>]
         #expect(try writer.received().map { $0["ok"] } == [true])
         try third.send(lines(#"{"id":2,"op":"subscribe","repo":"r"}"#))
         #expect(try third.received().map { $0["sub"] } == [2])
-        let written = try #require(hub.existing("r"))
+        let written = try #require(hub.repositories.existing("r"))
         #expect(written.subscriberCount == 1)
         try third.setWritable(false)
         for n in 1...5 { try writer.send(lines(#"{"id":\#(n + 1),"op":"set","repo":"r","key":"k","value":\#(n)}"#)) }
@@ -166,8 +166,8 @@ func write(_ hub: Hub, _ repository: Repository, _ ops: [WriteOp<CanonicalJSON>]
         #expect(hub.stats.overflows.load(ordering: .relaxed) == 1)
         #expect(written.subscriberCount == 0)
         #expect(ghost.subscriberCount == 0)
-        #expect(hub.existing("ghost") == nil, "the placeholder went with its last subscription")
-        #expect(hub.existing("r") === written, "a written repository stays")
+        #expect(hub.repositories.existing("ghost") == nil, "the placeholder went with its last subscription")
+        #expect(hub.repositories.existing("r") === written, "a written repository stays")
     }
 }
 

@@ -83,7 +83,7 @@ import TestSupport
         try c.send(lines(#"{"id":1,"op":"grant","ttl":60}"#, #"{"id":2,"op":"set","repo":"r","key":"k","value":1}"#))
         storage.confirmAll()
         let lease = try #require(try c.received().first?["lease"]?.uint64Value)
-        let repository = try #require(server.hub.existing("r"))
+        let repository = try #require(server.hub.repositories.existing("r"))
 
         try c.send(lines(#"{"id":3,"op":"set","repo":"r","key":"k","value":1,"lease":\#(lease)}"#))
         #expect(try c.received().isEmpty, "answered before the attachment was durable")
@@ -114,7 +114,7 @@ import TestSupport
         try c.send(lines(#"{"id":3,"op":"set","repo":"r","key":"k","value":1,"lease":\#(m)}"#))
         storage.confirmAll()
         #expect(try c.received().map(\.errorCode) == [nil])
-        let repository = try #require(server.hub.existing("r"))
+        let repository = try #require(server.hub.repositories.existing("r"))
 
         try c.send(lines(#"{"id":4,"op":"set","repo":"r","key":"k","value":2,"lease":\#(l)}"#))
         let revoker = try TestConnection(server)

@@ -61,7 +61,7 @@ private func subscriberAndWriter(_ limits: Limits) throws -> (TestServer, subscr
 
         try client.send(lines(#"{"id":1,"op":"set","repo":"r","key":"k","value":1}"#, #"{"id":2,"op":"ping"}"#))
         #expect(try client.received().isEmpty, "the ping's reply waits behind the write's")
-        try #require(hub.existing("r")).durable(through: 1)
+        try #require(hub.repositories.existing("r")).durable(through: 1)
         let replies = try client.received()
         #expect(replies.map { $0["id"] } == [1, 2])
         #expect(replies.first?["rev"] == 1)
@@ -69,7 +69,7 @@ private func subscriberAndWriter(_ limits: Limits) throws -> (TestServer, subscr
         // A revision storage cannot keep: its reply becomes `internal`, and the next follows.
         try client.send(lines(#"{"id":3,"op":"set","repo":"r","key":"k","value":2}"#, #"{"id":4,"op":"ping"}"#))
         #expect(try client.received().isEmpty)
-        try #require(hub.existing("r")).failed(after: 1, error: StorageError(.full, "test: disk full"))
+        try #require(hub.repositories.existing("r")).failed(after: 1, error: StorageError(.full, "test: disk full"))
         let after = try client.received()
         #expect(after.map { $0["id"] } == [3, 4])
         #expect(after.first?.errorCode == "internal" && after.last?["ok"] == true)
@@ -82,7 +82,7 @@ private func subscriberAndWriter(_ limits: Limits) throws -> (TestServer, subscr
         try writer.send(lines(#"{"id":1,"op":"set","repo":"r","key":"k","value":1}"#))
         try reader.send(lines(#"{"id":1,"op":"repos"}"#))
         #expect(try reader.received().isEmpty, "it would report revision 1, not durable yet")
-        let repository = try #require(server.hub.existing("r"))
+        let repository = try #require(server.hub.repositories.existing("r"))
         repository.durable(through: 1)
         #expect(try reader.received().first?["repos"] == [["name": "r", "rev": 1, "keys": 1, "epoch": .string(repository.epoch)]])
 

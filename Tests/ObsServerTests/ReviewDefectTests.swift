@@ -28,7 +28,7 @@ import TestSupport
         try b.send(lines(#"{"id":1,"op":"set","repo":"r","key":"b","value":1}"#))
         try a.send(lines(#"{"id":1,"op":"set","repo":"r","key":"a","value":1}"#))
         #expect(try a.received().isEmpty && b.received().isEmpty, "nothing is answered before it is durable")
-        let repository = try #require(hub.existing("r"))
+        let repository = try #require(hub.repositories.existing("r"))
 
         // Storage fails both revisions; both loops are told.
         repository.failed(after: 0, error: StorageError(.io, "injected"))
@@ -149,7 +149,7 @@ import TestSupport
         try #require(granted.count == 2)
         let (lease, other) = (granted[0], granted[1])
         try owner.send(lines(#"{"id":2,"op":"set","repo":"r","key":"k","value":1}"#))
-        let repository = try #require(hub.existing("r"))
+        let repository = try #require(hub.repositories.existing("r"))
         storage.confirmAll()
         #expect(try owner.received().map(\.errorCode) == [nil])
 
@@ -179,7 +179,7 @@ import TestSupport
         storage.confirmAll()
         let lease = try #require(try owner.received().first?["lease"]?.uint64Value)
         try owner.send(lines(#"{"id":2,"op":"set","repo":"r","key":"k","value":1,"lease":\#(lease)}"#))
-        let repository = try #require(server.hub.existing("r"))
+        let repository = try #require(server.hub.repositories.existing("r"))
         storage.confirmAll()
         #expect(try owner.received().map(\.errorCode) == [nil])
 

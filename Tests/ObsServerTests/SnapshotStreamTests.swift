@@ -64,7 +64,7 @@ extension String {
     @Test func aLargeSnapshotOfAStateNotYetDurableStreamsOnceItIs() throws {
         let server = try TestServer(storage: ManualStorage())
         let writer = try fill(server, count: 6000)
-        let repository = try #require(server.hub.existing("r"))
+        let repository = try #require(server.hub.repositories.existing("r"))
         repository.durable(through: 11)
         #expect(try writer.received().count == 11)
         // Revision 12 (the last batch) is not durable when the subscription starts from it.
@@ -96,7 +96,7 @@ extension String {
         let server = try TestServer()
         let writer = try fill(server, count: 6000)
         _ = try writer.received()
-        let repository = try #require(server.hub.existing("r"))
+        let repository = try #require(server.hub.repositories.existing("r"))
         let subscriber = try TestConnection(server)
         try subscriber.send(lines(#"{"id":1,"op":"subscribe","repo":"r","initial":true}"#))
         #expect(repository.openReaders == 1, "more than fits in one piece: read as the client reads")

@@ -1,6 +1,16 @@
 // ObsServer — the subscriptions live on one connection's outbox: registered, ended one by
 // one or all at once, revoked with a last message in the same step (so no event of theirs
-// follows it). Delivery asks `Subscription.isLive` before it queues anything.
+// follows it). Delivery asks `Subscription.isLive` before it queues anything. Their number is
+// the outbox's `SubscriptionTally`, which `stats` reads from any thread.
+
+import Synchronization
+
+/// A connection's live subscriptions, counted on its loop, read by `stats` anywhere.
+final class SubscriptionTally: Sendable {
+    private let count = Atomic<Int>(0)
+    func add(_ n: Int) { count.add(n, ordering: .relaxed) }
+    var value: Int { count.load(ordering: .relaxed) }
+}
 
 extension Outbox {
     /// Makes a subscription live on this connection; `false` if the connection is no longer open.

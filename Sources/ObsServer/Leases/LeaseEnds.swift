@@ -30,7 +30,7 @@ extension Hub {
     /// Deletes what `ended` holds; `done` gets the deletions (repositories where nothing was
     /// attached any more make none), from any thread, once all are decided.
     func end(_ ended: EndedLease, time: Int64, done: @escaping @Sendable ([LeaseDeletion]) -> Void = { _ in }) {
-        let targets = ended.repos.sorted { $0.utf8.lexicographicallyPrecedes($1.utf8) }.compactMap(existing)
+        let targets = ended.repos.sorted { $0.utf8.lexicographicallyPrecedes($1.utf8) }.compactMap(repositories.existing)
         guard !targets.isEmpty else { return done([]) }
         let collected = Mutex<(left: Int, deletions: [LeaseDeletion])>((targets.count, []))
         for repository in targets {

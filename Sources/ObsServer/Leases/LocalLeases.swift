@@ -105,7 +105,7 @@ final class LocalLeases: LeaseService {
     /// interrupted, or storage failed — with the reason it ended for.
     func restore(time: Int64, in hub: Hub) {
         var repos: [UInt64: Set<String>] = [:]
-        for repository in hub.allRepositories() {
+        for repository in hub.repositories.all {
             for lease in repository.attachedLeases { repos[lease, default: []].insert(repository.name) }
         }
         for ended in table.restore(hub.storage.loadLeases(), repos: repos) { hub.end(ended, time: time) }

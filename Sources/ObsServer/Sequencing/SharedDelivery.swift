@@ -32,10 +32,10 @@ final class SharedDelivery: SharedStorageSink {
         // Attachments alone need a repository this daemon holds (they are of keys that exist).
         let repository: Repository
         if revisions.isEmpty {
-            guard let existing = hub.existing(name) else { return }
+            guard let existing = hub.repositories.existing(name) else { return }
             repository = existing
         } else {
-            repository = hub.permanentRepository(name)
+            repository = hub.repositories.permanent(name)
         }
         let installs = revisions.map { revision -> (record: RevisionRecord, origin: UInt64, tail: [UInt8]) in
             let origin = sequencer.origin(of: revision.writeID, revision: revision.record.revision, in: repository)

@@ -16,9 +16,9 @@ extension Session {
         func sum(_ value: (LoopCounters) -> Int) -> UInt64 { UInt64(max(0, hub.loopCounters.reduce(0) { $0 + value($1) })) }
         let privileged = peer.isPrivileged
         var stats = Stats(
-            connections: privileged ? count(s.connections) : UInt64(hub.connections(of: peer.uid)),
+            connections: privileged ? count(s.connections) : UInt64(hub.peers.connections(of: peer.uid)),
             subscriptions: privileged ? count(s.subscriptions) : UInt64(outbox.liveCount),
-            repositories: UInt64(privileged ? hub.repositoryCount : hub.listed().filter { permission($0.name) >= .read }.count),
+            repositories: UInt64(privileged ? hub.repositories.count : hub.repositories.listed().filter { permission($0.name) >= .read }.count),
             peer: Stats.Peer(uid: peer.uid, gid: peer.gid, pid: max(0, peer.pid), privileged: privileged),
             server: "obsd/\(Server.version)")
         if privileged {
@@ -30,7 +30,7 @@ extension Session {
             stats.bytesOut = sum { $0.bytesOut.load(ordering: .relaxed) }
             stats.overflows = count(s.overflows)
             stats.writersHeld = count(s.writersHeld)
-            stats.repositoriesHeld = UInt64(hub.heldCount)
+            stats.repositoriesHeld = UInt64(hub.repositories.heldCount)
             stats.leases = UInt64(hub.leases.count)
             stats.errors = count(s.errors)
             stats.denied = count(s.denied)
@@ -49,7 +49,7 @@ extension Session {
                 stats.storageCheckpoints = count(c.checkpoints)
                 stats.storageCheckpointFailures = count(c.checkpointFailures)
             }
-            stats.clients = hub.connectedPeers.sorted(by: { $0.since < $1.since }).map { client in
+            stats.clients = hub.peers.all.sorted(by: { $0.since < $1.since }).map { client in
                 Stats.Client(
                     uid: client.peer.uid, gid: client.peer.gid, pid: max(0, client.peer.pid), subscriptions: client.subscriptions.value,
                     connectedSeconds: UInt64(max(0, client.since.duration(to: .now).components.seconds)))

@@ -18,8 +18,8 @@ extension Session {
         let number = nextSub
         nextSub += 1
         let now = shard.loop.wallSeconds
-        let repository = hub.hold(request.repo)
-        defer { hub.release(request.repo) }
+        let repository = hub.repositories.hold(request.repo)
+        defer { hub.repositories.release(request.repo) }
         let subscription = Subscription(id: number, repository: repository, connection: connection, request: request)
         let started: Repository.Started
         do throws(RepositoryCore.StartRefusal) {

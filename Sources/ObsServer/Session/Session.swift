@@ -148,7 +148,7 @@ final class Session {
     func close() {
         pendingSync = nil
         shard.end(allOf: outbox, closing: true)
-        for (_, pending) in pendingWrites where pending.held { hub.release(pending.repository.name) }
+        for (_, pending) in pendingWrites where pending.held { hub.repositories.release(pending.repository.name) }
         pendingWrites.removeAll()
     }
 
@@ -201,7 +201,7 @@ final class Session {
         case .repos:
             // Held until every state it reports is durable, as a `list` is.
             var states: [(any DurableLine, StateSequence)] = []
-            let repos = hub.listed().filter { permission($0.name) >= .read }.map { repository in
+            let repos = hub.repositories.listed().filter { permission($0.name) >= .read }.map { repository in
                 let (revision, keys, sequence) = repository.summary
                 states.append((repository, sequence))
                 return RepositoryInfo(name: repository.name, revision: revision, keys: keys, epoch: repository.epoch)
@@ -238,7 +238,7 @@ final class Session {
     }
 
     private func get(_ id: JSONValue, repo: String, key: Key) {
-        guard let repository = hub.existing(repo) else {
+        guard let repository = hub.repositories.existing(repo) else {
             return fail(id: id, ProtocolError(.notFound, "key \(key.debugDescription) does not exist in repository \(repo)"))
         }
         let (entry, sequence) = repository.get(key)
@@ -251,7 +251,7 @@ final class Session {
     }
 
     private func list(_ id: JSONValue, repo: String, prefix: String?, values: Bool) {
-        let repository = hub.existing(repo)
+        let repository = hub.repositories.existing(repo)
         var (revision, entries, sequence) = repository?.list(prefix: prefix) ?? (0, [], 0)
         if let refusal = Self.tooLargeToSend(entries, values: values, what: "this list") { return fail(id: id, refusal) }
         entries.sort { $0.key < $1.key }  // outside the repository's lock
@@ -269,7 +269,7 @@ final class Session {
         // A repository the hub keeps for good needs no hold; any other is held while the
         // write is under way (a write that changes nothing leaves no repository behind).
         let held = lastWritten?.name != repo
-        let repository = held ? hub.hold(repo) : lastWritten!
+        let repository = held ? hub.repositories.hold(repo) : lastWritten!
         ops.withRawOps { write(id, ops: $0, to: repository, held: held, single: single) }
     }
 
@@ -291,7 +291,7 @@ final class Session {
     private func write(_ id: JSONValue, ops: UnsafeBufferPointer<RawWriteOp>, to repository: Repository, held: Bool, single: Bool) {
         let limits = self.limits
         if let refusal = Self.refusal(ops, limits) {
-            if held { hub.release(repository.name) }
+            if held { hub.repositories.release(repository.name) }
             return fail(id: id, refusal)
         }
         nextToken += 1
@@ -313,7 +313,7 @@ final class Session {
                     pendingWrites[token] = PendingWrite(id: id, repository: repository, slot: outbox.reserveSlot(), single: single, held: held)
                     return wait(for: .cluster)
                 }
-                if held { hub.release(repository.name) }
+                if held { hub.repositories.release(repository.name) }
                 if lastWrittenRef?.toOpaque() != Unmanaged.passUnretained(repository).toOpaque(), repository.isPermanent { lastWritten = repository }
                 switch result {
                 case .success(let outcome):
@@ -356,7 +356,7 @@ final class Session {
         var reply: [UInt8] = []
         encodeWrite(&reply, pending.id, pending.repository.name, result, previous: pending.single ? previous : nil)
         outbox.fill(pending.slot, with: reply)
-        if pending.held { hub.release(pending.repository.name) }
+        if pending.held { hub.repositories.release(pending.repository.name) }
         shard.markDirty(connection)
         if !holdForDelivery() { resume(from: .cluster) } else { waits.remove(.cluster) }
     }
