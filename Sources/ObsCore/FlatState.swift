@@ -44,7 +44,7 @@ public struct FlatState: Sendable {
     /// one per operation) gets, in order, whether each changes its key, and what the key holds
     /// now, read in place. Throws the first failed `ifRevision`, in operation order. `ops`
     /// name each key at most once.
-    public func plan(_ ops: UnsafeBufferPointer<RawWriteOp>, into plans: UnsafeMutableBufferPointer<OpPlan>) throws(WriteError) {
+    public func plan(_ ops: UnsafeBufferPointer<RawWriteOp>, into plans: UnsafeMutableBufferPointer<OpPlan>) throws(WriteRefusal) {
         for (i, op) in ops.enumerated() {
             let plan = table.withRecord(key: op.key) { record, position -> OpPlan? in
                 let oldRevision = record?.revision ?? 0

@@ -30,10 +30,11 @@ public struct WriteLimits: Sendable {
     }
 }
 
-/// Why a write was refused; nothing was applied.
+/// Why a write was refused; nothing was applied. (A key written twice in a batch never gets
+/// here: the request is refused as it is read.)
 public enum WriteRefusal: Error, Sendable, Equatable {
-    /// The contract's rules: a failed condition, a key written twice in a batch.
-    case rules(WriteError)
+    /// A compare-and-set condition failed: `key` is at `actual`, not `expected`.
+    case conflict(key: Key, expected: UInt64, actual: UInt64)
     /// The write would create keys beyond the repository's limit.
     case tooManyKeys(limit: Int)
     /// The revision would carry more bytes of keys and old and new values than allowed.
@@ -154,7 +155,7 @@ public struct RepositoryCore: Sendable {
     /// for it), read in place until the state is mutated. Nothing is applied. A single-key write and a batch alike: each key
     /// looked up once, its value compared where it lies, nothing copied.
     public func plan(_ ops: UnsafeBufferPointer<RawWriteOp>, limits: WriteLimits, into plans: UnsafeMutableBufferPointer<OpPlan>) throws(WriteRefusal) -> WritePlan {
-        do throws(WriteError) { try data.plan(ops, into: plans) } catch { throw .rules(error) }
+        try data.plan(ops, into: plans)
         var changed = 0
         var created = 0
         var removed = 0

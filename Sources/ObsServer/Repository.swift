@@ -204,16 +204,15 @@ final class Repository: DurabilityListener, DurableLine, Sendable {
         _ revisions: [(record: RevisionRecord, origin: UInt64, tail: [UInt8])], attachments: [SharedAttachment] = [], replacing: Bool = false
     ) -> [(key: Key, from: UInt64?, to: UInt64?)] {
         state.withLock { s in
-            let loops = s.subscriberLoops
             for (record, origin, tail) in revisions {
                 let info = RevisionInfo(revision: record.revision, time: record.time, writer: record.writer, origin: origin, weight: record.byteSize)
                 guard s.core.install(record.changes, info: info, tail: tail) else { continue }
-                _ = s.ledger.apply(durable: true, marks: marks)
                 if record.revision == 1 {
                     stats.repositories.add(1, ordering: .relaxed)
                     makePermanent()
                 }
-                if !loops.isEmpty { s.core.withLastRecord { Self.publish($0, to: loops, of: self) } }
+                // Decided and kept by the shared store: durable, and shown at once.
+                _ = appliedRevision(&s, durable: true)
             }
             var moves: [(key: Key, from: UInt64?, to: UInt64?)] = []
             if replacing {

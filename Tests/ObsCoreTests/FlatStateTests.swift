@@ -58,7 +58,11 @@ import Testing
                 Result { () throws(WriteError) -> [Change<CanonicalJSON>] in
                     var buffer = OpPlanBuffer()
                     let plans = buffer.room(for: raw.count)
-                    try flat.plan(raw, into: plans)
+                    do throws(WriteRefusal) { try flat.plan(raw, into: plans) } catch {
+                        // The same verdict in the model's terms (a flat state refuses only conditions).
+                        guard case .conflict(let key, let expected, let actual) = error else { preconditionFailure("\(error)") }
+                        throw .conflict(key: key, expected: expected, actual: actual)
+                    }
                     return RepositoryCore.withChanges(raw, plans, changed: plans.filter(\.changes).count) { $0.map(\.materialized) }
                 }
             }

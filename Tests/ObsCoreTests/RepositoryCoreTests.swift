@@ -38,7 +38,7 @@ private func replay(_ c: RepositoryCore, _ request: SubscribeRequest, skip: UInt
         #expect(try write(&c, [.set("theme", value("light"))]) == 1)
         #expect(try write(&c, [.set("theme", value("light"))]) == nil, "an equal value is no change")
         #expect(try write(&c, [.set("theme", value("light"), force: true)]) == 2, "force makes it one")
-        #expect(throws: WriteRefusal.rules(.conflict(key: "theme", expected: 1, actual: 2))) {
+        #expect(throws: WriteRefusal.conflict(key: "theme", expected: 1, actual: 2)) {
             try c.plan([.set("theme", value("dark"), ifRevision: 1)], limits: unlimited)
         }
         #expect(try write(&c, [.delete("absent")]) == nil, "deleting an absent key is no change")
@@ -60,7 +60,7 @@ private func replay(_ c: RepositoryCore, _ request: SubscribeRequest, skip: UInt
         #expect(throws: WriteRefusal.revisionTooLarge(bytes: 1 + 100 + 2 + 1 + 32, limit: 64)) {
             try c.plan([.set("a", big)], limits: WriteLimits(maxKeys: 10, maxRevisionBytes: 64))
         }
-        #expect(throws: WriteRefusal.rules(.conflict(key: "a", expected: 5, actual: 1))) {
+        #expect(throws: WriteRefusal.conflict(key: "a", expected: 5, actual: 1)) {
             try c.plan([.set("a", big, ifRevision: 5)], limits: WriteLimits(maxKeys: 0, maxRevisionBytes: 0))
         }
         #expect(c.revision == 1 && c["a"]?.value == value(1))

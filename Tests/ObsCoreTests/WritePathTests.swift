@@ -53,7 +53,7 @@ private func state(_ c: RepositoryCore) -> [String: [UInt8]] {
         #expect(write(&c, .set("a", CanonicalJSON(.double(1.0))), limits: unlimited) == .success(Answer(revision: 1, changed: false, old: Array("1".utf8))))
         #expect(write(&c, .set("a", CanonicalJSON(.double(1.0)), force: true), limits: unlimited) == .success(Answer(revision: 2, changed: true, old: Array("1".utf8))))
         #expect(write(&c, .delete("absent"), limits: unlimited) == .success(Answer(revision: 2, changed: false, old: nil)))
-        #expect(write(&c, .set("a", CanonicalJSON(.int(2)), ifRevision: 7), limits: unlimited) == .failure(.rules(.conflict(key: "a", expected: 7, actual: 2))))
+        #expect(write(&c, .set("a", CanonicalJSON(.int(2)), ifRevision: 7), limits: unlimited) == .failure(.conflict(key: "a", expected: 7, actual: 2)))
         #expect(write(&c, .set("b", CanonicalJSON(.int(2))), limits: WriteLimits(maxKeys: 1, maxRevisionBytes: .max)) == .failure(.tooManyKeys(limit: 1)))
         #expect(write(&c, .delete("a"), limits: unlimited) == .success(Answer(revision: 3, changed: true, old: Array("1.0".utf8))))
         #expect(c.revision == 3 && c.count == 0, "nothing refused was applied")

@@ -66,7 +66,7 @@ func write(_ hub: Hub, _ repository: Repository, _ ops: [WriteOp<CanonicalJSON>]
         }
         #expect(!repository.isDurable(pending.sequence), "storage has not confirmed it")
         // Checked against the pending revision 2: a conflict, which names that state.
-        guard case .failure(.refused(.rules(.conflict), let checked)) = write(hub, repository, [.set("k", CanonicalJSON(.int(3)), ifRevision: 1)]) else {
+        guard case .failure(.refused(.conflict, let checked)) = write(hub, repository, [.set("k", CanonicalJSON(.int(3)), ifRevision: 1)]) else {
             Issue.record("ifRev 1 against revision 2 is not a conflict")
             return
         }

@@ -5,7 +5,8 @@
 // socket's handler read (and handle requests), run the tasks posted from other threads and
 // the timers that are due, let the store commit the writes made (`beforeTick`), then run
 // the tick (`onTick`: the shard's delivery and one write per connection with output) if
-// anything asked for one — the shape of Redis's `beforeSleep`. Everything here but `execute` and `stop` runs on the loop's thread.
+// anything asked for one — the shape of Redis's `beforeSleep`. Everything here but `execute`
+// and `stop` runs on the loop's thread.
 //
 // Why our own loop and not SwiftNIO's channels, for client connections: see README
 // "Architecture" (measured: NIO's per-write and per-read channel machinery was the largest

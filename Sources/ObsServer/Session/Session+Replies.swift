@@ -155,9 +155,9 @@ extension Session {
     /// The error reply for a write that failed.
     static func protocolError(_ failure: WriteFailure, repo: String) -> ProtocolError {
         switch failure {
-        case .refused(.rules(let error), _):
-            let code: ErrorCode = if case .conflict = error { .conflict } else { .badRequest }
-            return ProtocolError(code, error.description)
+        case .refused(.conflict(let key, let expected, let actual), _):
+            // The contract's words for a failed condition, as the in-process model says them.
+            return ProtocolError(.conflict, WriteError.conflict(key: key, expected: expected, actual: actual).description)
         case .refused(.tooManyKeys(let limit), _):
             return ProtocolError(.overloaded, "repository \(repo) would hold more than \(limit) keys")
         case .refused(.revisionTooLarge(let bytes, let limit), _):
