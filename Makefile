@@ -126,19 +126,20 @@ DOCC_TARGETS := ObsClient ObservableKit
 docs: deps
 	$(SWIFT) package generate-documentation $(foreach t,$(DOCC_TARGETS),--target $(t)) --warnings-as-errors
 
-# The sanitizers. AddressSanitizer on the suites that exercise the daemon's unsafe references
-# (`Unmanaged`, `unowned(unsafe)`, `_withUnsafeGuaranteedRef`: the loops, shards, outboxes and
-# history in ObsServerTests, ObsCoreTests and ObsStoreTests) — not ObservableKitTests, whose
-# weak-observer tests need a freed object's address given out again, which AddressSanitizer's
-# quarantine never does; its leak check is off: the in-process tests leave their servers' loops, connections and
-# sessions referring to each other at exit (the daemon keeps its own for the life of the
-# process), which it would report as leaks. ThreadSanitizer on ObservableKitTests only: the
-# daemon's modules lock with Synchronization's `Mutex`, which on Linux is a futex
-# ThreadSanitizer does not see, so it reports every access under one as a race (it did:
-# `Hub.hold` and `Hub.release`, both inside `repositories.withLock`).
+# The sanitizers, on the suites that exercise the daemon's unsafe references (`Unmanaged`,
+# `unowned(unsafe)`, `_withUnsafeGuaranteedRef`: the loops, shards, outboxes and history in
+# ObsServerTests, ObsCoreTests and ObsStoreTests) and its threads (loops, the committer, the
+# checkpointer, posts between them). ThreadSanitizer also runs ObservableKitTests. The
+# daemon's modules lock with ObservableKit's `Locked` (pthread), which ThreadSanitizer sees:
+# with Synchronization's `Mutex`, a futex inside the uninstrumented runtime on Linux, it
+# reported every access under one as a race. AddressSanitizer leaves ObservableKitTests out:
+# its weak-observer tests need a freed object's address given out again, which
+# AddressSanitizer's quarantine never does; its leak check is off: the in-process tests leave
+# their servers' loops, connections and sessions referring to each other at exit (the daemon
+# keeps its own for the life of the process), which it would report as leaks.
 SANITIZED_SUITES := ObsServerTests|ObsCoreTests|ObsStoreTests
 tsan: deps
-	$(SWIFT) test --scratch-path .build-tsan --sanitize=thread --filter ObservableKitTests
+	$(SWIFT) test --scratch-path .build-tsan --sanitize=thread --filter 'ObservableKitTests|$(SANITIZED_SUITES)'
 
 asan: deps
 	ASAN_OPTIONS=detect_leaks=0 $(SWIFT) test --scratch-path .build-asan --sanitize=address --filter '$(SANITIZED_SUITES)'

@@ -168,7 +168,7 @@ let package = Package(
             ]),
         // Test support; InProcessDaemon runs the daemon (ObsServer) in the test process.
         .target(
-            name: "TestSupport", dependencies: ["ObsStore", "ObsProtocol", "ObsServer", .product(name: "Logging", package: "swift-log")],
+            name: "TestSupport", dependencies: ["ObservableKit", "ObsStore", "ObsProtocol", "ObsServer", .product(name: "Logging", package: "swift-log")],
             path: "Tests/TestSupport"),
         // ObsEtcd against a real 3-member etcd cluster on loopback (TestSupport's EtcdCluster).
         .testTarget(name: "ObsEtcdTests", dependencies: ["ObsEtcd", "TestSupport"]),

@@ -11,7 +11,6 @@
 import Logging
 import ObsProtocol
 import ObservableKit
-import Synchronization
 
 #if canImport(Glibc)
 import Glibc

@@ -2,7 +2,6 @@
 // and `stats`), and a reference to a connection that crosses threads and is resolved only
 // back on its loop.
 
-import Synchronization
 
 /// One loop's open connections (for shutdown, and `stats`).
 final class LoopConnections {

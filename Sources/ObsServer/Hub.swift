@@ -11,7 +11,6 @@ import ObsCore
 import ObsProtocol
 import ObsStore
 import ObservableKit
-import Synchronization
 
 final class Hub: Sendable {
     let stats = ServerStats()

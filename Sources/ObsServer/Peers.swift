@@ -3,7 +3,7 @@
 // `stats`), and the re-check of every connection's subscriptions after a reload.
 
 import ObsProtocol
-import Synchronization
+import ObservableKit
 
 /// A connection as the daemon knows it: who, since when, how many subscriptions, and where to
 /// run code on its loop.
@@ -19,8 +19,8 @@ struct ConnectedPeer: Sendable {
 final class Peers: Sendable {
     private let runtime: Runtime
     private let stats: ServerStats
-    private let peers = Mutex<[ConnectionID: ConnectedPeer]>([:])
-    private let perUID = Mutex<[UInt32: Int]>([:])
+    private let peers = Locked<[ConnectionID: ConnectedPeer]>([:])
+    private let perUID = Locked<[UInt32: Int]>([:])
 
     init(runtime: Runtime, stats: ServerStats) {
         self.runtime = runtime

@@ -9,7 +9,7 @@
 // once, for a dictionary lookup, and nobody can hold a repository the daemon no longer has.
 
 import ObsStore
-import Synchronization
+import ObservableKit
 
 /// The repositories held in memory, by name.
 final class Repositories: Sendable {
@@ -19,7 +19,7 @@ final class Repositories: Sendable {
         var users = 0
     }
 
-    private let map = Mutex<[String: Slot]>([:])
+    private let map = Locked<[String: Slot]>([:])
     private let make: @Sendable (_ name: String, _ loaded: LoadedRepository?) -> Repository
     private let stats: ServerStats
 

@@ -46,7 +46,7 @@ final class Repository: DurabilityListener, DurableLine, Sendable {
         var nextSequence: StateSequence { ledger.next }
     }
 
-    private let state: Mutex<State>
+    private let state: Locked<State>
     /// What of `ledger` is readable without the lock.
     private let marks = DurabilityMarks()
     /// Loaded from storage, or written in this process (even if storage undid it since): the
@@ -72,7 +72,7 @@ final class Repository: DurabilityListener, DurableLine, Sendable {
         self.onUndo = onUndo
         self.id = LineIDs.next()
         self.epoch = loaded?.epoch ?? epoch
-        self.state = Mutex(State(core: RepositoryCore(name: name, epoch: loaded?.epoch ?? epoch, historyLimits: historyLimits, loaded: loaded)))
+        self.state = Locked(State(core: RepositoryCore(name: name, epoch: loaded?.epoch ?? epoch, historyLimits: historyLimits, loaded: loaded)))
         if loaded != nil { permanent.store(true, ordering: .relaxed) }
     }
 

@@ -16,7 +16,6 @@ import ObsProtocol
 import ObsStore
 import ObservableKit
 import ServiceLifecycle
-import Synchronization
 
 #if canImport(Glibc)
 import Glibc
@@ -32,10 +31,10 @@ public final class Server: Service, Sendable {
     private let observer: (any ServerObserver)?
     private let runtime: Runtime
     /// Set once serving, for `status` and `reload`.
-    private let hub = Mutex<Hub?>(nil)
+    private let hub = Locked<Hub?>(nil)
     /// Why the server must stop (a shared store's history no longer matches), and how to stop
     /// it once it serves.
-    private let fatal = Mutex<(reason: String?, stop: (@Sendable () -> Void)?)>((nil, nil))
+    private let fatal = Locked<(reason: String?, stop: (@Sendable () -> Void)?)>((nil, nil))
     /// The delivery budget of every loop (in-process tests make it small).
     let delivery: DeliveryBudget
 

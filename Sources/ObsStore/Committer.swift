@@ -49,7 +49,7 @@ public final class DurabilityReports: Sendable {
         var wake: (@Sendable () -> Void)?
     }
 
-    private let state = Mutex(State())
+    private let state = Locked(State())
     /// Whether `posted` holds anything: read without the lock by deliverers that look.
     private let pending = Atomic<Bool>(false)
 

@@ -26,6 +26,7 @@
 // (early), and the tunables `store.segment-size`, `store.snapshot-log-bytes`,
 // `store.checkpoint-interval-ms`.
 
+import ObservableKit
 import Synchronization
 
 #if canImport(Glibc)
@@ -66,7 +67,7 @@ public final class Failpoints: Sendable {
         var problems: [String] = []
     }
 
-    private let state: Mutex<State>
+    private let state: Locked<State>
 
     /// The failpoints OBSD_FAILPOINTS arms, or nil when it is unset or empty.
     public static let shared: Failpoints? = {
@@ -84,7 +85,7 @@ public final class Failpoints: Sendable {
         } else {
             (s.points, s.problems) = Self.parse(spec)
         }
-        state = Mutex(s)
+        state = Locked(s)
     }
 
     /// Lines describing what is armed (and what could not be parsed), for the daemon's log.

@@ -1,4 +1,5 @@
-// ObservableKit — the lock every obsd module uses for small shared state.
+// ObservableKit — the lock for small shared state of the daemon's modules (ObsStore, ObsCore,
+// ObsServer), of ObservableKit itself and of the tests' support: what ThreadSanitizer checks.
 //
 // A value behind a mutex, in one allocation. It wraps `pthread_mutex_t` (Linux) or
 // `os_unfair_lock` (Apple platforms) rather than the standard library's `Mutex`: on Linux

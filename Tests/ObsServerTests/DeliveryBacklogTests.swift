@@ -4,7 +4,6 @@
 // far as the test wants, with nothing timed.
 
 import ObsProtocol
-import Synchronization
 import Testing
 import TestSupport
 

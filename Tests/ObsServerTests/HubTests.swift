@@ -6,7 +6,6 @@ import ObsCore
 import ObsProtocol
 import ObsStore
 import ObservableKit
-import Synchronization
 import Testing
 import TestSupport
 

@@ -7,7 +7,6 @@
 import ObsProtocol
 import ObsStore
 import ObservableKit
-import Synchronization
 import Testing
 import TestSupport
 
@@ -135,8 +134,8 @@ import TestSupport
 
 /// Storage that loaded nothing but `leases` (and keeps what it is given, durable at once).
 private final class LeasesOnlyStorage: Storage {
-    private let leases: Mutex<PersistedLeases?>
-    init(_ leases: PersistedLeases) { self.leases = Mutex(leases) }
+    private let leases: Locked<PersistedLeases?>
+    init(_ leases: PersistedLeases) { self.leases = Locked(leases) }
     var isImmediate: Bool { true }
     var summary: String { "leases only (test)" }
     var counters: StorageCounters? { nil }

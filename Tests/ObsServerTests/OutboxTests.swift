@@ -7,7 +7,6 @@
 
 import ObsProtocol
 import ObsStore
-import Synchronization
 import Testing
 import TestSupport
 

@@ -8,6 +8,7 @@ import Logging
 import ObsCore
 import ObsProtocol
 import ObsStore
+import ObservableKit
 import Synchronization
 import Testing
 
@@ -82,7 +83,7 @@ final class TestServer {
 /// (`durable` / `failed` on the listeners — a repository, the lease table — called by the test
 /// as the committer would; `confirmAll` tells every listener everything it queued is durable).
 final class ManualStorage: Storage {
-    private let queued = Mutex<[(listener: any DurabilityListener, sequence: UInt64)]>([])
+    private let queued = Locked<[(listener: any DurabilityListener, sequence: UInt64)]>([])
     var isImmediate: Bool { false }
     var summary: String { "manual (test)" }
     var counters: StorageCounters? { nil }

@@ -15,7 +15,7 @@ import Testing
 /// by their revisions (`append(_:listener:)`), so the sequences it hears are revisions.
 final class ListenerStub: DurabilityListener {
     let epoch = Epoch.random()
-    private let reports = Mutex<(durable: UInt64, failedAfter: UInt64?, failures: Int, error: StorageError?)>((0, nil, 0, nil))
+    private let reports = Locked<(durable: UInt64, failedAfter: UInt64?, failures: Int, error: StorageError?)>((0, nil, 0, nil))
 
     func durable(through sequence: UInt64) { reports.withLock { $0.durable = max($0.durable, sequence) } }
     func failed(after sequence: UInt64, error: StorageError) {

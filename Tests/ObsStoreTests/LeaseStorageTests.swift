@@ -10,7 +10,6 @@ import Foundation
 import Logging
 import ObsValues
 import ObservableKit
-import Synchronization
 import TestSupport
 import Testing
 
@@ -19,8 +18,8 @@ import Testing
 /// The lease table as storage sees it: a listener numbering its frames, recording how far
 /// they are durable.
 private final class Table: DurabilityListener {
-    let next = Mutex<UInt64>(0)
-    let durable = Mutex<UInt64>(0)
+    let next = Locked<UInt64>(0)
+    let durable = Locked<UInt64>(0)
     func durable(through sequence: UInt64) { durable.withLock { $0 = max($0, sequence) } }
     func failed(after sequence: UInt64, error: StorageError) {}
     func append(_ frame: LogFrame, to storage: DiskStorage) -> Bool {

@@ -12,7 +12,7 @@
 // busy, and the cooperative pool stays free for the code under test.
 
 import Foundation
-import Synchronization
+import ObservableKit
 import Testing
 
 /// A task executor with as many threads as jobs that wait at once: a job is handed to an idle
@@ -28,7 +28,7 @@ public final class BlockingThreadsExecutor: TaskExecutor {
         var threads = 0
     }
 
-    private let state = Mutex(State())
+    private let state = Locked(State())
     /// Signalled once for each job handed to an idle thread.
     private let wake = DispatchSemaphore(value: 0)
 

@@ -9,7 +9,7 @@
 // attributes, the parent's mask is never touched, and the test reaps its own child with
 // `waitpid` on that pid — with a deadline on every wait.
 
-import Synchronization
+import ObservableKit
 
 #if canImport(Glibc)
 import Glibc
@@ -42,7 +42,7 @@ public enum Redirect: Sendable {
 public final class ChildProcess: Sendable {
     public let pid: pid_t
     /// The raw `waitpid` status once reaped.
-    private let reaped = Mutex<Int32?>(nil)
+    private let reaped = Locked<Int32?>(nil)
 
     /// Starts `executable` with `arguments`.
     ///

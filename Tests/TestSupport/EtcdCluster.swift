@@ -8,7 +8,7 @@
 // from the first spawn to three healthy members 0.8–1.2 s idle, up to ~2.5 s with the machine
 // busy building; each member ~30–65 MB RSS.
 
-import Synchronization
+import ObservableKit
 
 #if canImport(Glibc)
 import Glibc
@@ -43,7 +43,7 @@ public final class EtcdCluster: Sendable {
     public let members: [Member]
     /// The temporary directory holding every member's data and log.
     public let directory: String
-    private let processes: Mutex<[ChildProcess?]>
+    private let processes: Locked<[ChildProcess?]>
     private let token: String
 
     /// Every member's client URL, in member order.
@@ -68,7 +68,7 @@ public final class EtcdCluster: Sendable {
     }
 
     private let started: ContinuousClock.Instant
-    private let startDurationBox = Mutex<Duration?>(nil)
+    private let startDurationBox = Locked<Duration?>(nil)
 
     private init(etcd: String, count: Int) throws {
         var template = Array("/tmp/obsd-etcd-XXXXXX".utf8CString)
@@ -83,7 +83,7 @@ public final class EtcdCluster: Sendable {
                 logFile: "\(String(cString: dir))/m\(i).log")
         }
         token = "obsd-test-\(getpid())-\(ports[0])"
-        processes = Mutex(Array(repeating: nil, count: count))
+        processes = Locked(Array(repeating: nil, count: count))
         started = .now
         for i in 0..<count { try spawn(i, etcd: etcd) }
     }

@@ -5,7 +5,7 @@
 // deliver it later (as etcd may after a timed-out request).
 
 import ObsStore
-import Synchronization
+import ObservableKit
 
 public final class FakeSharedStorage: SharedStorage {
     public let epoch = "fake-shared-store"
@@ -21,7 +21,7 @@ public final class FakeSharedStorage: SharedStorage {
         var parked: [(repo: String, revisions: [SharedRevision])] = []
     }
 
-    private let state = Mutex(State())
+    private let state = Locked(State())
 
     /// The next group that commits is applied, but its writer is told the outcome is
     /// unknown; its revisions reach the daemon only at `deliverParked` (or before the next

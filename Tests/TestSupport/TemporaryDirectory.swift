@@ -2,10 +2,10 @@
 // made them and however it ended (a daemon's socket, data directory and log included).
 
 import Foundation
-import Synchronization
+import ObservableKit
 
 public enum TemporaryDirectory {
-    private static let made = Mutex<[String]>([])
+    private static let made = Locked<[String]>([])
 
     /// A fresh, empty directory `/tmp/<prefix>XXXXXX`, removed with its contents at exit.
     public static func make(prefix: String) -> String {

@@ -86,9 +86,9 @@ final class WaitGroup {
 }
 
 final class LoopShard: @unchecked Sendable {
-    // @unchecked Sendable: `inbox` is a Mutex and `backlog` and `counters` are atomics; every
-    // other stored property is read and written only on `loop` — by its connections, sessions
-    // and `tick` — which the entry points assert in debug builds.
+    // @unchecked Sendable: `inbox` is behind a lock (`Locked`), and `backlog` and `counters`
+    // are atomics; every other stored property is read and written only on `loop` — by its
+    // connections, sessions and `tick` — which the entry points assert in debug builds.
 
     let loop: IOLoop
     var index: Int { loop.index }
@@ -105,7 +105,7 @@ final class LoopShard: @unchecked Sendable {
         var drainWaiters: [@Sendable () -> Void] = []
     }
 
-    private let inbox = Mutex(Inbox())
+    private let inbox = Locked(Inbox())
     /// Events posted and not yet delivered (an upper bound: each revision counts as many as
     /// its repository's subscriptions here).
     private let backlog = Atomic<Int>(0)

@@ -16,7 +16,7 @@
 import CLinux
 import HeapModule
 import ObsStore
-import Synchronization
+import ObservableKit
 
 #if canImport(Glibc)
 import Glibc
@@ -43,9 +43,10 @@ struct TimerID: Hashable {
 }
 
 final class IOLoop: @unchecked Sendable {
-    // @unchecked Sendable: `posted` is a Mutex and the descriptors are immutable; every other
-    // stored property is read and written only on the loop's thread (by `runOnce`, and by the
-    // handlers, tasks and timers it calls), which `assertInLoop` checks in debug builds.
+    // @unchecked Sendable: `posted` is behind a lock (`Locked`) and the descriptors are
+    // immutable; every other stored property is read and written only on the loop's thread (by
+    // `runOnce`, and by the handlers, tasks and timers it calls), which `assertInLoop` checks
+    // in debug builds.
 
     let index: Int
     private let epoll: Int32
@@ -58,7 +59,7 @@ final class IOLoop: @unchecked Sendable {
         var stopping = false
     }
 
-    private let posted = Mutex(Posted())
+    private let posted = Locked(Posted())
 
     // Loop-confined from here on.
 

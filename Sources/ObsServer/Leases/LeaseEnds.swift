@@ -13,7 +13,6 @@ import ObsCore
 import ObsProtocol
 import ObsStore
 import ObservableKit
-import Synchronization
 
 /// A lease's deletions, repository by repository.
 struct LeaseDeletion: Sendable {
@@ -32,7 +31,7 @@ extension Hub {
     func end(_ ended: EndedLease, time: Int64, done: @escaping @Sendable ([LeaseDeletion]) -> Void = { _ in }) {
         let targets = ended.repos.sorted { $0.utf8.lexicographicallyPrecedes($1.utf8) }.compactMap(repositories.existing)
         guard !targets.isEmpty else { return done([]) }
-        let collected = Mutex<(left: Int, deletions: [LeaseDeletion])>((targets.count, []))
+        let collected = Locked<(left: Int, deletions: [LeaseDeletion])>((targets.count, []))
         for repository in targets {
             sequencer.end(ended, in: repository, time: time) { outcome in
                 let finished = collected.withLock { c -> [LeaseDeletion]? in

@@ -24,7 +24,6 @@ import ObsProtocol
 import ObsStore
 import ObsValues
 import ObservableKit
-import Synchronization
 
 /// Why a lease operation or a write naming a lease was refused.
 enum LeaseRefusal: Error, Sendable, Equatable {
@@ -94,19 +93,19 @@ final class LeaseTable: DurabilityListener, DurableLine, Sendable {
     /// How many ended leases the table remembers.
     static let endsRemembered = 65_536
 
-    private let state = Mutex(State())
+    private let state = Locked(State())
     private let marks = DurabilityMarks()
     private let storage: any Storage
     let lineID = LineIDs.next()
     var subject: String { "the lease table" }
     /// Told (outside the lock, from the thread that commits) what storage failed: grants
     /// taken back — those leases ended — and ends whose frames must be written again.
-    private let onFailure: Mutex<(@Sendable (_ ended: [EndedLease], _ rewrite: [(UInt64, SharedLeaseReason, Writer)]) -> Void)?>
+    private let onFailure: Locked<(@Sendable (_ ended: [EndedLease], _ rewrite: [(UInt64, SharedLeaseReason, Writer)]) -> Void)?>
 
     /// A table whose grants and ends go to `storage`.
     init(storage: any Storage) {
         self.storage = storage
-        self.onFailure = Mutex(nil)
+        self.onFailure = Locked(nil)
     }
 
     /// Sets what is told of frames storage failed (the hub, once).

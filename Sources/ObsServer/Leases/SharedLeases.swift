@@ -17,7 +17,6 @@ import ObsProtocol
 import ObsStore
 import ObsValues
 import ObservableKit
-import Synchronization
 
 final class SharedLeases: LeaseService {
     let store: any SharedStorage
@@ -35,7 +34,7 @@ final class SharedLeases: LeaseService {
         var waiting: [UInt64: [EndWaiter]] = [:]
     }
 
-    private let state = Mutex(State())
+    private let state = Locked(State())
 
     init(store: any SharedStorage, sequencer: SharedSequencer) {
         self.store = store
@@ -113,7 +112,7 @@ final class SharedLeases: LeaseService {
 
 /// A revoke's wait for its lease's keys to be deleted.
 final class EndWaiter: Sendable {
-    private let state = Mutex<(deletions: [LeaseDeletion]?, continuation: CheckedContinuation<[LeaseDeletion]?, Never>?)>((nil, nil))
+    private let state = Locked<(deletions: [LeaseDeletion]?, continuation: CheckedContinuation<[LeaseDeletion]?, Never>?)>((nil, nil))
 
     func complete(_ deletions: [LeaseDeletion]) {
         let continuation = state.withLock { s in

@@ -13,7 +13,6 @@ import ObsProtocol
 import ObsStore
 import ObsValues
 import ObservableKit
-import Synchronization
 
 /// What a write carries besides its operations — who writes, when, under which limits — the
 /// same whether the operations are read in place (`WriteInput`) or own their bytes

@@ -9,11 +9,10 @@ import ObsCore
 import ObsProtocol
 import ObsStore
 import ObservableKit
-import Synchronization
 
 final class SharedDelivery: SharedStorageSink {
     /// The hub, once assembled (weak: the hub owns this object). Read once per delivery.
-    private let link = Mutex<WeakHub>(WeakHub())
+    private let link = Locked<WeakHub>(WeakHub())
     private let sequencer: SharedSequencer
     private let leases: any LeaseService
 
@@ -59,7 +58,7 @@ final class SharedDelivery: SharedStorageSink {
     func leasesLost(_ ids: [UInt64]) { leases.lost(ids) }
 }
 
-/// A weak reference to the hub, for `Mutex`.
+/// A weak reference to the hub, for `Locked`.
 struct WeakHub: Sendable {
     weak var hub: Hub?
 }

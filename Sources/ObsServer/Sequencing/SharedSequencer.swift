@@ -80,11 +80,11 @@ final class SharedSequencer: Sequencer, Sendable {
     /// How many unsettled groups are remembered per repository (the store settles one within seconds).
     static let unsettledLimit = 64
 
-    private let queues = Mutex<[UInt64: Queue]>([:])
+    private let queues = Locked<[UInt64: Queue]>([:])
 
     /// The revisions that deleted recent leases' keys, by repository and lease (at most
     /// `endsKept`): a daemon whose own deletion found the keys gone reports the winner's.
-    private let ends = Mutex<(revisions: [EndKey: (revision: UInt64, name: String)], order: [EndKey])>(([:], []))
+    private let ends = Locked<(revisions: [EndKey: (revision: UInt64, name: String)], order: [EndKey])>(([:], []))
     private struct EndKey: Hashable { let repository: UInt64, lease: UInt64 }
     static let endsKept = 4096
 
