@@ -53,7 +53,12 @@ let package = Package(
         // compacted state in a snapshot file (SQLite only to read an earlier obsd's state).
         .target(
             name: "ObsStore",
-            dependencies: ["ObservableKit", "ObsValues", "CSQLite", "CLinux", .product(name: "Logging", package: "swift-log")],
+            dependencies: [
+                "ObservableKit", "ObsValues", "CSQLite", "CLinux",
+                // FileDescriptor, FilePath and Errno: the store's file system calls (FileSystem.swift).
+                .product(name: "SystemPackage", package: "swift-system"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
             swiftSettings: daemonReleaseSettings),
         // A repository's values, revisions and history as the daemon keeps them: the write rules
         // and limits, undo, revisions recorded once as flat records, what a subscription starts
@@ -158,7 +163,10 @@ let package = Package(
         .testTarget(name: "ObsClientTests", dependencies: ["ObsClient", "ObsProtocol", "ObservableKit"]),
         .testTarget(
             name: "ObsStoreTests",
-            dependencies: ["ObsStore", "ObsProtocol", "ObservableKit", "TestSupport", .product(name: "Logging", package: "swift-log")]),
+            dependencies: [
+                "ObsStore", "ObsProtocol", "ObservableKit", "TestSupport", .product(name: "Logging", package: "swift-log"),
+                .product(name: "SystemPackage", package: "swift-system"),
+            ]),
         // In-process tests of the daemon's parts: hub, outbox, connection handler.
         .testTarget(
             name: "ObsServerTests",

@@ -3,6 +3,7 @@
 
 import Logging
 import ObservableKit
+import SystemPackage
 
 #if canImport(Glibc)
 import Glibc
@@ -32,10 +33,11 @@ public enum DataDirectory {
         let parts = path.split(separator: "/")
         for (i, part) in parts.enumerated() {
             current += "/" + part
-            let mode: mode_t = i == parts.count - 1 ? 0o700 : 0o755
-            if mkdir(current, mode) != 0 && errno != EEXIST {
-                throw StorageError(.readOnly, "cannot create data directory \(current): \(String(cString: strerror(errno)))")
-            }
+            do throws(Errno) {
+                try FilePath(current).createDirectory(permissions: FilePermissions(rawValue: i == parts.count - 1 ? 0o700 : 0o755))
+            } catch where error != .fileExists {
+                throw StorageError(error, "cannot create data directory \(current)", kind: .readOnly)
+            } catch {}
         }
     }
 }
@@ -43,42 +45,43 @@ public enum DataDirectory {
 extension DataDirectory {
     /// Makes the entries of `directory` (files created, renamed or removed) durable.
     static func sync(_ directory: String) throws(StorageError) {
-        let fd = open(directory, O_RDONLY | O_CLOEXEC | O_DIRECTORY)
-        guard fd >= 0 else { throw StorageError.from(errno, "cannot open \(directory)") }
-        defer { close(fd) }
-        if fsync(fd) != 0 { throw StorageError.from(errno, "cannot sync \(directory)") }
+        let fd = try attempt("cannot open \(directory)") { () throws(Errno) in try FilePath(directory).open(.readOnly, options: .directory) }
+        defer { try? fd.close() }
+        try attempt("cannot sync \(directory)") { () throws(Errno) in try fd.sync() }
     }
 }
 
 /// An exclusive `flock` on `<dir>/obsd.lock`, holding the owner's pid; held until
 /// `release` (or deinit).
 final class DirectoryLock: Sendable {
-    private let fd: Locked<Int32>
+    /// The lock file, open while the lock is held.
+    private let fd: Locked<FileDescriptor?>
 
     init(directory: String) throws(StorageError) {
         let path = directory + "/obsd.lock"
-        let fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
-        guard fd >= 0 else {
-            throw StorageError(.readOnly, "cannot open \(path): \(String(cString: strerror(errno)))")
+        let fd = try attempt("cannot open \(path)", kind: .readOnly) { () throws(Errno) in
+            try FilePath(path).open(.readWrite, options: .create, permissions: .ownerReadWrite)
         }
-        guard flock(fd, LOCK_EX | LOCK_NB) == 0 else {
+        do throws(Errno) {
+            try fd.lockExclusively()
+        } catch {
             var buffer = [UInt8](repeating: 0, count: 32)
-            let n = read(fd, &buffer, buffer.count)
+            let n = (try? buffer.withMutableBytes { (raw) throws(Errno) in try fd.read(into: raw, at: 0) }) ?? 0
             let owner = n > 0 ? String(decoding: buffer[..<n], as: UTF8.self).trimmingWhitespace : "?"
-            close(fd)
+            try? fd.close()
             throw StorageError(.locked, "data directory \(directory) is in use by another obsd (pid \(owner))")
         }
-        let pid = "\(getpid())\n"
-        _ = ftruncate(fd, 0)
-        _ = pid.withCString { pwrite(fd, $0, strlen($0), 0) }
+        let pid = Array("\(getpid())\n".utf8)
+        try? fd.truncate(to: 0)
+        _ = pid.withUnsafeBytes { fd.writeAll($0, at: 0) }
         self.fd = Locked(fd)
     }
 
     /// Lets another store open the directory. Idempotent.
     func release() {
         fd.withLock { fd in
-            if fd >= 0 { close(fd) }
-            fd = -1
+            try? fd?.close()
+            fd = nil
         }
     }
 
@@ -102,12 +105,8 @@ enum RunMarker {
 
     /// What the marker says (nil: absent, the last stop was clean or there was none).
     static func read(_ directory: String) -> String? {
-        let fd = open(directory + "/" + fileName, O_RDONLY | O_CLOEXEC)
-        guard fd >= 0 else { return nil }
-        defer { close(fd) }
-        var buffer = [UInt8](repeating: 0, count: 256)
-        let n = Glibc.read(fd, &buffer, buffer.count)
-        return n > 0 ? String(decoding: buffer[..<n], as: UTF8.self).trimmingWhitespace : ""
+        guard let bytes = try? FilePath(directory + "/" + fileName).readPrefix(256) else { return nil }
+        return String(decoding: bytes, as: UTF8.self).trimmingWhitespace
     }
 
     /// Why the epochs must be renewed, if they must (see the type's comment).
@@ -122,12 +121,13 @@ enum RunMarker {
     /// Marks the directory in use, durably, before any write is taken.
     static func claim(_ directory: String, sync: SyncPolicy) throws(StorageError) {
         let path = directory + "/" + fileName
-        let fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
-        guard fd >= 0 else { throw StorageError.from(errno, "cannot create \(path)") }
-        defer { close(fd) }
-        let text = "running \(Provenance.bootID) \(sync == .always ? "always" : "relaxed")\n"
-        let written = text.withCString { write(fd, $0, strlen($0)) }
-        guard written == text.utf8.count, fdatasync(fd) == 0 else { throw StorageError.from(errno, "cannot write \(path)") }
+        let fd = try attempt("cannot create \(path)") { () throws(Errno) in
+            try FilePath(path).open(.writeOnly, options: [.create, .truncate], permissions: .ownerReadWrite)
+        }
+        defer { try? fd.close() }
+        let text = Array("running \(Provenance.bootID) \(sync == .always ? "always" : "relaxed")\n".utf8)
+        if let failure = text.withUnsafeBytes({ fd.writeAll($0, at: 0) }) { throw StorageError(failure.errno, "cannot write \(path)") }
+        try attempt("cannot write \(path)") { () throws(Errno) in try fd.dataSync() }
         try DataDirectory.sync(directory)
     }
 
@@ -135,7 +135,11 @@ enum RunMarker {
     static func release(_ directory: String, logger: Logger) {
         let path = directory + "/" + fileName
         do throws(StorageError) {
-            guard unlink(path) == 0 || errno == ENOENT else { throw StorageError.from(errno, "cannot remove \(path)") }
+            do throws(Errno) {
+                try FilePath(path).remove()
+            } catch where error != .noSuchFileOrDirectory {
+                throw StorageError(error, "cannot remove \(path)")
+            } catch {}
             try DataDirectory.sync(directory)
         } catch {
             logger.warning("cannot mark the data directory left cleanly; the next start treats this stop as unclean", metadata: ["error": "\(error.description)"])

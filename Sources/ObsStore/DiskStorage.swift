@@ -29,9 +29,10 @@ import Logging
 import ObsValues
 import ObservableKit
 import Synchronization
+import SystemPackage
 
 #if canImport(Glibc)
-import Glibc
+import Glibc  // the thread-specific key of the store a thread flushes (pthread)
 #endif
 
 /// When a write counts as durable.
@@ -160,7 +161,7 @@ public final class DiskStorage: Storage {
 
         var notices: [String] = []
         let partial = directory + "/" + SnapshotFormat.partialName
-        if unlink(partial) == 0 {
+        if (try? FilePath(partial).remove()) != nil {
             notices.append("removed \(partial): a snapshot whose writing a crash interrupted (the one before it stands)")
         }
         let log = WriteAheadLog(directory: directory + "/" + Self.logDirectory, segmentSize: options.segmentSize, files: files)
@@ -220,12 +221,12 @@ public final class DiskStorage: Storage {
             snapshotSize = try SnapshotLoader.write(repositories, leases: leases, covering: log.position, directory: directory)
             covered = log.position
             if legacy != nil {
-                unlink(journal)
+                try? FilePath(journal).remove()
                 try DataDirectory.sync(directory)
                 notices.append("moved the leases from \(journal) (a journal an earlier obsd kept beside its log) into \(path), and removed the former")
             }
             if stored.source == .sqlite {
-                for suffix in ["", "-wal", "-shm"] { unlink(directory + "/" + Self.legacyFileName + suffix) }
+                for suffix in ["", "-wal", "-shm"] { try? FilePath(directory + "/" + Self.legacyFileName + suffix).remove() }
                 try DataDirectory.sync(directory)
                 notices.append("moved the compacted state from \(directory)/\(Self.legacyFileName) (SQLite, written by an earlier obsd) to \(path), and removed the former")
             }
@@ -262,13 +263,13 @@ public final class DiskStorage: Storage {
         let directory = options.directory
         let snapshot = directory + "/" + SnapshotFormat.fileName
         let legacy = directory + "/" + legacyFileName
-        if access(snapshot, F_OK) == 0 {
+        if FilePath(snapshot).exists {
             let loaded = try SnapshotLoader.load(snapshot, options: options)
             let renewed = RunMarker.renewal(
                 snapshot: snapshot, identity: loaded.identity, recorded: loaded.recordedIdentity, marker: RunMarker.read(directory))
             return (loaded.repositories, loaded.leases, loaded.covered, loaded.size, renewed, .snapshot)
         }
-        if access(legacy, F_OK) == 0 {
+        if FilePath(legacy).exists {
             let (connection, migrated) = try Schema.open(path: legacy, options: options)
             defer { connection.close() }
             let renewed = try Provenance.claim(connection, sync: options.sync, migrated: migrated)

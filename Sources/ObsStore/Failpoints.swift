@@ -28,6 +28,7 @@
 
 import ObservableKit
 import Synchronization
+import SystemPackage
 
 #if canImport(Glibc)
 import Glibc
@@ -122,11 +123,10 @@ public final class Failpoints: Sendable {
 
     /// Appends `name action` to `<file>.fired` (best effort).
     private static func noteFired(_ name: String, _ action: Action, beside file: String) {
-        let fd = open(file + ".fired", O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0o600)
-        guard fd >= 0 else { return }
-        defer { close(fd) }
+        guard let fd = try? FilePath(file + ".fired").open(.writeOnly, options: [.append, .create]) else { return }
+        defer { try? fd.close() }
         let line = Array("\(name) \(action)\n".utf8)
-        _ = line.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
+        _ = line.withUnsafeBytes { try? fd.write($0) }
     }
 
     /// The tunable `name` (`value(n)`), if set.
@@ -203,7 +203,7 @@ public final class Failpoints: Sendable {
         default: break
         }
         if let e = argument(text, "error") {
-            let names: [String: Int32] = ["EIO": EIO, "ENOSPC": ENOSPC, "EROFS": EROFS, "EDQUOT": EDQUOT]
+            let names: [String: Int32] = ["EIO": Errno.ioError.rawValue, "ENOSPC": Errno.noSpace.rawValue, "EROFS": Errno.readOnlyFileSystem.rawValue, "EDQUOT": Errno.diskQuotaExceeded.rawValue]
             if let code = names[e] ?? Int32(e), code > 0 { return .error(code) }
             return nil
         }
@@ -234,22 +234,19 @@ public final class Failpoints: Sendable {
         let now = nanoseconds()
         if !force, now &- s.lastCheck < 10_000_000 { return }
         s.lastCheck = now
-        var info = stat()
-        guard stat(path, &info) == 0 else {
+        guard let info = try? FilePath(path).stat() else {
             if s.fileStamp.2 != -1 { s.points = [:] }
             s.fileStamp = (0, 0, -1)
             return
         }
-        let stamp = (Int(info.st_mtim.tv_sec), Int(info.st_mtim.tv_nsec), Int(info.st_size))
+        let stamp = (Int(info.st_mtim.tv_sec), Int(info.st_mtim.tv_nsec), Int(info.size))
         if !force, stamp == s.fileStamp { return }
         s.fileStamp = stamp
-        guard let file = fopen(path, "r") else { return }
-        defer { fclose(file) }
+        guard let file = try? FilePath(path).open(.readOnly) else { return }
+        defer { try? file.close() }
         var bytes: [UInt8] = []
         var buffer = [UInt8](repeating: 0, count: 4096)
-        while true {
-            let n = fread(&buffer, 1, buffer.count, file)
-            if n <= 0 { break }
+        while let n = try? buffer.withMutableBytes({ (raw) throws(Errno) in try file.read(into: raw, at: bytes.count) }), n > 0 {
             bytes += buffer[0..<n]
         }
         (s.points, s.problems) = parse(String(decoding: bytes, as: UTF8.self))
@@ -264,48 +261,47 @@ struct FailpointFileOperations: FileOperations {
 
     init(_ failpoints: Failpoints) { self.failpoints = failpoints }
 
-    /// Runs what `name` asks that is common to every call: an error (true: the call fails,
-    /// `errno` set), a crash, a sleep (then the call proceeds).
-    private func common(_ action: Failpoints.Action?) -> Bool {
+    /// Runs what `name` asks that is common to every call: an error (thrown: the call
+    /// fails), a crash, a sleep (then the call proceeds).
+    private func common(_ action: Failpoints.Action?) throws(Errno) {
         switch action {
-        case .error(let code)?:
-            errno = code
-            return true
+        case .error(let code)?: throw Errno(rawValue: code)
         case .crash?: Failpoints.crash()
         case .sleep(let ms)?: usleep(UInt32(max(0, ms)) * 1000)
         default: break
         }
-        return false
     }
 
-    func open(_ path: String, _ flags: Int32, _ mode: mode_t) -> Int32 {
-        if flags & O_CREAT != 0, common(failpoints.evaluate("wal.open")) { return -1 }
-        return system.open(path, flags, mode)
+    func open(
+        _ path: FilePath, _ mode: FileDescriptor.AccessMode, options: FileDescriptor.OpenOptions, permissions: FilePermissions
+    ) throws(Errno) -> FileDescriptor {
+        if options.contains(.create) { try common(failpoints.evaluate("wal.open")) }
+        return try system.open(path, mode, options: options, permissions: permissions)
     }
 
-    func pwrite(_ fd: Int32, _ buffer: UnsafeRawPointer, _ count: Int, _ offset: off_t) -> Int {
+    func write(_ fd: FileDescriptor, _ bytes: UnsafeRawBufferPointer, at offset: Int64) throws(Errno) -> Int {
         let action = failpoints.evaluate("wal.write")
         switch action {
         case .torn?:
-            if count > 1 { _ = system.pwrite(fd, buffer, count / 2, offset) }
+            if bytes.count > 1 { _ = try? system.write(fd, UnsafeRawBufferPointer(rebasing: bytes[..<(bytes.count / 2)]), at: offset) }
             Failpoints.crash()
         case .drop?:
-            return count
+            return bytes.count
         default:
-            if common(action) { return -1 }
-            return system.pwrite(fd, buffer, count, offset)
+            try common(action)
+            return try system.write(fd, bytes, at: offset)
         }
     }
 
-    func fdatasync(_ fd: Int32) -> Int32 {
+    func fdatasync(_ fd: FileDescriptor) throws(Errno) {
         let action = failpoints.evaluate("wal.fdatasync")
-        if action == .drop { return 0 }
-        if common(action) { return -1 }
-        return system.fdatasync(fd)
+        if action == .drop { return }
+        try common(action)
+        try system.fdatasync(fd)
     }
 
-    func ftruncate(_ fd: Int32, _ length: off_t) -> Int32 {
-        if common(failpoints.evaluate("wal.ftruncate")) { return -1 }
-        return system.ftruncate(fd, length)
+    func truncate(_ fd: FileDescriptor, to length: Int64) throws(Errno) {
+        try common(failpoints.evaluate("wal.ftruncate"))
+        try system.truncate(fd, to: length)
     }
 }

@@ -22,9 +22,7 @@
 import ObsValues
 import ObservableKit
 
-#if canImport(Glibc)
-import Glibc
-#endif
+import SystemPackage
 
 /// What an earlier obsd's lease journal held.
 struct LegacyLeases: Sendable {
@@ -48,22 +46,16 @@ struct LegacyLeases: Sendable {
     /// Reads the journal at `path`: nil if there is none. A torn last frame is ignored (a
     /// record a crash interrupted); a damaged or foreign file refuses start-up, naming it.
     static func read(_ path: String) throws(StorageError) -> LegacyLeases? {
-        let fd = open(path, O_RDONLY | O_CLOEXEC)
-        guard fd >= 0 else {
-            if errno == ENOENT { return nil }
-            throw StorageError.from(errno, "cannot open \(path)")
+        let fd: FileDescriptor
+        do throws(Errno) {
+            fd = try FilePath(path).open(.readOnly)
+        } catch where error == .noSuchFileOrDirectory {
+            return nil
+        } catch {
+            throw StorageError(error, "cannot open \(path)")
         }
-        defer { close(fd) }
-        var st = stat()
-        guard fstat(fd, &st) == 0 else { throw StorageError.from(errno, "cannot stat \(path)") }
-        var bytes = [UInt8](repeating: 0, count: Int(st.st_size))
-        var got = 0
-        while got < bytes.count {
-            let n = bytes.withUnsafeMutableBytes { pread(fd, $0.baseAddress! + got, $0.count - got, off_t(got)) }
-            if n < 0, errno == EINTR { continue }
-            guard n > 0 else { throw StorageError.from(n < 0 ? errno : EIO, "cannot read \(path)") }
-            got += n
-        }
+        defer { try? fd.close() }
+        let bytes = try fd.contents(of: path)
         if bytes.count < LeaseJournalRecord.magic.count, LeaseJournalRecord.magic.starts(with: bytes) { return LegacyLeases() }
         guard Array(bytes.prefix(LeaseJournalRecord.magic.count)) == LeaseJournalRecord.magic else {
             throw StorageError(.corrupt, "\(path) is not an obsd lease journal (bad header); refusing to start")

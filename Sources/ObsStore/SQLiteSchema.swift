@@ -4,10 +4,10 @@
 // whether the file still holds the history its epochs name, and loading every repository
 // (it kept no tombstones: a catch-up from before the migrated state is a snapshot).
 
-import CLinux
 import CSQLite
 import ObsValues
 import ObservableKit
+import SystemPackage
 
 #if canImport(Glibc)
 import Glibc
@@ -149,25 +149,16 @@ enum Provenance {
 
     /// `<inode>:<birth seconds>.<birth nanoseconds>` (birth left empty where unknown).
     static func fileIdentity(_ path: String) throws(StorageError) -> String {
-        let fd = open(path, O_RDONLY | O_CLOEXEC)
-        guard fd >= 0 else { throw StorageError(.readOnly, "cannot open \(path): \(String(cString: strerror(errno)))") }
-        defer { close(fd) }
-        var id = obs_file_identity()
-        guard obs_file_identity_of(fd, &id) == 0 else {
-            throw StorageError(.io, "cannot stat \(path): \(String(cString: strerror(errno)))")
-        }
+        let fd = try attempt("cannot open \(path)", kind: .readOnly) { () throws(Errno) in try FilePath(path).open(.readOnly) }
+        defer { try? fd.close() }
+        let id = try attempt("cannot stat \(path)", kind: .io) { () throws(Errno) in try fd.identity() }
         return id.has_birth != 0 ? "\(id.inode):\(id.birth_seconds).\(id.birth_nanoseconds)" : "\(id.inode):"
     }
 
     /// This boot of the machine (`/proc/sys/kernel/random/boot_id`), or "unknown".
     static let bootID: String = {
-        let fd = open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC)
-        guard fd >= 0 else { return "unknown" }
-        defer { close(fd) }
-        var buffer = [UInt8](repeating: 0, count: 64)
-        let n = read(fd, &buffer, buffer.count)
-        guard n > 0 else { return "unknown" }
-        return String(decoding: buffer[..<n], as: UTF8.self).trimmingWhitespace
+        guard let bytes = try? FilePath("/proc/sys/kernel/random/boot_id").readPrefix(64), !bytes.isEmpty else { return "unknown" }
+        return String(decoding: bytes, as: UTF8.self).trimmingWhitespace
     }()
 }
 

@@ -5,12 +5,7 @@
 
 import ObsValues
 import ObservableKit
-
-#if canImport(Glibc)
-import Glibc
-#elseif canImport(Musl)
-import Musl
-#endif
+import SystemPackage
 
 /// Writes a whole snapshot beside the current one, then puts it in its place (`commit`).
 /// Per repository: `beginRepository`, its history oldest first, then its entries, its
@@ -44,7 +39,7 @@ final class SnapshotWriter {
         entries.reserveCapacity(SnapshotFormat.blockSize)
     }
 
-    deinit { if !committed { unlink(output.path) } }
+    deinit { if !committed { try? FilePath(output.path).remove() } }
 
     func beginRepository(name: String, epoch: String, revision: UInt64) throws(StorageError) {
         try flush()
@@ -188,7 +183,7 @@ final class SnapshotWriter {
         done.u64(UInt64(historyCount))
         try output.block(.done, done.bytes)
         try output.sync()
-        guard rename(output.path, path) == 0 else { throw StorageError.from(errno, "cannot rename \(output.path) to \(path)") }
+        try attempt("cannot rename \(output.path) to \(path)") { () throws(Errno) in try FilePath(output.path).rename(to: FilePath(path)) }
         committed = true
         try DataDirectory.sync(directory)
     }
@@ -464,9 +459,8 @@ enum SnapshotLoader {
     }
 
     static func identity(of path: String) throws(StorageError) -> String {
-        let fd = open(path, O_RDONLY | O_CLOEXEC)
-        guard fd >= 0 else { throw StorageError.from(errno, "cannot open \(path)") }
-        defer { close(fd) }
+        let fd = try FileDescriptor.opening(path)
+        defer { try? fd.close() }
         return try SnapshotFormat.identity(of: fd, path: path)
     }
 
@@ -490,8 +484,6 @@ enum SnapshotLoader {
     }
 
     static func fileSize(_ path: String) throws(StorageError) -> Int {
-        var st = stat()
-        guard stat(path, &st) == 0 else { throw StorageError.from(errno, "cannot stat \(path)") }
-        return Int(st.st_size)
+        try attempt("cannot stat \(path)") { () throws(Errno) in try FilePath(path).size() }
     }
 }

@@ -35,13 +35,7 @@
 // its checksum but breaks these rules — stops start-up with the file, the offset and the
 // cause: never a state silently different from the one stored.
 
-import CLinux
-
-#if canImport(Glibc)
-import Glibc
-#elseif canImport(Musl)
-import Musl
-#endif
+import SystemPackage
 
 enum SnapshotFormat {
     static let magic: [UInt8] = Array("OBSDSNP1".utf8)
@@ -81,9 +75,8 @@ enum SnapshotFormat {
     }
 
     /// `<inode>:<birth seconds>.<birth nanoseconds>` of an open file (birth left empty where unknown).
-    static func identity(of fd: Int32, path: String) throws(StorageError) -> String {
-        var id = obs_file_identity()
-        guard obs_file_identity_of(fd, &id) == 0 else { throw StorageError.from(errno, "cannot stat \(path)") }
+    static func identity(of fd: FileDescriptor, path: String) throws(StorageError) -> String {
+        let id = try attempt("cannot stat \(path)") { () throws(Errno) in try fd.identity() }
         return id.has_birth != 0 ? "\(id.inode):\(id.birth_seconds).\(id.birth_nanoseconds)" : "\(id.inode):"
     }
 }
@@ -132,7 +125,7 @@ struct PayloadReader {
 /// Reads a snapshot's blocks in order, each checked (see the file header).
 final class SnapshotInput {
     let path: String
-    private let fd: Int32
+    private let fd: FileDescriptor
     let size: Int
     /// Where the next block begins.
     private(set) var offset = SnapshotFormat.magic.count
@@ -143,19 +136,18 @@ final class SnapshotInput {
     /// Opens `path` and checks that it is a snapshot.
     init(path: String) throws(StorageError) {
         self.path = path
-        fd = open(path, O_RDONLY | O_CLOEXEC)
-        guard fd >= 0 else { throw StorageError.from(errno, "cannot open \(path)") }
-        var st = stat()
-        guard fstat(fd, &st) == 0 else {
-            let e = errno
-            close(fd)
-            throw StorageError.from(e, "cannot stat \(path)")
+        let fd = try FileDescriptor.opening(path)
+        self.fd = fd
+        do throws(Errno) {
+            size = try fd.size()
+        } catch {
+            try? fd.close()
+            throw StorageError(error, "cannot stat \(path)")
         }
-        size = Int(st.st_size)
         buffer = .allocate(byteCount: 64 << 10, alignment: 16)
-        posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL)
+        fd.adviseSequential()
         var magic = [UInt8](repeating: 0, count: SnapshotFormat.magic.count)
-        let n = magic.withUnsafeMutableBytes { pread(fd, $0.baseAddress, $0.count, 0) }
+        let n = try? magic.withMutableBytes { (raw) throws(Errno) in try fd.read(into: raw, at: 0) }
         guard n == magic.count, magic == SnapshotFormat.magic else {
             // Fully initialized: deinit closes and frees.
             throw StorageError(.corrupt, "\(path) is not an obsd snapshot (it does not begin with OBSDSNP1); refusing to start")
@@ -163,7 +155,7 @@ final class SnapshotInput {
     }
 
     deinit {
-        close(fd)
+        try? fd.close()
         buffer.deallocate()
     }
 
@@ -244,10 +236,11 @@ final class SnapshotInput {
     private func readFully(_ memory: UnsafeMutableRawPointer, count: Int, at: Int) throws(StorageError) {
         var done = 0
         while done < count {
-            let n = pread(fd, memory + done, count - done, off_t(at + done))
-            if n < 0 {
-                if errno == EINTR { continue }
-                throw StorageError.from(errno, "cannot read \(path) at offset \(at + done)")
+            let n: Int
+            do throws(Errno) {
+                n = try fd.read(into: UnsafeMutableRawBufferPointer(start: memory + done, count: count - done), at: at + done)
+            } catch {
+                throw StorageError(error, "cannot read \(path) at offset \(at + done)")
             }
             guard n > 0 else { throw torn(at: at, needing: count) }
             done += n
@@ -258,20 +251,21 @@ final class SnapshotInput {
 /// Writes a snapshot's blocks to `obsd.snapshot.new` (see the file header).
 final class SnapshotOutput {
     let path: String
-    private let fd: Int32
+    private let fd: FileDescriptor
     private var buffer: [UInt8] = []
     private(set) var written = 0
 
     /// Creates the file (replacing a leftover one).
     init(path: String) throws(StorageError) {
         self.path = path
-        fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
-        guard fd >= 0 else { throw StorageError.from(errno, "cannot create \(path)") }
+        fd = try attempt("cannot create \(path)") { () throws(Errno) in
+            try FilePath(path).open(.writeOnly, options: [.create, .truncate], permissions: .ownerReadWrite)
+        }
         buffer.reserveCapacity(4 << 20)
         buffer.append(contentsOf: SnapshotFormat.magic)
     }
 
-    deinit { close(fd) }
+    deinit { try? fd.close() }
 
     /// This file's identity (see `SnapshotFormat.identity`).
     func identity() throws(StorageError) -> String { try SnapshotFormat.identity(of: fd, path: path) }
@@ -293,18 +287,12 @@ final class SnapshotOutput {
     /// Writes what is buffered, then makes the file durable.
     func sync() throws(StorageError) {
         try flush()
-        guard fdatasync(fd) == 0 else { throw StorageError.from(errno, "cannot sync \(path)") }
+        try attempt("cannot sync \(path)") { () throws(Errno) in try fd.dataSync() }
     }
 
     private func flush() throws(StorageError) {
-        var done = 0
-        while done < buffer.count {
-            let n = buffer.withUnsafeBytes { pwrite(fd, $0.baseAddress! + done, $0.count - done, off_t(written + done)) }
-            if n < 0 {
-                if errno == EINTR { continue }
-                throw StorageError.from(errno, "cannot write \(path) at offset \(written + done)")
-            }
-            done += n
+        if let failure = buffer.withUnsafeBytes({ fd.writeAll($0, at: written) }) {
+            throw StorageError(failure.errno, "cannot write \(path) at offset \(written + failure.written)")
         }
         written += buffer.count
         buffer.removeAll(keepingCapacity: true)

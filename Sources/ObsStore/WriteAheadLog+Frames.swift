@@ -1,6 +1,7 @@
 // ObsStore — the write-ahead log's frames: how a record is framed in a segment, and how
 // replay tells a valid frame from the end of the log and from a damaged or torn one; the
-// segments' headers and the frame that ends a segment.
+// segments' headers and the frame that ends a segment; and reading a segment (mapped for
+// replay, or read whole to fold into a snapshot).
 //
 // A frame is `u32 length · u32 CRC-32C of the payload · payload · zero padding to 8 bytes`,
 // little-endian, starting on an 8-byte boundary. An all-zero frame header (length 0, CRC 0)
@@ -28,11 +29,7 @@
 // of the log (no position counts it): it says the log goes on, so that the next segment,
 // removed, is missed.
 
-#if canImport(Glibc)
-import Glibc
-#elseif canImport(Musl)
-import Musl
-#endif
+import SystemPackage
 
 extension WriteAheadLog {
     /// The size of a frame's header (length and checksum).
@@ -207,44 +204,26 @@ extension WriteAheadLog {
         let fileSize: Int
 
         init(_ path: String) throws(StorageError) {
-            let file = Glibc.open(path, O_RDONLY | O_CLOEXEC)
-            guard file >= 0 else { throw StorageError.from(errno, "cannot open \(path)") }
-            defer { close(file) }
-            var st = stat()
-            guard fstat(file, &st) == 0 else { throw StorageError.from(errno, "cannot stat \(path)") }
-            var size = Int(st.st_size)
-            fileSize = size
-            // The first hole (unwritten, preallocated space reads as one), if no data follows it.
-            let hole = lseek(file, 0, 4 /* SEEK_HOLE */)
-            if hole >= 0, hole < size, lseek(file, hole, 3 /* SEEK_DATA */) < 0, errno == ENXIO { size = Int(hole) }
+            let file = try FileDescriptor.opening(path)
+            defer { try? file.close() }
+            fileSize = try attempt("cannot stat \(path)") { () throws(Errno) in try file.size() }
+            // Up to the first hole (unwritten, preallocated space reads as one), if no data follows it.
+            let size = file.endOfData(size: fileSize)
             guard size > 0 else {
                 bytes = UnsafeRawBufferPointer(start: nil, count: 0)
                 return
             }
-            let mapped = mmap(nil, size, PROT_READ, MAP_PRIVATE | MAP_POPULATE, file, 0)
-            guard let mapped, mapped != MAP_FAILED else { throw StorageError.from(errno, "cannot map \(path)") }
-            bytes = UnsafeRawBufferPointer(start: mapped, count: size)
+            bytes = try attempt("cannot map \(path)") { () throws(Errno) in try file.map(count: size) }
         }
 
-        deinit { if let base = bytes.baseAddress { munmap(UnsafeMutableRawPointer(mutating: base), bytes.count) } }
+        deinit { FileDescriptor.unmap(bytes) }
     }
 
     /// The whole file at `path`, or its first `limit` bytes.
     static func read(_ path: String, limit: Int = .max) throws(StorageError) -> [UInt8] {
-        let file = Glibc.open(path, O_RDONLY | O_CLOEXEC)
-        guard file >= 0 else { throw StorageError.from(errno, "cannot open \(path)") }
-        defer { close(file) }
-        var st = stat()
-        guard fstat(file, &st) == 0 else { throw StorageError.from(errno, "cannot stat \(path)") }
-        var bytes = [UInt8](repeating: 0, count: min(Int(st.st_size), limit))
-        var done = 0
-        while done < bytes.count {
-            let n = bytes.withUnsafeMutableBytes { pread(file, $0.baseAddress! + done, $0.count - done, off_t(done)) }
-            if n < 0, errno == EINTR { continue }
-            guard n > 0 else { throw StorageError.from(errno, "cannot read \(path)") }
-            done += n
-        }
-        return bytes
+        let file = try FileDescriptor.opening(path)
+        defer { try? file.close() }
+        return try file.contents(of: path, limit: limit)
     }
 }
 
@@ -303,5 +282,19 @@ extension WriteAheadLog.Directory {
         guard reached == through else {
             throw StorageError(.corrupt, "\(self.path): the write-ahead log ends at position \(reached), before \(through), which it reached when written")
         }
+    }
+}
+
+extension FileDescriptor {
+    /// The file at `path` opened to read; the error names it ("cannot open <path>").
+    static func opening(_ path: String) throws(StorageError) -> FileDescriptor {
+        try attempt("cannot open \(path)") { () throws(Errno) in try FilePath(path).open(.readOnly) }
+    }
+
+    /// The whole file (this descriptor's, at `path`), or its first `limit` bytes; the error
+    /// names the file and what failed (its stat, or a read: EIO when it ends before its size).
+    func contents(of path: String, limit: Int = .max) throws(StorageError) -> [UInt8] {
+        let size = try attempt("cannot stat \(path)") { () throws(Errno) in try self.size() }
+        return try attempt("cannot read \(path)") { () throws(Errno) in try read(count: min(size, limit)) }
     }
 }

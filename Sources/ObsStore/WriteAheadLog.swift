@@ -52,12 +52,7 @@
 // operator, who may still have the file (a backup, a mistaken `truncate`): `obsd --repair-log`
 // starts without what was lost, every repository in a new epoch, as for a damaged record.
 
-#if canImport(Glibc)
-import Glibc
-#elseif canImport(Musl)
-import Musl
-#endif
-import CLinux
+import SystemPackage
 
 final class WriteAheadLog {
     /// The header of the segments this obsd writes (format 3: the header records the size the
@@ -98,8 +93,8 @@ final class WriteAheadLog {
     let directory: Directory
     let segmentSize: Int
     private let files: any FileOperations
-    /// The current (last) segment.
-    private var fd: Int32 = -1
+    /// The current (last) segment (-1: none yet).
+    private var fd = FileDescriptor(rawValue: -1)
     private var base: UInt64 = 0
     /// Where the next frame goes, within the current segment: never before its header.
     private var offset = 0
@@ -146,7 +141,7 @@ final class WriteAheadLog {
         self.files = files
     }
 
-    deinit { if fd >= 0 { close(fd) } }
+    deinit { if fd.rawValue >= 0 { try? fd.close() } }
 
     // MARK: Opening and replay
 
@@ -162,12 +157,19 @@ final class WriteAheadLog {
         after checkpoint: UInt64, repair: Bool = false, expectingLog: Bool = false,
         _ body: (UnsafeRawBufferPointer, UInt64) throws(StorageError) -> Void
     ) throws(StorageError) -> Replay {
-        if mkdir(directory.path, 0o700) == 0 {
+        let created: Bool
+        do throws(Errno) {
+            try FilePath(directory.path).createDirectory(permissions: .ownerReadWriteExecute)
+            created = true
+        } catch where error == .fileExists {
+            created = false
+        } catch {
+            throw StorageError(error, "cannot create \(directory.path)")
+        }
+        if created {
             // Its entry durable before a segment in it is relied on (by a snapshot written next).
             let parent = directory.path.split(separator: "/", omittingEmptySubsequences: false).dropLast().joined(separator: "/")
             try DataDirectory.sync(parent.isEmpty ? (directory.path.hasPrefix("/") ? "/" : ".") : parent)
-        } else if errno != EEXIST {
-            throw StorageError.from(errno, "cannot create \(directory.path)")
         }
         var replay = Replay()
         /// Acknowledged writes found lost: refused, or under `repair` reported.
@@ -215,7 +217,7 @@ final class WriteAheadLog {
                         try lose("\(path) is empty (\(mapped.fileSize) bytes, no valid header and no record), but \(named ? "the segment before it names it as where the write-ahead log goes on" : "the snapshot covers the write-ahead log into it"): the acknowledged writes it held are gone")
                         found = true
                     }
-                    unlink(path)
+                    try? FilePath(path).remove()
                     continue
                 }
                 throw StorageError(.corrupt, "\(path) is not an obsd write-ahead log segment (bad header); refusing to start")
@@ -283,7 +285,7 @@ final class WriteAheadLog {
                         replay.repairedAt = "\(path) at offset \(end)"
                         // The later segments go first: a crash before this one is cut leaves
                         // it last and damaged, which a second repair cuts.
-                        for later in segments[(i + 1)...] where unlink(directory.file(later)) == 0 { replay.removedSegments += 1 }
+                        for later in segments[(i + 1)...] where (try? FilePath(directory.file(later)).remove()) != nil { replay.removedSegments += 1 }
                         if replay.removedSegments > 0 { try DataDirectory.sync(directory.path) }
                         last = true  // the log now ends here
                         continuation = nil
@@ -317,8 +319,9 @@ final class WriteAheadLog {
                 // interrupted before its preallocation was durable: nothing was written to it.)
                 try lose("\(path) is \(mapped.fileSize) bytes, shorter than the \(promised) it was preallocated to: it was cut outside obsd (a crash never shortens it), and the acknowledged writes in what was cut are gone")
             }
-            fd = files.open(path, O_RDWR | O_CLOEXEC, 0)
-            guard fd >= 0 else { throw StorageError.from(errno, "cannot open \(path)") }
+            fd = try attempt("cannot open \(path)") { () throws(Errno) in
+                try files.open(FilePath(path), .readWrite, options: [], permissions: .ownerReadWrite)
+            }
             base = segment
             offset = end
             self.headerLength = headerLength
@@ -332,9 +335,7 @@ final class WriteAheadLog {
             if replay.tornBytes > 0 || replay.leftoverBytes > 0 || replay.repairedAt != nil || cutNamingFrame {
                 // Appends go on at the end: cut what lies there, so that no later frame
                 // sits before garbage, or before the valid-looking frames of a voided group.
-                guard cut(at: end) else {
-                    throw StorageError.from(errno, "cannot cut what follows the end of the write-ahead log off \(path) at offset \(end)")
-                }
+                try attempt("cannot cut what follows the end of the write-ahead log off \(path) at offset \(end)") { () throws(Errno) in try cut(at: end) }
             } else if format >= 3, promised == 0 || mapped.fileSize < Int(clamping: promised) {
                 preallocate()  // a promise a crash kept from being made (again): made now
             }
@@ -347,7 +348,7 @@ final class WriteAheadLog {
         // tail lost with the machine under `sync = relaxed`, after the compacted state took
         // it): a position at or before the checkpoint would be skipped by the next replay.
         // A new segment starts where the log's last frame ends (or at its first position).
-        if fd < 0 || position < checkpoint { try startSegment(at: max(checkpoint, logEnd, position, 1)) }
+        if fd.rawValue < 0 || position < checkpoint { try startSegment(at: max(checkpoint, logEnd, position, 1)) }
         return replay
     }
 
@@ -368,7 +369,7 @@ final class WriteAheadLog {
         let start = offset
         lastGroup = start
         if let failure = group.withUnsafeBytes({ files.writeAll(fd, $0, at: start) }) {
-            throw StorageError.from(failure.errno, "cannot write to the write-ahead log \(directory.file(base)) at offset \(start + failure.written)")
+            throw StorageError(failure.errno, "cannot write to the write-ahead log \(directory.file(base)) at offset \(start + failure.written)")
         }
         offset += group.count
         return base + UInt64(start)
@@ -376,7 +377,7 @@ final class WriteAheadLog {
 
     /// Makes everything appended durable.
     func sync() throws(StorageError) {
-        if files.fdatasync(fd) != 0 { throw StorageError.from(errno, "cannot sync the write-ahead log \(directory.file(base))") }
+        try attempt("cannot sync the write-ahead log \(directory.file(base))") { () throws(Errno) in try files.fdatasync(fd) }
         if newSegment {
             try directory.sync()
             newSegment = false
@@ -402,16 +403,23 @@ final class WriteAheadLog {
         lastGroup = nil
         offset = start  // the log ends where the group began, after the segment's header
         let path = directory.file(base)
-        if cut(at: start) { return .cut }
-        let cutFailure = StorageError.from(errno, "cannot cut a failed write off \(path) at offset \(start)")
+        let cutFailure: StorageError
+        do throws(Errno) {
+            try cut(at: start)
+            return .cut
+        } catch {
+            cutFailure = StorageError(error, "cannot cut a failed write off \(path) at offset \(start)")
+        }
         sealed = true  // nothing more goes behind this group, voided or not
         let zeros = [UInt8](repeating: 0, count: Self.frameHeaderSize)
         if let failure = zeros.withUnsafeBytes({ files.writeAll(fd, $0, at: start) }) {
-            let cause = StorageError.from(failure.errno, "nor void it (zero its first frame header)")
+            let cause = StorageError(failure.errno, "nor void it (zero its first frame header)")
             throw StorageError(cause.kind, "\(cutFailure.description); \(cause.description)")
         }
-        guard files.fdatasync(fd) == 0 else {
-            let cause = StorageError.from(errno, "nor void it (sync its zeroed frame header)")
+        do throws(Errno) {
+            try files.fdatasync(fd)
+        } catch {
+            let cause = StorageError(error, "nor void it (sync its zeroed frame header)")
             throw StorageError(cause.kind, "\(cutFailure.description); \(cause.description)")
         }
         return .voided(cutFailure: cutFailure)
@@ -426,37 +434,51 @@ final class WriteAheadLog {
     /// written).
     private func startSegment(at position: UInt64) throws(StorageError) {
         let path = directory.file(position)
-        let new = files.open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
-        guard new >= 0 else { throw StorageError.from(errno, "cannot create \(path)") }
+        let new = try attempt("cannot create \(path)") { () throws(Errno) in
+            try files.open(FilePath(path), .readWrite, options: [.create, .exclusiveCreate], permissions: .ownerReadWrite)
+        }
         func abandon(_ failure: StorageError) -> StorageError {
-            close(new)
-            unlink(path)
+            try? new.close()
+            try? FilePath(path).remove()
             return failure
         }
         // The space first, durably, then the header that promises it (best effort: a file
         // system that cannot preallocate gets a header that promises nothing, and is written
         // as it grows).
-        let reserved: UInt64 = posix_fallocate(new, 0, off_t(segmentSize)) == 0 && files.fdatasync(new) == 0 ? UInt64(segmentSize) : 0
+        var reserved: UInt64 = 0
+        do throws(Errno) {
+            try new.preallocate(at: 0, count: segmentSize)
+            try files.fdatasync(new)
+            reserved = UInt64(segmentSize)
+        } catch {}
         let header = Self.header(base: position, reserved: reserved)
         if let failure = header.withUnsafeBytes({ files.writeAll(new, $0, at: 0) }) {
-            throw abandon(StorageError.from(failure.errno, "cannot write the header of \(path)"))
+            throw abandon(StorageError(failure.errno, "cannot write the header of \(path)"))
         }
-        guard files.fdatasync(new) == 0 else { throw abandon(StorageError.from(errno, "cannot sync \(path)")) }
+        do throws(Errno) {
+            try files.fdatasync(new)
+        } catch {
+            throw abandon(StorageError(error, "cannot sync \(path)"))
+        }
         do throws(StorageError) {
             try directory.sync()
         } catch {
             throw abandon(error)
         }
-        if fd >= 0 {
+        if fd.rawValue >= 0 {
             // Everything in the old segment is synced before appends move on (under
             // `sync = relaxed` it may not have been yet).
-            guard files.fdatasync(fd) == 0 else { throw abandon(StorageError.from(errno, "cannot sync \(directory.file(base))")) }
+            do throws(Errno) {
+                try files.fdatasync(fd)
+            } catch {
+                throw abandon(StorageError(error, "cannot sync \(directory.file(base))"))
+            }
             // Then it says where the log goes on, right after its log (over a voided group's
             // zeroed frame header too: replay reads no further). Best effort: without it, only
             // the new segment's removal would go unnoticed; a write torn by a crash lies where
             // the new segment starts, which replay knows for no part of the log.
-            if Self.segmentEnd(next: position).withUnsafeBytes({ files.writeAll(fd, $0, at: offset) }) == nil { _ = files.fdatasync(fd) }
-            close(fd)
+            if Self.segmentEnd(next: position).withUnsafeBytes({ files.writeAll(fd, $0, at: offset) }) == nil { try? files.fdatasync(fd) }
+            try? fd.close()
         }
         fd = new
         base = position
@@ -471,14 +493,14 @@ final class WriteAheadLog {
     /// Cuts the current segment at `at`, durably (what follows goes), keeping its header's
     /// promise: the header first stops promising a size, then the file is cut, then it is
     /// preallocated and the size promised again — a crash in between never leaves it shorter
-    /// than its header says. Moves the end of the log there. False (with `errno`) when the
-    /// cut did not happen.
-    private func cut(at: Int) -> Bool {
-        if reserved > 0, !writeHeader(reserved: 0) { return false }
-        guard files.ftruncate(fd, off_t(at)) == 0, files.fdatasync(fd) == 0 else { return false }
+    /// than its header says. Moves the end of the log there. Throws when the cut did not
+    /// happen.
+    private func cut(at: Int) throws(Errno) {
+        if reserved > 0 { try writeHeader(reserved: 0) }
+        try files.truncate(fd, to: Int64(at))
+        try files.fdatasync(fd)
         offset = at
         preallocate()
-        return true
     }
 
     /// Reserves the segment's space again so appends do not grow the file, and — durably, then
@@ -486,27 +508,25 @@ final class WriteAheadLog {
     /// header that promises nothing, and is written as it grows).
     private func preallocate() {
         zeroedTo = offset
-        guard posix_fallocate(fd, off_t(offset), off_t(max(0, segmentSize - offset))) == 0, headerLength == Self.headerSize else { return }
-        var st = stat()
-        guard fstat(fd, &st) == 0, files.fdatasync(fd) == 0 else { return }
-        writeHeader(reserved: UInt64(st.st_size))
+        do throws(Errno) {
+            try fd.preallocate(at: offset, count: max(0, segmentSize - offset))
+            guard headerLength == Self.headerSize else { return }
+            let size = try fd.size()
+            try files.fdatasync(fd)
+            try writeHeader(reserved: UInt64(size))
+        } catch {}
     }
 
-    /// Rewrites the current segment's header to promise `reserved` bytes, durably; whether it did.
-    /// `self.reserved` stays what the file may promise: a larger promise whose write or sync
-    /// failed may still have reached the file (so a later cut withdraws it first); a smaller
-    /// one counts only once it is durable.
-    @discardableResult
-    private func writeHeader(reserved: UInt64) -> Bool {
+    /// Rewrites the current segment's header to promise `reserved` bytes, durably; throws when
+    /// it did not. `self.reserved` stays what the file may promise: a larger promise whose write
+    /// or sync failed may still have reached the file (so a later cut withdraws it first); a
+    /// smaller one counts only once it is durable.
+    private func writeHeader(reserved: UInt64) throws(Errno) {
         self.reserved = max(self.reserved, reserved)
         let header = Self.header(base: base, reserved: reserved)
-        if let failure = header.withUnsafeBytes({ files.writeAll(fd, $0, at: 0) }) {
-            errno = failure.errno
-            return false
-        }
-        guard files.fdatasync(fd) == 0 else { return false }
+        if let failure = header.withUnsafeBytes({ files.writeAll(fd, $0, at: 0) }) { throw failure.errno }
+        try files.fdatasync(fd)
         self.reserved = reserved
-        return true
     }
 
     /// How much `zeroAhead` writes at a time, and how close the log may come to the zeros'
@@ -526,16 +546,16 @@ final class WriteAheadLog {
     /// outside the file operations a test can fail: where it fails, appends convert extents
     /// as before.
     func zeroAhead() {
-        guard fd >= 0, zeroedTo < segmentSize, offset + Self.zeroMargin > zeroedTo else { return }
+        guard fd.rawValue >= 0, zeroedTo < segmentSize, offset + Self.zeroMargin > zeroedTo else { return }
         let from = max(zeroedTo, offset)
         let count = min(Self.zeroChunk, segmentSize - from)
         guard count > 0 else { return }
-        let written = Self.zeros.withUnsafeBytes { Glibc.pwrite(fd, $0.baseAddress, count, off_t(from)) }
+        let written = Self.zeros.withUnsafeBytes { try? fd.write(UnsafeRawBufferPointer(rebasing: $0[..<count]), at: Int64(from)) }
         guard written == count else {
             zeroedTo = segmentSize  // not again in this segment
             return
         }
         zeroedTo = from + count
-        _ = obs_start_writeback(fd, Int64(from), Int64(count))
+        fd.startWriteback(at: from, count: count)
     }
 }

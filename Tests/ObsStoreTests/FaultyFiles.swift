@@ -6,6 +6,7 @@
 import Dispatch
 @testable import ObsStore
 import Synchronization
+import SystemPackage
 
 #if canImport(Glibc)
 import Glibc
@@ -54,10 +55,10 @@ final class FaultyFiles: FileOperations {
     /// Lets the held call go on (the system call, with faults added meanwhile not applied).
     func release() { released.signal() }
 
-    /// Whether `call` fails (then `errno` is set as the system call would set it); if it does
-    /// not and a test holds it, returns once the test releases it.
-    private func intercept(_ call: Call) -> Bool {
-        if fails(call) { return true }
+    /// Throws the errno a test told `call` to fail with; if it does not fail and a test
+    /// holds it, returns once the test releases it.
+    private func intercept(_ call: Call) throws(Errno) {
+        try fails(call)
         let held = gate.withLock { gate -> Bool in
             guard let matches = gate.matches, matches(call) else { return false }
             gate = (nil, true)
@@ -67,33 +68,39 @@ final class FaultyFiles: FileOperations {
             released.wait()
             gate.withLock { $0.holding = false }
         }
-        return false
     }
 
-    /// Whether `call` fails; if it does, `errno` is set as the system call would set it.
-    private func fails(_ call: Call) -> Bool {
+    /// Throws the errno a test told `call` to fail with, if it did.
+    private func fails(_ call: Call) throws(Errno) {
         let code = faults.withLock { faults -> Int32? in
             guard let i = faults.firstIndex(where: { $0.times > 0 && $0.matches(call) }) else { return nil }
             faults[i].times -= faults[i].times == Int.max ? 0 : 1
             return faults[i].errno
         }
-        guard let code else { return false }
+        guard let code else { return }
         failed.withLock { $0.append(call) }
-        errno = code
-        return true
+        throw Errno(rawValue: code)
     }
 
-    func open(_ path: String, _ flags: Int32, _ mode: mode_t) -> Int32 {
-        intercept(.open(path: path, creating: flags & O_CREAT != 0)) ? -1 : system.open(path, flags, mode)
+    func open(
+        _ path: FilePath, _ mode: FileDescriptor.AccessMode, options: FileDescriptor.OpenOptions, permissions: FilePermissions
+    ) throws(Errno) -> FileDescriptor {
+        try intercept(.open(path: path.string, creating: options.contains(.create)))
+        return try system.open(path, mode, options: options, permissions: permissions)
     }
 
-    func pwrite(_ fd: Int32, _ buffer: UnsafeRawPointer, _ count: Int, _ offset: off_t) -> Int {
-        intercept(.pwrite(offset: Int(offset), count: count)) ? -1 : system.pwrite(fd, buffer, count, offset)
+    func write(_ fd: FileDescriptor, _ bytes: UnsafeRawBufferPointer, at offset: Int64) throws(Errno) -> Int {
+        try intercept(.pwrite(offset: Int(offset), count: bytes.count))
+        return try system.write(fd, bytes, at: offset)
     }
 
-    func fdatasync(_ fd: Int32) -> Int32 { intercept(.fdatasync) ? -1 : system.fdatasync(fd) }
+    func fdatasync(_ fd: FileDescriptor) throws(Errno) {
+        try intercept(.fdatasync)
+        try system.fdatasync(fd)
+    }
 
-    func ftruncate(_ fd: Int32, _ length: off_t) -> Int32 {
-        intercept(.ftruncate(length: Int(length))) ? -1 : system.ftruncate(fd, length)
+    func truncate(_ fd: FileDescriptor, to length: Int64) throws(Errno) {
+        try intercept(.ftruncate(length: Int(length)))
+        try system.truncate(fd, to: length)
     }
 }

@@ -83,9 +83,7 @@ func killedCopy(_ dir: String) throws -> String {
     let magic = SnapshotFormat.magic.count
     let length = Int(bytes[magic + 4]) | Int(bytes[magic + 5]) << 8 | Int(bytes[magic + 6]) << 16 | Int(bytes[magic + 7]) << 24
     let start = magic + SnapshotFormat.blockHeader
-    let fd = Glibc.open(path, O_RDONLY)
-    defer { close(fd) }
-    let identity = try SnapshotFormat.identity(of: fd, path: path)
+    let identity = try SnapshotLoader.identity(of: path)
     let rewritten = try bytes.withUnsafeBytes { raw in
         var reader = PayloadReader(UnsafeRawBufferPointer(rebasing: raw[start..<(start + length)]))
         guard let version = reader.u32(), let covered = reader.u64(), reader.text(lengthBytes: 2) != nil, let time = reader.u64() else {
