@@ -27,7 +27,6 @@
 // `store.checkpoint-interval-ms`.
 
 import ObservableKit
-import Synchronization
 import SystemPackage
 
 #if canImport(Glibc)

@@ -5,7 +5,7 @@
 
 import Dispatch
 @testable import ObsStore
-import Synchronization
+import ObservableKit
 import SystemPackage
 
 #if canImport(Glibc)
@@ -27,10 +27,10 @@ final class FaultyFiles: FileOperations {
         var times: Int
     }
 
-    private let faults = Mutex<[Fault]>([])
-    private let failed = Mutex<[Call]>([])
+    private let faults = Locked<[Fault]>([])
+    private let failed = Locked<[Call]>([])
     /// The call to hold once it is made, and whether one is held now.
-    private let gate = Mutex<(matches: (@Sendable (Call) -> Bool)?, holding: Bool)>((nil, false))
+    private let gate = Locked<(matches: (@Sendable (Call) -> Bool)?, holding: Bool)>((nil, false))
     private let released = DispatchSemaphore(value: 0)
     private let system = SystemFileOperations()
 
