@@ -217,11 +217,13 @@ extension FileDescriptor {
         _ = try retrying { flock(rawValue, LOCK_EX | LOCK_NB) }
     }
 
-    /// Which file this is: its inode and, where the file system keeps it, its birth time (statx).
-    func identity() throws(Errno) -> obs_file_identity {
+    /// Which file this is — its inode and, where the file system keeps it, its birth time
+    /// (statx) — as the store records it: `<inode>:<birth seconds>.<birth nanoseconds>`, the
+    /// birth left empty where unknown. A copy of the file, or a restored backup, has another.
+    func identity() throws(Errno) -> String {
         var id = obs_file_identity()
         try once { obs_file_identity_of(rawValue, &id) }
-        return id
+        return id.has_birth != 0 ? "\(id.inode):\(id.birth_seconds).\(id.birth_nanoseconds)" : "\(id.inode):"
     }
 
     /// Where the file's data ends when nothing but a hole follows it (unwritten,

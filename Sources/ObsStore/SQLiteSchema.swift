@@ -147,12 +147,11 @@ enum Provenance {
         return try statement.step() ? statement.text(0) : nil
     }
 
-    /// `<inode>:<birth seconds>.<birth nanoseconds>` (birth left empty where unknown).
+    /// The database file's identity (`FileDescriptor.identity`).
     static func fileIdentity(_ path: String) throws(StorageError) -> String {
         let fd = try attempt("cannot open \(path)", kind: .readOnly) { () throws(Errno) in try FilePath(path).open(.readOnly) }
         defer { try? fd.close() }
-        let id = try attempt("cannot stat \(path)", kind: .io) { () throws(Errno) in try fd.identity() }
-        return id.has_birth != 0 ? "\(id.inode):\(id.birth_seconds).\(id.birth_nanoseconds)" : "\(id.inode):"
+        return try attempt("cannot stat \(path)", kind: .io) { () throws(Errno) in try fd.identity() }
     }
 
     /// This boot of the machine (`/proc/sys/kernel/random/boot_id`), or "unknown".

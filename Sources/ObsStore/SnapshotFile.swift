@@ -74,10 +74,9 @@ enum SnapshotFormat {
         return CRC32C.checksum(payload, continuing: crc)
     }
 
-    /// `<inode>:<birth seconds>.<birth nanoseconds>` of an open file (birth left empty where unknown).
+    /// The identity of an open file (`FileDescriptor.identity`).
     static func identity(of fd: FileDescriptor, path: String) throws(StorageError) -> String {
-        let id = try attempt("cannot stat \(path)") { () throws(Errno) in try fd.identity() }
-        return id.has_birth != 0 ? "\(id.inode):\(id.birth_seconds).\(id.birth_nanoseconds)" : "\(id.inode):"
+        try attempt("cannot stat \(path)") { () throws(Errno) in try fd.identity() }
     }
 }
 
