@@ -242,9 +242,9 @@ public struct RepositoryCore: Sendable {
     // MARK: Leases
 
     /// The lease member of the event of a deletion `end` made: `,"lease":{"id":L,"end":E}`.
-    public static func tail(_ end: SharedLeaseEnd) -> [UInt8] {
+    public static func tail(_ end: LeaseEnd) -> [UInt8] {
         var bytes: [UInt8] = []
-        LeaseEnd(lease: end.lease, reason: LeaseEnd.Reason(rawValue: end.reason.rawValue)).writeMember(into: &bytes)
+        end.writeMember(into: &bytes)
         return bytes
     }
 

@@ -34,7 +34,7 @@ extension SharedSequencer {
             // Attachments the group moved so far, and the leases its writes name.
             var moved: [Key: UInt64?] = [:]
             var named: [UInt64: SharedLease] = [:]
-            var leaseEnds: [UInt64: SharedLeaseEnd] = [:]
+            var leaseEnds: [UInt64: LeaseEnd] = [:]
             // Keys the group re-creates that have a tombstone (each takes one more operation).
             var recreated = 0
             var planBuffer = OpPlanBuffer()
@@ -58,7 +58,7 @@ extension SharedSequencer {
                 var origin: ConnectionID?
                 var moves: [(Key, UInt64?)] = []
                 var leases: [SharedLease] = []
-                var end: SharedLeaseEnd?
+                var end: LeaseEnd?
                 switch item.work {
                 case .write(let write):
                     // The write rules, on the state the group leaves so far: its changes (and the
@@ -122,7 +122,7 @@ extension SharedSequencer {
                     changes = deleted
                     writer = ended.owner
                     moves = doomed.map { ($0, nil) }
-                    end = SharedLeaseEnd(lease: ended.id, reason: SharedLeaseReason(rawValue: ended.end.rawValue) ?? .closed)
+                    end = LeaseEnd(lease: ended.id, reason: ended.end)
                 }
                 let revision = s.core.revision + 1
                 let record = RevisionRecord(repo: repository.name, changeSet: ChangeSet(revision: revision, changes: changes), time: time, writer: writer)
