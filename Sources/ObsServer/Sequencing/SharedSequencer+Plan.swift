@@ -1,11 +1,13 @@
 // ObsServer — planning one group of a shared store's commits (SharedSequencer.swift): every
 // waiting write and lease end of a repository, in order, each on the state the ones before it
 // leave — values installed tentatively and taken back, lease attachments in an overlay — by
-// the same rules as a local write: the write rules, then the leases a write names (live, and
-// its uid's, or uid 0), then its attachment moves (the last `set` of a key decides its lease,
-// even with an equal value; a `delete` detaches), then the limits. The group also says what
-// its installs will do to the repository's tombstones — those its re-created keys take away,
-// and the floor its deletions leave past the bound — so the store keeps the same ones.
+// the same rules as a local write, in the same functions: the write rules
+// (`RepositoryCore.plan`), then the leases a write names (live, and its uid's, or uid 0:
+// `LeaseRefusal.naming`), then its attachment moves (`RepositoryCore.attachmentMoves`: the
+// last `set` of a key decides its lease, even with an equal value; a `delete` detaches), then
+// the limits. The group also says what its installs will do to the repository's tombstones —
+// those its re-created keys take away, and the floor its deletions leave past the bound — so
+// the store keeps the same ones.
 
 import ObsCore
 import ObsStore
@@ -86,10 +88,17 @@ extension SharedSequencer {
                     case .success(let found):
                         leases = found
                     }
-                    for i in 0..<write.ops.count {
-                        let op = write.ops.operation(i)
-                        if attachment(op.key, s.core) != op.lease { moves.append((op.key, op.lease)) }
-                    }
+                    // The attachment rule (RepositoryCore's, as a local write moves them), on the
+                    // attachments the group leaves so far; the group takes the moves if it takes
+                    // the write.
+                    var pending: [Key: UInt64?] = [:]
+                    moves = write.ops.withRawOps { ops in
+                        RepositoryCore.attachmentMoves(ops) { key, to in
+                            let from = pending[key] ?? attachment(key, s.core)
+                            pending.updateValue(to, forKey: key)
+                            return from
+                        }
+                    }.map { ($0.key, $0.to) }
                     guard !changes.isEmpty else {
                         for (key, lease) in moves { moved[key] = lease }
                         for lease in leases { named[lease.id] = lease }
