@@ -42,7 +42,7 @@ let package = Package(
         // Core observation types: keys, changes, keyed state, observer sets, repository. No I/O.
         .target(name: "ObservableKit"),
         // The values every layer shares: JSON values, the parser and writer, their canonical
-        // encoding, a writer's credentials. No I/O.
+        // encoding, a writer's credentials, a lease's end. No I/O.
         .target(name: "ObsValues", dependencies: ["ObservableKit"]),
         // The wire protocol: framing, requests, replies, events, error codes. No networking.
         .target(name: "ObsProtocol", dependencies: ["ObservableKit", "ObsValues"]),

@@ -1,5 +1,5 @@
 // ObsClient — what an app gets from `import ObsClient` alone: besides this module's own types,
-// the values it reads and writes (ObsValues: `JSONValue`, `JSONObject`, `Writer`), the
+// the values it reads and writes (ObsValues: `JSONValue`, `JSONObject`, `Writer`, `LeaseEnd`), the
 // keyed-observation vocabulary (ObservableKit: `Key`, `Selection`, `Change`, `ChangeSet`,
 // `Entry`, `WriteOp`) and the protocol's typed replies, events and errors it returns
 // (ObsProtocol). Each is re-exported by name, so the daemon-side pieces of those modules
@@ -19,6 +19,7 @@
 @_exported import enum ObsValues.JSONValue
 @_exported import struct ObsValues.JSONObject
 @_exported import struct ObsValues.Writer
+@_exported import struct ObsValues.LeaseEnd
 
 @_exported import struct ObsProtocol.ProtocolError
 @_exported import struct ObsProtocol.ErrorCode
@@ -32,4 +33,3 @@
 @_exported import struct ObsProtocol.ChangeEvent
 @_exported import struct ObsProtocol.CatchUpEvent
 @_exported import struct ObsProtocol.CatchUpMode
-@_exported import struct ObsProtocol.LeaseEnd

@@ -149,7 +149,7 @@ extension ClusterStorage {
         }
     }
 
-    public func endLease(_ lease: SharedLease, reason: SharedLeaseReason) async -> Result<Bool, SharedFailure> {
+    public func endLease(_ lease: SharedLease, reason: LeaseEnd.Reason) async -> Result<Bool, SharedFailure> {
         let deadline = ContinuousClock.now + Self.leaseOperationTimeout
         let alive = leases.alive(lease.id)
         var success: [EtcdOp] = [.deleteRange(key: layout.aliveKey(lease.id))]

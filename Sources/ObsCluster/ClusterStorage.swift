@@ -22,6 +22,7 @@
 import Logging
 import ObsEtcd
 import ObsStore
+import ObsValues
 import Synchronization
 
 /// Repositories kept in etcd. Share one per daemon.
@@ -79,7 +80,7 @@ public final class ClusterStorage: SharedStorage {
     /// The watch and the liveness keeper.
     let tasks = Mutex<[Task<Void, Never>]>([])
     /// Leases that ended while no daemon watched, found at start-up: told once the sink is there.
-    private let endedBeforeStart = Mutex<[(lease: SharedLease, reason: SharedLeaseReason)]>([])
+    private let endedBeforeStart = Mutex<[(lease: SharedLease, reason: LeaseEnd.Reason)]>([])
 
     /// A storage on the cluster at `configuration.endpoints`; nothing is contacted until
     /// `connect`. Throws `EtcdError.invalidConfiguration` for an endpoint that is not

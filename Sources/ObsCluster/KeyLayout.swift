@@ -231,7 +231,7 @@ enum Codec {
 
     /// A log record: `{"rev":N,"time":T,"w":"<write id>","by":{…},"changes":[{"key","old","new"}…]}`,
     /// and `"lease":{"id":L,"end":E}` when it deleted a lease's keys.
-    static func log(_ record: RevisionRecord, writeID: String, lease: SharedLeaseEnd? = nil) -> [UInt8] {
+    static func log(_ record: RevisionRecord, writeID: String, lease: LeaseEnd? = nil) -> [UInt8] {
         var out: [UInt8] = []
         out.reserveCapacity(record.byteSize + 96)
         out.writeMember("{\"rev\":", record.revision)
@@ -245,7 +245,7 @@ enum Codec {
             EventEncoder.writeChange(&out, change) { sink, value in sink.writeCanonical(value) }
         }
         out.writeByte(UInt8(ascii: "]"))
-        if let lease { LeaseEnd(lease: lease.lease, reason: LeaseEnd.Reason(rawValue: lease.reason.rawValue)).writeMember(into: &out) }
+        if let lease { LeaseEnd(lease: lease.lease, reason: lease.reason.toStore).writeMember(into: &out) }
         out.writeByte(UInt8(ascii: "}"))
         return out
     }
@@ -265,12 +265,12 @@ enum Codec {
             }
             decoded.append(Change(key: Key(key), old: c["old"].map(CanonicalJSON.init), new: c["new"].map(CanonicalJSON.init)))
         }
-        var lease: SharedLeaseEnd? = nil
+        var lease: LeaseEnd? = nil
         if let member = o["lease"]?.objectValue {
-            guard let id = member["id"]?.uint64Value, let reason = member["end"]?.stringValue.flatMap(SharedLeaseReason.init(rawValue:)) else {
+            guard let id = member["id"]?.uint64Value, let reason = member["end"]?.stringValue.flatMap(LeaseEnd.Reason.init(storedName:)) else {
                 throw Malformed(description: "a log record with a malformed lease")
             }
-            lease = SharedLeaseEnd(lease: id, reason: reason)
+            lease = LeaseEnd(lease: id, reason: reason)
         }
         // The record carries its lease's end too: the history a daemon loads at start-up is these
         // records alone, and a `since` replay of the end must say whose it was.

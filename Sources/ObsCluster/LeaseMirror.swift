@@ -38,7 +38,7 @@ extension Codec {
         if let ttl = record.ttl { out.writeMember(",\"ttl\":", UInt64(max(0, ttl))) }
         out.writeMember(",\"daemon\":", record.daemon)
         out.writeMember(",\"w\":", record.grant)
-        if record.revoked { out.writeMember(",\"end\":", SharedLeaseReason.revoked.rawValue) }
+        if record.revoked { out.writeMember(",\"end\":", LeaseEnd.Reason.revoked.rawValue) }
         out.writeByte(UInt8(ascii: "}"))
         return out
     }
@@ -51,7 +51,7 @@ extension Codec {
         }
         let owner = try writer(from: by, in: "a lease record")
         var record = LeaseRecord(id: id, owner: owner, ttl: o["ttl"]?.int64Value, daemon: daemon, grant: o["w"]?.stringValue ?? "")
-        record.revoked = o["end"]?.stringValue == SharedLeaseReason.revoked.rawValue
+        record.revoked = o["end"]?.stringValue == LeaseEnd.Reason.revoked.rawValue
         return record
     }
 }
@@ -122,7 +122,7 @@ final class LeaseMirror: Sendable {
         return SharedLease(id: record.id, owner: record.owner, ttl: record.ttl, generation: alive.created)
     }
 
-    private static func reason(_ record: LeaseRecord) -> SharedLeaseReason {
+    private static func reason(_ record: LeaseRecord) -> LeaseEnd.Reason {
         record.revoked ? .revoked : record.ttl != nil ? .expired : .closed
     }
 
@@ -142,9 +142,9 @@ final class LeaseMirror: Sendable {
 
     /// Applies an etcd revision's deletions (after its repositories'), and moves to
     /// `revision`: the leases that ended there, and why.
-    func applyEnds(_ events: Events, at revision: Int64) -> [(lease: SharedLease, reason: SharedLeaseReason)] {
+    func applyEnds(_ events: Events, at revision: Int64) -> [(lease: SharedLease, reason: LeaseEnd.Reason)] {
         state.withLock { s in
-            var ended: [(lease: SharedLease, reason: SharedLeaseReason)] = []
+            var ended: [(lease: SharedLease, reason: LeaseEnd.Reason)] = []
             for id in events.aliveGone {
                 guard var entry = s.entries[id] else { continue }
                 if let lease = Self.lease(entry), let record = entry.record { ended.append((lease, Self.reason(record))) }
@@ -172,10 +172,10 @@ final class LeaseMirror: Sendable {
     /// a compaction): the leases that ended since this daemon last knew them — those read
     /// without their alive key that were live here or unknown — and why.
     func reconcile(records: [LeaseRecord], alive: [UInt64: Alive], counter: (id: UInt64, position: Int64), at revision: Int64) -> [(
-        lease: SharedLease, reason: SharedLeaseReason
+        lease: SharedLease, reason: LeaseEnd.Reason
     )] {
         state.withLock { s in
-            var ended: [(lease: SharedLease, reason: SharedLeaseReason)] = []
+            var ended: [(lease: SharedLease, reason: LeaseEnd.Reason)] = []
             var entries: [UInt64: Entry] = [:]
             for record in records {
                 let known = s.entries[record.id]

@@ -10,7 +10,8 @@
 // waits in `pending` until storage confirms it, and only then is it shown.
 //
 // Lease attachments (key → lease) live here too, with an index lease → keys, so a lease's
-// end finds its keys under the same lock as the writes that attach them; and tombstones —
+// end finds its keys under the same lock as the writes that attach them — and the rule that
+// moves them (`attachmentMoves`), which a shared store's planner applies too; and tombstones —
 // the revision of the last deletion of each absent key — kept by every change and undo, so a
 // subscription resuming past the history can be caught up with a diff (`start`).
 
@@ -242,9 +243,9 @@ public struct RepositoryCore: Sendable {
     // MARK: Leases
 
     /// The lease member of the event of a deletion `end` made: `,"lease":{"id":L,"end":E}`.
-    public static func tail(_ end: SharedLeaseEnd) -> [UInt8] {
+    public static func tail(_ end: LeaseEnd) -> [UInt8] {
         var bytes: [UInt8] = []
-        LeaseEnd(lease: end.lease, reason: LeaseEnd.Reason(rawValue: end.reason.rawValue)).writeMember(into: &bytes)
+        end.writeMember(into: &bytes)
         return bytes
     }
 
@@ -254,18 +255,28 @@ public struct RepositoryCore: Sendable {
     /// A key's move between leases: the lease it was attached to before, and after (nil: none).
     public typealias AttachmentMove = ObsStore.AttachmentMove
 
-    /// A write was accepted: each `set` attaches its key to the lease it names (nil: none) —
-    /// even when its value was equal — and each `delete` detaches. Returns the moves, for
-    /// storage (they ride in the revision's frame, or in one of their own when the write makes
-    /// no revision) and for `commit`, so that undoing the write moves its keys back. (Nothing
-    /// to do, and no key made, when no key is attached and no operation names a lease.)
+    /// A write was accepted: its keys move by the attachment rule (`attachmentMoves`). Returns
+    /// the moves, for storage (they ride in the revision's frame, or in one of their own when
+    /// the write makes no revision) and for `commit`, so that undoing the write moves its keys
+    /// back. (Nothing to do, and no key made, when no key is attached and no operation names a
+    /// lease.)
     public mutating func attach(_ ops: UnsafeBufferPointer<RawWriteOp>) -> [AttachmentMove] {
         guard !attachments.isEmpty || ops.contains(where: { $0.lease != nil }) else { return [] }
+        return Self.attachmentMoves(ops) { key, to in setAttachment(key, to: to) }
+    }
+
+    /// The attachment rule, whoever keeps the attachments — a repository here, or a shared
+    /// store's group as it is planned: after a write, each `set` attaches its key to the lease
+    /// it names (nil: none), even when its value was equal, and each `delete` detaches; in
+    /// order, so the last operation on a key decides. `move(key, to)` attaches `key` to `to`
+    /// and returns the lease it was attached to before. Returns the moves that changed an
+    /// attachment.
+    public static func attachmentMoves(_ ops: UnsafeBufferPointer<RawWriteOp>, _ move: (Key, _ to: UInt64?) -> UInt64?) -> [AttachmentMove] {
         var moves: [AttachmentMove] = []
         for op in ops {
             let to: UInt64? = op.value == nil ? nil : op.lease
             let key = Key(String(decoding: op.key, as: UTF8.self))
-            let from = setAttachment(key, to: to)
+            let from = move(key, to)
             if from != to { moves.append((key, from, to)) }
         }
         return moves

@@ -56,13 +56,6 @@ public struct WriteOps: Sendable {
     /// The leases its `set`s name.
     public var leases: Set<UInt64> { Set(ops.compactMap { $0.value == nil ? nil : $0.lease }) }
 
-    /// Operation `i`'s key, whether it is a `set`, and the lease it names.
-    public func operation(_ i: Int) -> (key: Key, isSet: Bool, lease: UInt64?) {
-        let op = ops[i]
-        let key = bytes.withUnsafeBytes { Key(String(decoding: UnsafeRawBufferPointer(rebasing: $0[op.key]), as: UTF8.self)) }
-        return (key, op.value != nil, op.value == nil ? nil : op.lease)
-    }
-
     /// Appends an operation (`value` nil: a delete).
     public mutating func append(key: Key, value: CanonicalJSON?, ifRevision: UInt64?, force: Bool, lease: UInt64?) {
         let keyStart = bytes.count

@@ -1,7 +1,8 @@
 // ObsProtocol — the events, typed: `change`, `snapshot`, `synced`, `overflow`, `revoked` and
 // `progress`. Each writes its whole line (built on EventEncoder's pieces, so a `change` event
 // written here has the bytes the daemon's encode-once body has) and reads itself back from a
-// parsed event. ServerMessage.swift decodes a line into one of them.
+// parsed event. ServerMessage.swift decodes a line into one of them. A lease's end, the member
+// a `change` event may carry, is ObsValues' `LeaseEnd` (the store keeps it too); this file reads it.
 
 import ObservableKit
 
@@ -15,41 +16,8 @@ public protocol EventMessage: Sendable {
     init(decoding members: JSONObject) throws(ProtocolViolation)
 }
 
-/// How a lease ended, as the `change` event that deleted its keys says (`"lease":{"id","end"}`).
-public struct LeaseEnd: Sendable, Hashable {
-    /// Why a lease ended: extensible, so a newer reason reads as itself.
-    public struct Reason: RawRepresentable, Sendable, Hashable, CustomStringConvertible {
-        public var rawValue: String
-        public init(rawValue: String) { self.rawValue = rawValue }
-
-        /// Its TTL passed without a `keepalive`.
-        public static let expired = Reason(rawValue: "expired")
-        /// A `revoke` ended it.
-        public static let revoked = Reason(rawValue: "revoked")
-        /// The connection it was bound to ended.
-        public static let closed = Reason(rawValue: "closed")
-
-        public var description: String { rawValue }
-    }
-
-    /// The lease (`id`).
-    public var lease: UInt64
-    /// Why it ended (`end`).
-    public var reason: Reason
-
-    public init(lease: UInt64, reason: Reason) {
-        self.lease = lease
-        self.reason = reason
-    }
-
-    /// Writes `,"lease":{"id":L,"end":"E"}` — the member a lease's end adds to its event.
-    @inlinable
-    public func writeMember<S: JSONSink & ~Copyable>(into sink: inout S) {
-        sink.writeMember(",\"lease\":{\"id\":", lease)
-        sink.writeMember(",\"end\":", reason.rawValue)
-        sink.writeByte(UInt8(ascii: "}"))
-    }
-
+extension LeaseEnd {
+    /// Reads the `"lease"` member of a `change` event (the type is ObsValues').
     init(decoding value: JSONValue) throws(ProtocolViolation) {
         guard let o = value.objectValue else { throw ProtocolViolation("the change event's \"lease\" is not an object") }
         let f = MessageFields(o, "the change event's lease")

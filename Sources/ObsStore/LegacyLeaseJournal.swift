@@ -29,7 +29,7 @@ struct LegacyLeases: Sendable {
     /// Keys a lease's end deleted (or was about to) in one repository.
     struct Deletion: Sendable, Equatable {
         let lease: UInt64
-        let reason: SharedLeaseReason
+        let reason: LeaseEnd.Reason
         let owner: Writer
         let repo: String
         /// The repository's revision before the deletion's revision.
@@ -95,21 +95,19 @@ enum LeaseJournalRecord {
 
     enum Kind: UInt8 { case grant = 1, end, attach, deletion, next }
 
-    static func code(_ reason: SharedLeaseReason) -> UInt8 {
+    /// `reason`'s code in the journal, the log and the snapshot (of `reason.toStore`: a reason
+    /// other than the three stored ones, which the daemon never makes, as `closed`).
+    static func code(_ reason: LeaseEnd.Reason) -> UInt8 {
         switch reason {
         case .expired: 1
         case .revoked: 2
-        case .closed: 3
+        default: 3
         }
     }
 
-    static func reason(_ code: UInt8) -> SharedLeaseReason? {
-        switch code {
-        case 1: .expired
-        case 2: .revoked
-        case 3: .closed
-        default: nil
-        }
+    /// The reason coded `code`: nil for a code no obsd writes (the record does not decode).
+    static func reason(_ code: UInt8) -> LeaseEnd.Reason? {
+        (1...LeaseEnd.Reason.stored.count).contains(Int(code)) ? LeaseEnd.Reason.stored[Int(code) - 1] : nil
     }
 
     // MARK: Encoding (what an earlier obsd wrote: tests write a journal to migrate)
@@ -123,7 +121,7 @@ enum LeaseJournalRecord {
         }
     }
 
-    static func end(_ id: UInt64, _ reason: SharedLeaseReason, into out: inout [UInt8]) {
+    static func end(_ id: UInt64, _ reason: LeaseEnd.Reason, into out: inout [UInt8]) {
         frame(into: &out) { w in
             w.u8(Kind.end.rawValue)
             w.u64(id)

@@ -20,7 +20,7 @@ public enum LogFrame {
     case leaseGranted(PersistedLeases.Lease)
     /// A lease ended: a write naming it is refused from here on; the keys still attached to it
     /// are deleted by revisions that follow (a restart that finds them makes those deletions).
-    case leaseEnded(id: UInt64, reason: SharedLeaseReason, owner: Writer)
+    case leaseEnded(id: UInt64, reason: LeaseEnd.Reason, owner: Writer)
 }
 
 /// A revision as the log keeps it.
@@ -33,13 +33,13 @@ public struct RevisionFrame {
     public let time: Int64
     public let writer: Writer?
     /// For the deletion a lease's end made: which lease, and why.
-    public let leaseEnd: SharedLeaseEnd?
+    public let leaseEnd: LeaseEnd?
     /// The attachments its write moved (for keys it changed or not).
     public let moves: [AttachmentMove]
     public let changes: FrameChanges
 
     public init(
-        repo: String, epoch: String, revision: UInt64, time: Int64, writer: Writer?, leaseEnd: SharedLeaseEnd? = nil, moves: [AttachmentMove] = [],
+        repo: String, epoch: String, revision: UInt64, time: Int64, writer: Writer?, leaseEnd: LeaseEnd? = nil, moves: [AttachmentMove] = [],
         changes: FrameChanges
     ) {
         self.repo = repo

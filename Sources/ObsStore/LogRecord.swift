@@ -64,7 +64,7 @@ enum LogRecord {
         case revision(View)
         case attachments(repo: UnsafeRawBufferPointer, revision: UInt64, moves: Moves)
         case leaseGranted(PersistedLeases.Lease)
-        case leaseEnded(id: UInt64, reason: SharedLeaseReason, owner: Writer)
+        case leaseEnded(id: UInt64, reason: LeaseEnd.Reason, owner: Writer)
 
         init(_ payload: UnsafeRawBufferPointer) throws(Malformed) {
             guard let first = payload.first, let kind = Kind(rawValue: first) else { throw Malformed() }
@@ -148,7 +148,7 @@ enum LogRecord {
         let revision: UInt64
         let time: Int64
         let writer: Writer?
-        let leaseEnd: SharedLeaseEnd?
+        let leaseEnd: LeaseEnd?
         /// The attachments its write moved (none before version 3).
         let moves: Moves
         /// The changes' encoding (`u32 count` and the changes), as a snapshot's history keeps it.
@@ -241,7 +241,7 @@ enum LogRecord {
 
     /// Appends the flags byte, then the writer and the lease end it announces (the log's
     /// records and the snapshot's history revisions share this part).
-    static func appendWriterAndLeaseEnd(_ writer: Writer?, _ leaseEnd: SharedLeaseEnd?, to out: inout [UInt8]) {
+    static func appendWriterAndLeaseEnd(_ writer: Writer?, _ leaseEnd: LeaseEnd?, to out: inout [UInt8]) {
         out.append((writer == nil ? 0 : 1) | (leaseEnd == nil ? 0 : 2))
         if let writer {
             append(writer.uid, &out)
@@ -282,14 +282,14 @@ enum LogRecord {
         mutating func byte() throws(Malformed) -> UInt8 { try take(1)[0] }
 
         /// The flags byte (no bit outside `allowing`) and the writer and lease end it announces.
-        mutating func writerAndLeaseEnd(allowing mask: UInt8 = 3) throws(Malformed) -> (Writer?, SharedLeaseEnd?) {
+        mutating func writerAndLeaseEnd(allowing mask: UInt8 = 3) throws(Malformed) -> (Writer?, LeaseEnd?) {
             let flags = try byte()
             guard flags & ~mask == 0 else { throw Malformed() }
             let writer = flags & 1 == 0 ? nil : try self.writer()
             guard flags & 2 != 0 else { return (writer, nil) }
             let lease = try u64()
             guard let reason = LeaseJournalRecord.reason(try byte()) else { throw Malformed() }
-            return (writer, SharedLeaseEnd(lease: lease, reason: reason))
+            return (writer, LeaseEnd(lease: lease, reason: reason))
         }
         mutating func writer() throws(Malformed) -> Writer {
             Writer(uid: try u32(), gid: try u32(), pid: Int32(bitPattern: try u32()))

@@ -26,10 +26,10 @@ public struct PersistedLeases: Sendable, Equatable {
 
     /// A lease that ended: why, and who held it (its keys' deletion is written by it).
     public struct Ended: Sendable, Equatable {
-        public let reason: SharedLeaseReason
+        public let reason: LeaseEnd.Reason
         public let owner: Writer
 
-        public init(reason: SharedLeaseReason, owner: Writer) {
+        public init(reason: LeaseEnd.Reason, owner: Writer) {
             self.reason = reason
             self.owner = owner
         }
@@ -56,7 +56,7 @@ public struct PersistedLeases: Sendable, Equatable {
     }
 
     /// Lease `id` ended.
-    public mutating func ended(_ id: UInt64, _ reason: SharedLeaseReason, owner: Writer) {
+    public mutating func ended(_ id: UInt64, _ reason: LeaseEnd.Reason, owner: Writer) {
         live[id] = nil
         ended[id] = Ended(reason: reason, owner: owner)
         nextID = max(nextID, id + 1)

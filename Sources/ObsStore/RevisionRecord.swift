@@ -14,12 +14,12 @@ public final class RevisionRecord: Sendable {
     /// Who wrote it (nil: written before obsd recorded writers).
     public let writer: Writer?
     /// For the deletion a lease's end made: which lease, and why (its event says so, replayed too).
-    public let leaseEnd: SharedLeaseEnd?
+    public let leaseEnd: LeaseEnd?
     /// What it weighs against history and revision limits: keys, old and new values, and 32
     /// bytes per change for what goes with them.
     public let byteSize: Int
 
-    public init(repo: String, changeSet: ChangeSet<CanonicalJSON>, time: Int64, writer: Writer?, leaseEnd: SharedLeaseEnd? = nil) {
+    public init(repo: String, changeSet: ChangeSet<CanonicalJSON>, time: Int64, writer: Writer?, leaseEnd: LeaseEnd? = nil) {
         self.leaseEnd = leaseEnd
         self.repo = repo
         self.revision = changeSet.revision

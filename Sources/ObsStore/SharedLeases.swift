@@ -1,7 +1,8 @@
 // ObsStore — leases in a store several daemons share (several hosts): what the daemon asks of
 // the store about them, and the values they exchange. The store keeps every lease of every
 // daemon — who owns it, its TTL or the daemon it is bound to — and the key → lease
-// attachments, and tells every daemon, in its order, when one ends (`SharedStorageSink`);
+// attachments, and tells every daemon, in its order, when one ends (`SharedStorageSink`, with
+// ObsValues' `LeaseEnd.Reason`);
 // the daemons then delete the keys still attached to it through their ordinary commits, and
 // the store lets exactly one such deletion per repository through (a commit's basis).
 //
@@ -9,16 +10,6 @@
 
 import ObsValues
 import ObservableKit
-
-/// Why a lease ended (the contract's `end`).
-public enum SharedLeaseReason: String, Sendable, Hashable {
-    /// Its TTL passed without a keep-alive.
-    case expired
-    /// A `revoke` ended it.
-    case revoked
-    /// Its connection ended — or the daemon holding that connection stopped, or lost the store.
-    case closed
-}
 
 /// A live lease as the shared store keeps it.
 public struct SharedLease: Sendable, Hashable {
@@ -41,14 +32,22 @@ public struct SharedLease: Sendable, Hashable {
     }
 }
 
-/// The end of a lease, as the revision that deleted its keys carries it.
-public struct SharedLeaseEnd: Sendable, Hashable {
-    public let lease: UInt64
-    public let reason: SharedLeaseReason
+/// The store's side of ObsValues' `LeaseEnd.Reason`, which is extensible: a store holds only the
+/// three reasons the daemon makes. The log and the snapshot hold one as a code
+/// (`LeaseJournalRecord.code` and `reason`), etcd's records by name (these).
+extension LeaseEnd.Reason {
+    /// The reasons a store holds, in the order of their codes (1 expired, 2 revoked, 3 closed).
+    static let stored: [LeaseEnd.Reason] = [.expired, .revoked, .closed]
 
-    public init(lease: UInt64, reason: SharedLeaseReason) {
-        self.lease = lease
-        self.reason = reason
+    /// The reason as a store writes it: itself — the daemon makes no other than the three
+    /// stored ones; one it did not know would be written `closed`, as the daemon always did.
+    public var toStore: LeaseEnd.Reason { Self.stored.contains(self) ? self : .closed }
+
+    /// `name` as a reason a store holds; nil for any other name: a stored record naming one is
+    /// damaged or foreign, and its reader refuses it.
+    public init?(storedName name: String) {
+        guard let reason = Self.stored.first(where: { $0.rawValue == name }) else { return nil }
+        self = reason
     }
 }
 
@@ -108,7 +107,7 @@ extension SharedStorage {
 
     /// Ends `lease` (`revoked`, or `closed`: its connection ended): whether it was live. The
     /// sink is told of the end like of any other.
-    public func endLease(_ lease: SharedLease, reason: SharedLeaseReason) async -> Result<Bool, SharedFailure> { .success(false) }
+    public func endLease(_ lease: SharedLease, reason: LeaseEnd.Reason) async -> Result<Bool, SharedFailure> { .success(false) }
 
     /// No key is attached to ended lease `id` any more: the store may forget it.
     public func leaseFinished(_ id: UInt64) {}

@@ -21,9 +21,9 @@ import ObservableKit
 public struct SharedRevision: Sendable {
     public let record: RevisionRecord
     public let writeID: String?
-    public let lease: SharedLeaseEnd?
+    public let lease: LeaseEnd?
 
-    public init(record: RevisionRecord, writeID: String?, lease: SharedLeaseEnd? = nil) {
+    public init(record: RevisionRecord, writeID: String?, lease: LeaseEnd? = nil) {
         self.record = record
         self.writeID = writeID
         self.lease = lease
@@ -52,7 +52,7 @@ public struct SharedCommit: Sendable {
     /// Keys whose attachment the group moves without changing their value.
     public var reattached: [SharedReattachment] = []
     /// The revisions (by number) that delete a lease's keys, and which lease and why.
-    public var leaseEnds: [UInt64: SharedLeaseEnd] = [:]
+    public var leaseEnds: [UInt64: LeaseEnd] = [:]
     /// The tombstones (`Tombstones`: the revision of the last deletion of each absent key) the
     /// group takes away — each key it re-creates that had one on the basis, with its revision.
     /// The ones it adds are its records' deletions.
@@ -138,7 +138,7 @@ public protocol SharedStorageSink: AnyObject, Sendable {
     /// Lease `lease` ended, after every revision and attachment committed before its end was
     /// delivered. Every daemon is told; each deletes the keys still attached to it (the store
     /// lets exactly one deletion through).
-    func leaseEnded(_ lease: SharedLease, reason: SharedLeaseReason)
+    func leaseEnded(_ lease: SharedLease, reason: LeaseEnd.Reason)
     /// This daemon can no longer vouch for these leases it granted bound to its connections:
     /// it lost the store for longer than their bound, and the store ends them (or has) without
     /// it. It treats them as ended at once.
@@ -185,7 +185,7 @@ public protocol SharedStorage: Storage {
     func liveLease(_ id: UInt64) -> SharedLease?
     func lease(_ id: UInt64) async -> Result<SharedLease?, SharedFailure>
     func keepAlive(_ lease: SharedLease) async -> Result<Bool, SharedFailure>
-    func endLease(_ lease: SharedLease, reason: SharedLeaseReason) async -> Result<Bool, SharedFailure>
+    func endLease(_ lease: SharedLease, reason: LeaseEnd.Reason) async -> Result<Bool, SharedFailure>
     func leaseFinished(_ id: UInt64)
     var liveLeaseCount: Int { get }
     func leave() async

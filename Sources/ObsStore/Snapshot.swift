@@ -149,7 +149,7 @@ final class SnapshotWriter {
         var payload: [UInt8] = []
         Self.append(leases.nextID, &payload)
         Self.append(UInt32(leases.live.count + leases.ended.count), &payload)
-        func lease(_ id: UInt64, _ owner: Writer, ttl: Int64?, ended: SharedLeaseReason?) {
+        func lease(_ id: UInt64, _ owner: Writer, ttl: Int64?, ended: LeaseEnd.Reason?) {
             Self.append(id, &payload)
             Self.append(owner.uid, &payload)
             Self.append(owner.gid, &payload)
@@ -217,7 +217,7 @@ struct StoredRevision {
     let time: Int64
     let weight: Int
     let writer: Writer?
-    let leaseEnd: SharedLeaseEnd?
+    let leaseEnd: LeaseEnd?
     let changes: UnsafeRawBufferPointer
 
     /// Reads the revision at the reader's position (`u32 length` then the body); `body` is
@@ -236,10 +236,10 @@ struct StoredRevision {
             guard let uid = reader.u32(), let gid = reader.u32(), let pid = reader.u32() else { return nil }
             writer = Writer(uid: uid, gid: gid, pid: Int32(bitPattern: pid))
         }
-        var leaseEnd: SharedLeaseEnd? = nil
+        var leaseEnd: LeaseEnd? = nil
         if flags & 2 != 0 {
             guard let lease = reader.u64(), let reason = reader.u8().flatMap(LeaseJournalRecord.reason) else { return nil }
-            leaseEnd = SharedLeaseEnd(lease: lease, reason: reason)
+            leaseEnd = LeaseEnd(lease: lease, reason: reason)
         }
         guard let changes = reader.take(reader.bytes.count - reader.offset) else { return nil }
         return StoredRevision(revision: revision, time: Int64(bitPattern: time), weight: Int(weight), writer: writer, leaseEnd: leaseEnd, changes: changes)
@@ -252,7 +252,7 @@ struct StoredRevision {
     }
 
     /// Appends a body's fields before its changes.
-    static func appendHead(revision: UInt64, time: Int64, weight: Int, writer: Writer?, leaseEnd: SharedLeaseEnd?, to out: inout [UInt8]) {
+    static func appendHead(revision: UInt64, time: Int64, weight: Int, writer: Writer?, leaseEnd: LeaseEnd?, to out: inout [UInt8]) {
         SnapshotWriter.append(revision, &out)
         SnapshotWriter.append(UInt64(bitPattern: time), &out)
         SnapshotWriter.append(UInt32(clamping: weight), &out)

@@ -1,6 +1,6 @@
 // ObsValues — the values every layer of obsd shares, below the wire protocol and the store:
-// JSON values (this file), the parser and writer, their canonical encoding, and a writer's
-// credentials. No I/O.
+// JSON values (this file), the parser and writer, their canonical encoding, a writer's
+// credentials and a lease's end. No I/O.
 //
 // This file owns `JSONValue`: any JSON value, with the contract's rules — integers in
 // the int64 range are kept exactly, other numbers as doubles; two values are equal when

@@ -20,7 +20,7 @@ private final class CountingSink: SharedStorageSink {
     func deliver(repo: String, revisions: [SharedRevision], attachments: [SharedAttachment], replacing: Bool) {
         delivered.withLock { $0 += 1 }
     }
-    func leaseEnded(_ lease: SharedLease, reason: SharedLeaseReason) {}
+    func leaseEnded(_ lease: SharedLease, reason: LeaseEnd.Reason) {}
     func leasesLost(_ ids: [UInt64]) {}
     func historyLost(_ reason: String) {}
 }

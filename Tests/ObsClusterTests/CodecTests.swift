@@ -99,13 +99,13 @@ import Testing
         let record = RevisionRecord(
             repo: "svc", changeSet: ChangeSet(revision: 5, changes: [Change(key: Key("up"), old: CanonicalJSON(.bool(true)), new: nil)]), time: 1,
             writer: Writer(uid: 1, gid: 2, pid: 3))
-        let end = try Codec.log(from: Codec.log(record, writeID: "w", lease: SharedLeaseEnd(lease: 12, reason: .expired)), repo: "svc")
-        #expect(end.lease == SharedLeaseEnd(lease: 12, reason: .expired) && end.record.changes == record.changes)
+        let end = try Codec.log(from: Codec.log(record, writeID: "w", lease: LeaseEnd(lease: 12, reason: .expired)), repo: "svc")
+        #expect(end.lease == LeaseEnd(lease: 12, reason: .expired) && end.record.changes == record.changes)
         #expect(try Codec.log(from: Codec.log(record, writeID: "w"), repo: "svc").lease == nil)
         // The record read back carries the end too: a restarted daemon's history is the records
         // ClusterLoader reads, and its `since` replay of the end must name the lease (found by
         // the robustness suite: the replayed event had no `lease`).
-        #expect(end.record.leaseEnd == SharedLeaseEnd(lease: 12, reason: .expired))
+        #expect(end.record.leaseEnd == LeaseEnd(lease: 12, reason: .expired))
         #expect(try Codec.log(from: Codec.log(record, writeID: "w"), repo: "svc").record.leaseEnd == nil)
 
         var lease = LeaseRecord(id: 12, owner: Writer(uid: 1000, gid: 1000, pid: 77), ttl: 30, daemon: "d1", grant: "g1")

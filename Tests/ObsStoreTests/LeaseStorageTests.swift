@@ -68,7 +68,7 @@ private func storeWithoutCheckpoints(_ dir: String) throws -> DiskStorage {
         // Its end deleted c; d stays attached to it (a kill came before its deletion).
         let deletion = RevisionRecord(
             repo: "r", changeSet: ChangeSet(revision: 2, changes: [Change(key: "c", old: CanonicalJSON(.int(1)), new: nil)]), time: 1_700_000_000,
-            writer: alice, leaseEnd: SharedLeaseEnd(lease: 3, reason: .expired))
+            writer: alice, leaseEnd: LeaseEnd(lease: 3, reason: .expired))
         #expect(storage.append(.revision(RevisionFrame(deletion, epoch: repo.epoch, moves: [("c", 3, nil)])), sequence: 3, listener: repo))
         flushed(storage)
         #expect(waitFor { repo.durable == 3 })
@@ -173,7 +173,7 @@ private func storeWithoutCheckpoints(_ dir: String) throws -> DiskStorage {
     }
 
     @Test func aRevisionsLeaseEndSurvivesTheLogAndTheSnapshot() throws {
-        let end = SharedLeaseEnd(lease: 7, reason: .closed)
+        let end = LeaseEnd(lease: 7, reason: .closed)
         let record = RevisionRecord(
             repo: "svc", changeSet: ChangeSet(revision: 4, changes: [Change(key: "up", old: CanonicalJSON(.bool(true)), new: nil)]), time: 1_700_000_000,
             writer: alice, leaseEnd: end)

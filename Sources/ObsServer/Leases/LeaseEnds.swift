@@ -97,7 +97,7 @@ final class LeaseClock: @unchecked Sendable {
     }
 
     /// Writes the frames of these ends again in a second. (From any thread.)
-    func rewrite(_ ends: [(UInt64, SharedLeaseReason, Writer)]) {
+    func rewrite(_ ends: [(UInt64, LeaseEnd.Reason, Writer)]) {
         loop.execute { [self] in
             _ = loop.schedule(in: Self.retryDelay) { [self] in table.rewriteEnds(ends) }
         }

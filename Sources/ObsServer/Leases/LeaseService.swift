@@ -37,7 +37,7 @@ protocol LeaseService: AnyObject, Sendable {
     /// The shared store moved attachments of `repo`'s keys.
     func moved(_ moves: [AttachmentMove], in repo: String)
     /// The shared store says `lease` ended: what it held here is deleted through `hub`.
-    func ended(_ lease: SharedLease, reason: SharedLeaseReason, in hub: Hub)
+    func ended(_ lease: SharedLease, reason: LeaseEnd.Reason, in hub: Hub)
     /// The shared store can no longer vouch for `ids`.
     func lost(_ ids: [UInt64])
 }
@@ -46,7 +46,7 @@ extension LeaseService {
     // What only one kind of store reports: the others never hear of it.
     func reattached(in repository: Repository, to leases: Set<UInt64>) {}
     func moved(_ moves: [AttachmentMove], in repo: String) {}
-    func ended(_ lease: SharedLease, reason: SharedLeaseReason, in hub: Hub) {}
+    func ended(_ lease: SharedLease, reason: LeaseEnd.Reason, in hub: Hub) {}
     func lost(_ ids: [UInt64]) {}
 }
 

@@ -71,7 +71,7 @@ final class LeaseTable: DurabilityListener, DurableLine, Sendable {
         /// A grant, not answered yet: the lease ends.
         case grant(UInt64)
         /// An end: it stands, and its frame is written again.
-        case end(UInt64, SharedLeaseReason, Writer)
+        case end(UInt64, LeaseEnd.Reason, Writer)
     }
 
     private struct State: Sendable {
@@ -100,7 +100,7 @@ final class LeaseTable: DurabilityListener, DurableLine, Sendable {
     var subject: String { "the lease table" }
     /// Told (outside the lock, from the thread that commits) what storage failed: grants
     /// taken back — those leases ended — and ends whose frames must be written again.
-    private let onFailure: Locked<(@Sendable (_ ended: [EndedLease], _ rewrite: [(UInt64, SharedLeaseReason, Writer)]) -> Void)?>
+    private let onFailure: Locked<(@Sendable (_ ended: [EndedLease], _ rewrite: [(UInt64, LeaseEnd.Reason, Writer)]) -> Void)?>
 
     /// A table whose grants and ends go to `storage`.
     init(storage: any Storage) {
@@ -109,7 +109,7 @@ final class LeaseTable: DurabilityListener, DurableLine, Sendable {
     }
 
     /// Sets what is told of frames storage failed (the hub, once).
-    func whenStorageFails(_ handler: @escaping @Sendable (_ ended: [EndedLease], _ rewrite: [(UInt64, SharedLeaseReason, Writer)]) -> Void) {
+    func whenStorageFails(_ handler: @escaping @Sendable (_ ended: [EndedLease], _ rewrite: [(UInt64, LeaseEnd.Reason, Writer)]) -> Void) {
         onFailure.withLock { $0 = handler }
     }
 
@@ -237,9 +237,8 @@ final class LeaseTable: DurabilityListener, DurableLine, Sendable {
             s.byConnection[connection]?.remove(id)
             if s.byConnection[connection]?.isEmpty == true { s.byConnection[connection] = nil }
         }
-        let reason = SharedLeaseReason(end)
-        remember(&s, id, PersistedLeases.Ended(reason: reason, owner: lease.owner))
-        let sequence = recording ? record(&s, .leaseEnded(id: id, reason: reason, owner: lease.owner), .end(id, reason, lease.owner)) : nil
+        remember(&s, id, PersistedLeases.Ended(reason: end, owner: lease.owner))
+        let sequence = recording ? record(&s, .leaseEnded(id: id, reason: end, owner: lease.owner), .end(id, end, lease.owner)) : nil
         return EndedLease(id: id, owner: lease.owner, end: end, repos: lease.repos, sequence: sequence)
     }
 
@@ -267,7 +266,7 @@ final class LeaseTable: DurabilityListener, DurableLine, Sendable {
     }
 
     /// Writes the frames of ends storage failed again (a second after the failure).
-    func rewriteEnds(_ ends: [(UInt64, SharedLeaseReason, Writer)]) {
+    func rewriteEnds(_ ends: [(UInt64, LeaseEnd.Reason, Writer)]) {
         state.withLock { s in
             for (id, reason, owner) in ends { _ = record(&s, .leaseEnded(id: id, reason: reason, owner: owner), .end(id, reason, owner)) }
         }
@@ -288,14 +287,14 @@ final class LeaseTable: DurabilityListener, DurableLine, Sendable {
     }
 
     func failed(after sequence: UInt64, error: StorageError) {
-        let (ended, rewrite) = state.withLock { s -> ([EndedLease], [(UInt64, SharedLeaseReason, Writer)]) in
+        let (ended, rewrite) = state.withLock { s -> ([EndedLease], [(UInt64, LeaseEnd.Reason, Writer)]) in
             confirm(&s, through: sequence)
             let failed = s.unconfirmed
             s.unconfirmed = []
             storage.discard(self, after: sequence)
             s.ledger.undoPending(error, marks: marks, line: self)
             var ended: [EndedLease] = []
-            var rewrite: [(UInt64, SharedLeaseReason, Writer)] = []
+            var rewrite: [(UInt64, LeaseEnd.Reason, Writer)] = []
             for (_, frame) in failed {
                 switch frame {
                 case .grant(let id):
@@ -338,7 +337,7 @@ final class LeaseTable: DurabilityListener, DurableLine, Sendable {
                 s.nextID = max(s.nextID, lease.id + 1)
                 guard let ttl = lease.ttl else {
                     // Bound to a connection of the daemon that stopped: it ended with it.
-                    let reason = SharedLeaseReason.closed
+                    let reason = LeaseEnd.Reason.closed
                     remember(&s, lease.id, PersistedLeases.Ended(reason: reason, owner: lease.owner))
                     let sequence = record(&s, .leaseEnded(id: lease.id, reason: reason, owner: lease.owner), .end(lease.id, reason, lease.owner))
                     owed.append(EndedLease(id: lease.id, owner: lease.owner, end: .closed, repos: repos[lease.id] ?? [], sequence: sequence))
@@ -350,7 +349,7 @@ final class LeaseTable: DurabilityListener, DurableLine, Sendable {
             for (id, keysIn) in repos.sorted(by: { $0.key < $1.key }) where persisted.live[id] == nil {
                 s.nextID = max(s.nextID, id + 1)
                 let ended = persisted.ended[id] ?? PersistedLeases.Ended(reason: .closed, owner: Writer(uid: 0, gid: 0, pid: 0))
-                owed.append(EndedLease(id: id, owner: ended.owner, end: LeaseEnd.Reason(rawValue: ended.reason.rawValue), repos: keysIn))
+                owed.append(EndedLease(id: id, owner: ended.owner, end: ended.reason, repos: keysIn))
             }
             return owed
         }
@@ -365,16 +364,6 @@ final class LeaseTable: DurabilityListener, DurableLine, Sendable {
                 s.leases[id]!.deadline = now &+ UInt64(ttl) * 1_000_000_000
                 s.deadlines.insert(Deadline(time: s.leases[id]!.deadline, id: id))
             }
-        }
-    }
-}
-
-extension SharedLeaseReason {
-    init(_ reason: LeaseEnd.Reason) {
-        switch reason {
-        case .expired: self = .expired
-        case .revoked: self = .revoked
-        default: self = .closed
         }
     }
 }

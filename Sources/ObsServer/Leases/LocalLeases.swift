@@ -120,7 +120,7 @@ final class LocalLeases: LeaseService {
     func reattached(in repository: Repository, to leases: Set<UInt64>) {
         for id in leases where !table.isLive(id) {
             let ended = table.endOf(id) ?? PersistedLeases.Ended(reason: .closed, owner: Writer(uid: 0, gid: 0, pid: 0))
-            clock.retry(EndedLease(id: id, owner: ended.owner, end: LeaseEnd.Reason(rawValue: ended.reason.rawValue), repos: [repository.name]))
+            clock.retry(EndedLease(id: id, owner: ended.owner, end: ended.reason, repos: [repository.name]))
         }
     }
 }

@@ -267,8 +267,8 @@ extension SharedLeases {
 
     /// The store says lease `lease` ended: deletes the keys still attached to it here (every
     /// daemon does; one deletion per repository goes through), then lets the store forget it.
-    func ended(_ lease: SharedLease, reason: SharedLeaseReason, in hub: Hub) {
-        let ended = EndedLease(id: lease.id, owner: lease.owner, end: LeaseEnd.Reason(rawValue: reason.rawValue), repos: Set(keys(of: lease.id).keys))
+    func ended(_ lease: SharedLease, reason: LeaseEnd.Reason, in hub: Hub) {
+        let ended = EndedLease(id: lease.id, owner: lease.owner, end: reason, repos: Set(keys(of: lease.id).keys))
         hub.end(ended, time: WallClock.unixSeconds()) { deletions in
             self.store.leaseFinished(lease.id)
             self.finished(lease.id, deletions)

@@ -189,7 +189,7 @@ final class LocalSequencer: Sequencer {
         let outcome = repository.withState { s -> WriteOutcome? in
             let attached = s.core.keys(attachedTo: lease.id)
             guard !attached.isEmpty else { return nil }
-            let end = SharedLeaseEnd(lease: lease.id, reason: SharedLeaseReason(lease.end))
+            let end = LeaseEnd(lease: lease.id, reason: lease.end)
             return WriteOps(deleting: attached).withRawOps { ops -> WriteOutcome? in
                 withUnsafeTemporaryAllocation(of: OpPlan.self, capacity: ops.count) { plans -> WriteOutcome? in
                     guard let plan = try? s.core.plan(ops, limits: WriteLimits(maxKeys: .max, maxRevisionBytes: .max), into: plans), plan.changed > 0
@@ -228,7 +228,7 @@ final class LocalSequencer: Sequencer {
     /// nothing was applied (the attachment `moves` are taken back).
     private func commit(
         _ plan: WritePlan, _ ops: UnsafeBufferPointer<RawWriteOp>, _ plans: UnsafeMutableBufferPointer<OpPlan>, _ s: inout Repository.State, _ repository: Repository,
-        time: Int64, writer: Writer?, origin: UInt64, leaseEnd: SharedLeaseEnd? = nil, moves: [RepositoryCore.AttachmentMove]
+        time: Int64, writer: Writer?, origin: UInt64, leaseEnd: LeaseEnd? = nil, moves: [RepositoryCore.AttachmentMove]
     ) -> (revision: UInt64, sequence: StateSequence)? {
         let immediate = storage.isImmediate
         let info = s.core.nextRevision(plan, time: time, writer: writer, origin: origin)

@@ -40,9 +40,7 @@ final class SharedDelivery: SharedStorageSink {
             let origin = sequencer.origin(of: revision.writeID, revision: revision.record.revision, in: repository)
             guard let end = revision.lease else { return (revision.record, origin, []) }
             sequencer.noteEnd(of: end.lease, in: repository, revision: revision.record.revision)
-            var tail: [UInt8] = []
-            LeaseEnd(lease: end.lease, reason: LeaseEnd.Reason(rawValue: end.reason.rawValue)).writeMember(into: &tail)
-            return (revision.record, origin, tail)
+            return (revision.record, origin, RepositoryCore.tail(end))
         }
         let moves = repository.install(installs, attachments: attachments, replacing: replacing)
         leases.moved(moves, in: name)
@@ -50,7 +48,7 @@ final class SharedDelivery: SharedStorageSink {
 
     func historyLost(_ reason: String) { hub?.historyLost(reason) }
 
-    func leaseEnded(_ lease: SharedLease, reason: SharedLeaseReason) {
+    func leaseEnded(_ lease: SharedLease, reason: LeaseEnd.Reason) {
         guard let hub else { return }
         leases.ended(lease, reason: reason, in: hub)
     }

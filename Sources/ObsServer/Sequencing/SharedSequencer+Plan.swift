@@ -1,11 +1,13 @@
 // ObsServer — planning one group of a shared store's commits (SharedSequencer.swift): every
 // waiting write and lease end of a repository, in order, each on the state the ones before it
 // leave — values installed tentatively and taken back, lease attachments in an overlay — by
-// the same rules as a local write: the write rules, then the leases a write names (live, and
-// its uid's, or uid 0), then its attachment moves (the last `set` of a key decides its lease,
-// even with an equal value; a `delete` detaches), then the limits. The group also says what
-// its installs will do to the repository's tombstones — those its re-created keys take away,
-// and the floor its deletions leave past the bound — so the store keeps the same ones.
+// the same rules as a local write, in the same functions: the write rules
+// (`RepositoryCore.plan`), then the leases a write names (live, and its uid's, or uid 0:
+// `LeaseRefusal.naming`), then its attachment moves (`RepositoryCore.attachmentMoves`: the
+// last `set` of a key decides its lease, even with an equal value; a `delete` detaches), then
+// the limits. The group also says what its installs will do to the repository's tombstones —
+// those its re-created keys take away, and the floor its deletions leave past the bound — so
+// the store keeps the same ones.
 
 import ObsCore
 import ObsStore
@@ -34,7 +36,7 @@ extension SharedSequencer {
             // Attachments the group moved so far, and the leases its writes name.
             var moved: [Key: UInt64?] = [:]
             var named: [UInt64: SharedLease] = [:]
-            var leaseEnds: [UInt64: SharedLeaseEnd] = [:]
+            var leaseEnds: [UInt64: LeaseEnd] = [:]
             // Keys the group re-creates that have a tombstone (each takes one more operation).
             var recreated = 0
             var planBuffer = OpPlanBuffer()
@@ -58,7 +60,7 @@ extension SharedSequencer {
                 var origin: ConnectionID?
                 var moves: [(Key, UInt64?)] = []
                 var leases: [SharedLease] = []
-                var end: SharedLeaseEnd?
+                var end: LeaseEnd?
                 switch item.work {
                 case .write(let write):
                     // The write rules, on the state the group leaves so far: its changes (and the
@@ -86,10 +88,17 @@ extension SharedSequencer {
                     case .success(let found):
                         leases = found
                     }
-                    for i in 0..<write.ops.count {
-                        let op = write.ops.operation(i)
-                        if attachment(op.key, s.core) != op.lease { moves.append((op.key, op.lease)) }
-                    }
+                    // The attachment rule (RepositoryCore's, as a local write moves them), on the
+                    // attachments the group leaves so far; the group takes the moves if it takes
+                    // the write.
+                    var pending: [Key: UInt64?] = [:]
+                    moves = write.ops.withRawOps { ops in
+                        RepositoryCore.attachmentMoves(ops) { key, to in
+                            let from = pending[key] ?? attachment(key, s.core)
+                            pending.updateValue(to, forKey: key)
+                            return from
+                        }
+                    }.map { ($0.key, $0.to) }
                     guard !changes.isEmpty else {
                         for (key, lease) in moves { moved[key] = lease }
                         for lease in leases { named[lease.id] = lease }
@@ -122,7 +131,7 @@ extension SharedSequencer {
                     changes = deleted
                     writer = ended.owner
                     moves = doomed.map { ($0, nil) }
-                    end = SharedLeaseEnd(lease: ended.id, reason: SharedLeaseReason(rawValue: ended.end.rawValue) ?? .closed)
+                    end = LeaseEnd(lease: ended.id, reason: ended.end)
                 }
                 let revision = s.core.revision + 1
                 let record = RevisionRecord(repo: repository.name, changeSet: ChangeSet(revision: revision, changes: changes), time: time, writer: writer)
