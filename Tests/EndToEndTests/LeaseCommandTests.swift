@@ -58,15 +58,19 @@ extension TestDaemon {
         let d = try await TestDaemon.start(inMemory: true)
         let watcher = try d.connect()
         #expect(try watcher.call(["op": "subscribe", "repo": "t"]).ok)
-        #expect(try obsctl(["set", "t", "k", "1", "--ttl", "2"], socket: d.socketPath).stdout == "rev 1\n")
+        // TTLs no pause between two commands reaches, however busy the machine (with 2 s, a
+        // fresh clone's run saw the lease expire between the two sets of `k`).
+        #expect(try obsctl(["set", "t", "k", "1", "--ttl", "600"], socket: d.socketPath).stdout == "rev 1\n")
         let first = try #require(try d.connect().call(["op": "get", "repo": "t", "key": "k"])["lease"])
-        #expect(try obsctl(["set", "t", "k", "2", "--ttl", "2"], socket: d.socketPath).status == 0)
+        #expect(try obsctl(["set", "t", "k", "2", "--ttl", "600"], socket: d.socketPath).status == 0)
         #expect(try d.connect().call(["op": "get", "repo": "t", "key": "k"])["lease"] == first, "set again with that TTL: the same lease, kept alive")
-        #expect(try obsctl(["set", "t", "other", "1", "--ttl", "3"], socket: d.socketPath).status == 0)
+        #expect(try obsctl(["set", "t", "other", "1", "--ttl", "600"], socket: d.socketPath).status == 0)
         #expect(try d.connect().call(["op": "get", "repo": "t", "key": "other"])["lease"] != first, "another key: a lease of its own")
-        for rev in 1...3 { #expect(try watcher.receive()["rev"] == .int(Int64(rev))) }
-        let expired = try watcher.receive(timeout: .seconds(10))
-        #expect(expired["changes"] == [["key": "k", "old": 2]] && expired["lease"]?.objectValue?["end"] == "expired")
+        // Not set again: the key goes when its lease expires.
+        #expect(try obsctl(["set", "t", "brief", "1", "--ttl", "1"], socket: d.socketPath).status == 0)
+        for rev in 1...4 { #expect(try watcher.receive()["rev"] == .int(Int64(rev))) }
+        let expired = try watcher.receive(timeout: .seconds(30))
+        #expect(expired["changes"] == [["key": "brief", "old": 1]] && expired["lease"]?.objectValue?["end"] == "expired")
         let bad = try obsctl(["set", "t", "k", "1", "--ttl", "0"], socket: d.socketPath)
         #expect(bad.status == 64 && bad.stderr.contains("--ttl"))
         #expect(try obsctl(["set", "t", "k", "1", "--ttl", "5", "--lease", "3"], socket: d.socketPath).status == 64)
