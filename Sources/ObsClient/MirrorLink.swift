@@ -35,6 +35,9 @@ final class MirrorLink {
     private var update: (@MainActor (MirrorState, MirrorUpdate) -> Void)?
     /// Writes waiting for the first snapshot, to return with the mirror loaded.
     private var loadWaiters: [CheckedContinuation<Void, Never>] = []
+    /// For tests: awaited by a write between finding the mirror not loaded and registering its
+    /// wait — where the snapshot may be applied (see `write`).
+    var beforeWaitingForLoad: (@MainActor () async -> Void)?
     private var stopped = false
     /// Where the watch is, for `sync`.
     private let monitor = WatchMonitor()
@@ -118,7 +121,19 @@ final class MirrorLink {
         guard reply.changed else { return .unchanged(revision: reply.revision) }
         if let inbox { inbox.fanOut.drainAll() } else { drain() }
         if !state.isLoaded && !stopped {
-            await withCheckedContinuation { loadWaiters.append($0) }
+            if let beforeWaitingForLoad { await beforeWaitingForLoad() }
+            // Checked again where the waiter is registered: `withCheckedContinuation` may
+            // suspend before it runs its body — a task with a task executor preference (a test
+            // under `.mayBlock`) is enqueued on the main actor again, behind jobs already queued
+            // there — and the watch's task may apply the snapshot, and resume the waiters it
+            // finds, meanwhile. A waiter registered after that would wait forever.
+            await withCheckedContinuation { (waiter: CheckedContinuation<Void, Never>) in
+                if state.isLoaded || stopped {
+                    waiter.resume()
+                } else {
+                    loadWaiters.append(waiter)
+                }
+            }
         }
         return .applied(revision: reply.revision)
     }

@@ -85,7 +85,7 @@ public final class RemoteRepository {
     public private(set) var failure: ObsClientError?
 
     @ObservationIgnored private let session: ObsSession
-    @ObservationIgnored private let link: MirrorLink
+    @ObservationIgnored let link: MirrorLink
     /// `contents`, observed through `contents` (as a whole) and `keyObservers` (per key).
     @ObservationIgnored private var stored = Contents()
     /// The observers of single keys: each registered under the key path `\.[observing: key]`.
