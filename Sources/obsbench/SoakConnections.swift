@@ -306,8 +306,8 @@ final class GapChecker: ChannelInboundHandler, @unchecked Sendable {
     }
 }
 
-/// Subscribes to the whole repository and then reads 4 KiB every quarter second — far
-/// slower than events arrive — until the daemon cuts it off.
+/// Subscribes to the whole repository and then reads 4 KiB a second — far slower than events
+/// arrive, even on a starved machine — until the daemon cuts it off.
 final class SlowReader: ChannelInboundHandler, @unchecked Sendable {
     // @unchecked: used only on the run's single event loop.
     typealias InboundIn = ByteBuffer
@@ -321,7 +321,7 @@ final class SlowReader: ChannelInboundHandler, @unchecked Sendable {
     func channelActive(context: ChannelHandlerContext) {
         context.writeAndFlush(NIOAny(line(#"{"id":1,"op":"subscribe","repo":"\#(run.plan.repo)"}"#)), promise: nil)
         let channel = context.channel
-        task = context.eventLoop.scheduleRepeatedTask(initialDelay: .zero, delay: .milliseconds(250)) { _ in
+        task = context.eventLoop.scheduleRepeatedTask(initialDelay: .zero, delay: .seconds(1)) { _ in
             channel.read()
         }
         context.fireChannelActive()
