@@ -192,14 +192,11 @@ final class Connection: IOHandler {
 
     /// Sends what is ready in the middle of a read (the shard's tick sends the rest, and
     /// does what follows a send: closing a drained connection, resuming held input). Replies
-    /// held for durability are made durable first where that is cheap (`sync = relaxed`).
+    /// held for durability are made durable first where that is cheap (`sync = relaxed`:
+    /// the shard's `commitEarly`; the connection never calls storage).
     private func sendEarly() {
         guard shard.recentTickEvents < EarlySend.heavyTick else { return }
-        if outbox.holdsSlots, hub.storage.flushesCheaply {
-            hub.storage.flush()
-            hub.courier.deliver()
-            shard.releaseDurable()
-        }
+        if outbox.holdsSlots { shard.commitEarly() }
         guard outbox.hasReady else { return }
         switch outbox.flush(to: fd) {
         case .drained(let n):

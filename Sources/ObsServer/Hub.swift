@@ -78,11 +78,14 @@ final class Hub: Sendable {
         }
         for shard in shards {
             // Each loop commits the writes it made, and delivers what storage reported about
-            // them, before it delivers events and writes.
-            shard.loop.beforeTick = { [storage] in
+            // them, before it delivers events and writes — and, where that is cheap, also
+            // before it sends replies in the middle of a read (LoopShard.commitEarly).
+            let commit = { [storage] in
                 storage.flush()
                 courier.deliver()
             }
+            shard.loop.beforeTick = commit
+            shard.earlyCommit = storage.flushesCheaply ? commit : nil
         }
         leases.attach(to: self)
         delivery?.attach(to: self)

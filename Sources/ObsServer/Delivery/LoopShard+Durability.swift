@@ -15,11 +15,15 @@ extension LoopShard {
         waiters[line.lineID, default: []].append(waiter)
     }
 
-    /// Handles the news posted since the last tick — replies whose states are now durable
-    /// are released — leaving the revisions for the tick (for a connection that sends early:
-    /// Connection.sendEarly). The tick handles news first too.
-    func releaseDurable() {
+    /// For a connection that sends replies in the middle of a read (Connection.sendEarly):
+    /// where the storage mode made it cheap (`earlyCommit`), what this loop wrote is made
+    /// durable now, and the replies whose states now are are released — the news handled,
+    /// the revisions left for the tick, which handles news first too. Elsewhere nothing
+    /// happens: held replies wait for the tick.
+    func commitEarly() {
         loop.assertInLoop()
+        guard let earlyCommit else { return }
+        earlyCommit()
         handle(takeNews())
     }
 

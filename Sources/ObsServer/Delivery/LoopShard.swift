@@ -94,6 +94,11 @@ final class LoopShard: @unchecked Sendable {
     var index: Int { loop.index }
     let counters = LoopCounters()
     let budget: DeliveryBudget
+    /// What the loop's `beforeTick` does — storage commits the loop's writes, and what it
+    /// reports is delivered — when the storage mode made that cheap enough to do in the middle
+    /// of a read too (`sync = relaxed`: no `fdatasync` per group); nil otherwise. Set once,
+    /// where the server is assembled (`Hub.init`), before the loop runs. See `commitEarly`.
+    var earlyCommit: (() -> Void)?
 
     private struct Inbox {
         /// Revisions posted from other threads; each tagged with its repository's id.
