@@ -104,6 +104,24 @@ private func openWithKeyKept(_ dir: String) throws -> (DiskStorage, FaultyFiles,
         reopened.close()
     }
 
+    /// A `pwrite` a signal interrupts before it wrote anything (EINTR) is made again: the
+    /// group is written whole and is durable, not failed and undone.
+    @Test func aGroupWriteASignalInterruptsIsWrittenAgain() throws {
+        let dir = temporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let (storage, files, a) = try openWithKeyKept(dir)
+        files.fail(3, errno: EINTR) { if case .pwrite = $0 { true } else { false } }
+        #expect(storage.append(record("a", 2, "k2", "written"), listener: a))
+        #expect(waitFor { a.durable == 2 || a.failures > 0 })
+        #expect(a.durable == 2 && a.failures == 0, "failed: \(String(describing: a.lastError))")
+        #expect(files.failedCalls.count == 3, "three interruptions: \(files.failedCalls)")
+        storage.close()
+        let reopened = try lockedByNoOtherProcess { try DiskStorage(options: options(dir), logger: testLogger) }
+        let state = try #require(try reopened.load().first).state
+        reopened.close()
+        #expect(state.revision == 2 && state[Key("k2")]?.value == CanonicalJSON(.string("written")))
+    }
+
     @Test func aFailedGroupWhoseCutFailsIsVoidedAndNeverReplayed() throws {
         let dir = temporaryDirectory()
         defer { try? FileManager.default.removeItem(atPath: dir) }
