@@ -37,6 +37,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from obsrobust import orchestrate, validate  # noqa: E402
 
+# Mutations made more than once: each can land on an event the validators cannot decide — a
+# coalesced event or a snapshot over a revision whose content is unknown (a write whose reply
+# a loaded machine timed out) — and then goes unseen (a fresh clone's make test, seed
+# 1098190703184: both made once, on slow1, and not caught).
+TIMES = {"coalesce_new": 4, "snapshot_alter": 4}
+
 PROXY = [
     # (client, mutation, after, validator, title prefixes)
     ("s0", "drop_event", 150, "watch", ["a selected revision skipped", "not delivered by the end of the run",
@@ -70,7 +76,7 @@ SCENARIOS = [
             # the traffic that triggers the last ones.
             "max_seconds": 90,
             "faults": [],
-            "proxy": [{"client": c, "kind": k, "after": a} for c, k, a, _, _ in PROXY],
+            "proxy": [{"client": c, "kind": k, "after": a, "times": TIMES.get(k, 1)} for c, k, a, _, _ in PROXY],
             # A short history: the watchers' resumes from past it (every 450 revisions or so)
             # are catch-ups by diff.
             "history_limit": 300,

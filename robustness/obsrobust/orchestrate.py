@@ -417,7 +417,7 @@ class Mode:
     def until_proxy_done(self, earliest, latest):
         """Waits until the proxy has made every mutation (its log has a line for each), no
         earlier than `earliest`, no later than `latest`; ends the clients' traffic then."""
-        want = len(self.overrides["proxy"])
+        want = sum(m.get("times", 1) for m in self.overrides["proxy"])
         path = os.path.join(self.out, "proxy.log")
         while now_ns() < latest:
             try:

@@ -10,8 +10,9 @@ The histories the clients record then hold a defect the validators must find.
 
 Run as `python3 -m obsrobust.proxy CONFIG.json`: {"listen", "upstream", "log", "mutations":
 [{"client", "kind", "after"}]}. A connection is named by the `client` of its first request
-(`hello`, which every suite connection sends first). Each mutation applies once; proxy.log
-records it.
+(`hello`, which every suite connection sends first). Each mutation applies once — or
+`times` times, where one may land on an event the validators cannot decide — and proxy.log
+records each.
 """
 
 import json
@@ -38,7 +39,8 @@ class Mutations:
         return None
 
     def record(self, m, conn, before, after):
-        m["done"] = True
+        m["made"] = m.get("made", 0) + 1
+        m["done"] = m["made"] >= m.get("times", 1)
         self.log.write(_encode({"t": time.monotonic_ns(), "client": m["client"], "conn": conn, "kind": m["kind"],
                                 "before": before, "after": after}) + "\n")
 
