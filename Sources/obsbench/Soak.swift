@@ -2,9 +2,9 @@
 // rate-limited writers, gap-checked fast subscribers and slow readers that must be cut off
 // run for `--seconds` (longer, until a slow reader was cut off, where the writers could not
 // queue enough for one in that time); the daemon's RSS and open descriptors (`/proc/PID`)
-// are sampled throughout. Exits non-zero on a gap, an error reply, a fast subscriber cut off, a slow
-// reader never cut off, RSS growing past `--max-rss-growth` after warm-up, or a descriptor
-// not given back once every connection is closed.
+// are sampled throughout. Exits non-zero on a gap, an error reply, a fast subscriber cut
+// off, a slow reader never cut off, RSS growing past `--max-rss-growth` after warm-up, or a
+// descriptor not given back once every connection is closed.
 
 import ArgumentParser
 import NIOCore
